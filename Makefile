@@ -1,0 +1,32 @@
+# cowork-vmm — see README.md.
+GO        ?= go
+BIN       := bin/cowork-vmm
+PKG       := ./cmd/cowork-vmm
+VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+COMMIT    ?= $(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)
+LDFLAGS   := -s -w -X main.version=$(VERSION) -X main.commit=$(COMMIT)
+# Where built kernels are cached, outside the clone, keyed by config hash.
+KERNEL_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/cowork-vmm/kernels
+
+.PHONY: all build run test bench fuzz kernel nested clean
+
+all: build
+
+build:
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN) $(PKG)
+
+# The newcomer's main job: build, then run one command in a fresh guest.
+run: build
+	./$(BIN) run -- sh -c 'echo hello from the cowork-vmm guest; uname -a'
+
+test:
+	@unformatted=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
+	if [ -n "$$unformatted" ]; then echo "gofmt needed:"; echo "$$unformatted"; exit 1; fi
+	$(GO) vet ./...
+	$(GO) test -race -count=1 ./...
+
+bench:
+	$(GO) test -run '^$$' -bench . -benchmem ./...
+
+clean:
+	rm -rf bin build

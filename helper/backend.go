@@ -1,0 +1,43 @@
+package helper
+
+import (
+	"context"
+	"io"
+
+	"github.com/cowork-vmm/cowork-vmm/protocol"
+)
+
+// GuestConfig is what a backend needs to start a guest.
+type GuestConfig struct {
+	MemoryMiB int
+	CPUCount  int
+	// StepFunc reports boot progress as startupStep events (status "started"
+	// then "completed"); backends call it for their own phases. May be nil.
+	StepFunc func(step, status string)
+}
+
+// Backend starts guests. The helper never knows whether a guest is a VM or a
+// process sandbox: both hand back one connection to the same guest agent.
+type Backend interface {
+	// Name is "kvm" or "process".
+	Name() string
+	// Start launches a guest and returns once it is launched (not booted).
+	Start(ctx context.Context, cfg GuestConfig) (Guest, error)
+}
+
+// Guest is one running guest.
+type Guest interface {
+	// Agent blocks until the guest agent has connected (or ctx ends, or the
+	// guest dies) and returns the channel to it. Called once.
+	Agent(ctx context.Context) (io.ReadWriteCloser, error)
+	// Share makes a host directory available to the guest and returns how the
+	// agent mounts it: a bind path (process backend) or a 9p export (VM).
+	Share(hostPath string, readOnly bool) (protocol.MountSource, error)
+	// Done is closed when the guest has ended; Err then says why (nil for a
+	// clean stop).
+	Done() <-chan struct{}
+	Err() error
+	// Stop ends the guest (after the agent's shutdown, or forcibly) and frees
+	// everything it held. Safe to call more than once.
+	Stop(ctx context.Context) error
+}

@@ -1,0 +1,145 @@
+package protocol
+
+import "encoding/json"
+
+// The helper ↔ guest-agent channel.
+//
+// The agent (PID 1 in the VM, or the init of a namespace sandbox in the
+// process backend) holds one connection to the helper: a vsock stream in the
+// VM, an inherited socketpair in the process backend. Both directions use the
+// same frame codec as the client socket (ReadFrame/WriteFrame) and carry one
+// AgentFrame each.
+//
+// Conversation:
+//  1. The agent connects and sends an AgentFrame with Kind "hello" and Hello set.
+//  2. The helper sends requests (Kind "request", ID > 0, Method, Params). The
+//     agent answers each with Kind "reply", the same ID, and either Result or
+//     Error. Requests are handled concurrently; replies may come out of order.
+//  3. The agent sends events (Kind "event", Event set) at any time after hello:
+//     process output, exits, errors.
+//  4. The helper ends the guest with the "shutdown" request; the agent replies,
+//     ends every process (SIGTERM, then SIGKILL after ShutdownParams.GraceMillis)
+//     and then powers off (VM) or exits (process backend).
+
+// AgentVSockPort is the host vsock port the agent dials (guest → host CID 2).
+const AgentVSockPort = 1024
+
+// AgentProtocolVersion is bumped on any incompatible change to these types.
+const AgentProtocolVersion = 1
+
+// Frame kinds on the agent channel.
+const (
+	AgentKindHello   = "hello"
+	AgentKindRequest = "request"
+	AgentKindReply   = "reply"
+	AgentKindEvent   = "event"
+)
+
+// Methods the helper calls on the agent.
+const (
+	AgentMethodSetup    = "setup"    // SetupParams → no result
+	AgentMethodMount    = "mount"    // MountParams → no result
+	AgentMethodSpawn    = "spawn"    // SpawnParams → no result
+	AgentMethodStdin    = "stdin"    // StdinParams → no result
+	AgentMethodKill     = "kill"     // KillParams → no result
+	AgentMethodReadFile = "readFile" // ReadFileParams → ReadFileResult
+	AgentMethodPing     = "ping"     // no params → no result
+	AgentMethodShutdown = "shutdown" // ShutdownParams → no result
+)
+
+// AgentFrame is the one envelope on the agent channel.
+type AgentFrame struct {
+	Kind   string          `json:"kind"`
+	ID     uint64          `json:"id,omitempty"`
+	Method string          `json:"method,omitempty"`
+	Params json.RawMessage `json:"params,omitempty"`
+	Result json.RawMessage `json:"result,omitempty"`
+	Error  string          `json:"error,omitempty"`
+	Hello  *AgentHello     `json:"hello,omitempty"`
+	Event  *Event          `json:"event,omitempty"`
+}
+
+// AgentHello is the agent's first frame.
+type AgentHello struct {
+	Version int    `json:"version"`
+	Kernel  string `json:"kernel,omitempty"` // uname release, for logs
+	PID     int    `json:"pid"`
+}
+
+// MountSource says where a mount's content comes from; which kind a backend
+// uses is the backend's business, the agent just performs it.
+type MountSource struct {
+	// Kind is "bind" (Path is a path the agent can see: the process backend,
+	// where the agent runs on the host), "9p" (Tag and Aname select a
+	// virtio-9p export: the VM backend) or "tmpfs".
+	Kind  string `json:"kind"`
+	Path  string `json:"path,omitempty"`
+	Tag   string `json:"tag,omitempty"`
+	Aname string `json:"aname,omitempty"`
+}
+
+// Mount is one mount the agent performs.
+type Mount struct {
+	Source   MountSource `json:"source"`
+	Target   string      `json:"target"` // absolute guest path; created if missing
+	ReadOnly bool        `json:"readOnly,omitempty"`
+	// File marks a single-file mount (e.g. the SDK at /usr/local/bin/claude):
+	// Source names the directory holding it, SourceFile the file within.
+	SourceFile string `json:"sourceFile,omitempty"`
+}
+
+// SetupParams lays out the guest's root filesystem once, before any spawn.
+type SetupParams struct {
+	// NewRoot: build a fresh tmpfs root and pivot into it (process backend);
+	// false when the agent already runs on a throwaway root (VM initramfs).
+	NewRoot bool `json:"newRoot,omitempty"`
+	// System are the host's system directories, read-only.
+	System []Mount `json:"system"`
+	// Hostname for the guest's UTS namespace; empty leaves it alone.
+	Hostname string `json:"hostname,omitempty"`
+}
+
+// MountParams adds one mount (a session home, an additionalMounts entry, the SDK).
+type MountParams struct {
+	Mount Mount `json:"mount"`
+}
+
+// SpawnParams starts one process in the guest.
+type SpawnParams struct {
+	ID      string   `json:"id"`
+	Command string   `json:"command"`
+	Args    []string `json:"args,omitempty"`
+	Cwd     string   `json:"cwd"`
+	Env     []string `json:"env"` // complete environment, KEY=VALUE
+}
+
+// StdinParams forwards bytes to a process's stdin (UTF-8 text, as the client sends it).
+type StdinParams struct {
+	ID   string `json:"id"`
+	Data string `json:"data"`
+}
+
+// KillParams signals a process group. Signal is a name such as "SIGTERM".
+type KillParams struct {
+	ID     string `json:"id"`
+	Signal string `json:"signal"`
+}
+
+// ReadFileParams reads one guest file (the helper has already checked that
+// Path lies inside the session).
+type ReadFileParams struct {
+	Path string `json:"path"`
+}
+
+// ReadFileResult carries the raw bytes (base64 in JSON).
+type ReadFileResult struct {
+	Content []byte `json:"content"`
+}
+
+// MaxReadFileBytes keeps a readFile reply, base64-encoded, well under MaxFrameSize.
+const MaxReadFileBytes = 6 * 1024 * 1024
+
+// ShutdownParams ends the guest.
+type ShutdownParams struct {
+	GraceMillis int `json:"graceMillis"`
+}

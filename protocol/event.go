@@ -1,0 +1,49 @@
+package protocol
+
+// Event types sent to subscribers (and, for process events, by the agent).
+const (
+	EventStdout          = "stdout"
+	EventStderr          = "stderr"
+	EventExit            = "exit"
+	EventError           = "error"
+	EventNetworkStatus   = "networkStatus"
+	EventAPIReachability = "apiReachability"
+	EventStartupStep     = "startupStep"
+	EventRequest         = "request"
+)
+
+// Event is one event frame. Only the fields of its Type are set; the JSON
+// shapes are exactly those of PROTOCOL.md.
+type Event struct {
+	Type string `json:"type"`
+	// ID is the spawn id (stdout, stderr, exit, error) or the guest request id (request).
+	ID   string `json:"id,omitempty"`
+	Data string `json:"data,omitempty"` // stdout, stderr
+
+	ExitCode     *int   `json:"exitCode,omitempty"` // exit
+	Signal       string `json:"signal,omitempty"`   // exit
+	OOMKillCount *int   `json:"oomKillCount,omitempty"`
+
+	Message string `json:"message,omitempty"` // error
+	Fatal   *bool  `json:"fatal,omitempty"`   // error
+
+	Status string `json:"status,omitempty"` // networkStatus, apiReachability, startupStep
+	Step   string `json:"step,omitempty"`   // startupStep
+
+	Method string `json:"method,omitempty"` // request
+	Params any    `json:"params,omitempty"` // request
+}
+
+// Status values.
+const (
+	NetworkConnected    = "CONNECTED"
+	NetworkNotConnected = "NOT_CONNECTED"
+
+	ReachabilityUnknown             = "unknown"
+	ReachabilityReachable           = "reachable"
+	ReachabilityProbablyUnreachable = "probably_unreachable"
+	ReachabilityUnreachable         = "unreachable"
+
+	StepStarted   = "started"
+	StepCompleted = "completed"
+)

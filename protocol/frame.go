@@ -1,0 +1,62 @@
+package protocol
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+)
+
+// MaxFrameSize is the largest frame body either side may send: 10 MiB.
+const MaxFrameSize = 10 * 1024 * 1024
+
+// ErrFrameTooLarge is returned when a frame's declared or actual length
+// exceeds MaxFrameSize. The connection it came from cannot be resynchronised
+// and must be closed.
+var ErrFrameTooLarge = errors.New("protocol: frame exceeds 10 MiB limit")
+
+// ReadFrame reads one length-prefixed frame body from r. It never allocates
+// more than MaxFrameSize bytes, whatever the peer declares. A clean EOF before
+// the first header byte is returned as io.EOF; a truncated frame as
+// io.ErrUnexpectedEOF.
+func ReadFrame(r io.Reader) ([]byte, error) {
+	var hdr [4]byte
+	if _, err := io.ReadFull(r, hdr[:]); err != nil {
+		return nil, err
+	}
+	n := binary.BigEndian.Uint32(hdr[:])
+	if n > MaxFrameSize {
+		return nil, fmt.Errorf("%w: peer declared %d bytes", ErrFrameTooLarge, n)
+	}
+	body := make([]byte, n)
+	if _, err := io.ReadFull(r, body); err != nil {
+		if errors.Is(err, io.EOF) {
+			err = io.ErrUnexpectedEOF
+		}
+		return nil, err
+	}
+	return body, nil
+}
+
+// WriteFrame writes body as one frame. Header and body go out in a single
+// Write so that concurrent writers serialised by a mutex never interleave.
+func WriteFrame(w io.Writer, body []byte) error {
+	if len(body) > MaxFrameSize {
+		return fmt.Errorf("%w: refusing to send %d bytes", ErrFrameTooLarge, len(body))
+	}
+	buf := make([]byte, 4+len(body))
+	binary.BigEndian.PutUint32(buf, uint32(len(body)))
+	copy(buf[4:], body)
+	_, err := w.Write(buf)
+	return err
+}
+
+// WriteJSON marshals v and writes it as one frame.
+func WriteJSON(w io.Writer, v any) error {
+	body, err := json.Marshal(v)
+	if err != nil {
+		return fmt.Errorf("protocol: marshal frame: %w", err)
+	}
+	return WriteFrame(w, body)
+}
