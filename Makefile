@@ -30,3 +30,18 @@ bench:
 
 clean:
 	rm -rf bin build
+
+# Guest kernel (and the nested harness's outer kernel), built from Debian's
+# linux-source-6.1 into $(KERNEL_CACHE), rebuilt only when the config changes.
+kernel:
+	KERNEL_CACHE='$(KERNEL_CACHE)' guest/kernel/build.sh guest
+
+.PHONY: kernel-outer
+kernel-outer:
+	KERNEL_CACHE='$(KERNEL_CACHE)' guest/kernel/build.sh outer
+
+# Run CMD inside the nested harness (qemu TCG + nested SVM: a real /dev/kvm),
+# with PAYLOAD shared read-write at /payload; exits with CMD's status.
+#   make nested PAYLOAD=dir CMD='sh -c "ls -l /dev/kvm"'
+nested: kernel-outer
+	KERNEL_CACHE='$(KERNEL_CACHE)' $(GO) run ./internal/nested/cmd/nested $(if $(PAYLOAD),--payload '$(PAYLOAD)') -- $(CMD)

@@ -41,3 +41,16 @@ type Guest interface {
 	// everything it held. Safe to call more than once.
 	Stop(ctx context.Context) error
 }
+
+// BackendFactory makes the backend a name selects (COWORK_VMM_BACKEND). It
+// is called on every startVM, so a backend that is unusable on this host
+// (no /dev/kvm) says so with an actionable error at that moment.
+type BackendFactory func() (Backend, error)
+
+// SetupAdjuster may be implemented by a Guest whose agent needs a different
+// root filesystem setup than the helper's default (NewRoot is true for the
+// "process" backend, false otherwise; System lists the host's system
+// directories shared read-only).
+type SetupAdjuster interface {
+	AdjustSetup(*protocol.SetupParams)
+}

@@ -5,4 +5,20 @@
 // with its three connection modes and peer checks.
 //
 // It knows nothing of VMs or processes.
+//
+// Files:
+//   - frame.go: ReadFrame / WriteFrame / WriteJSON.
+//   - messages.go: Request / Response, DecodeRequest, method names, every
+//     method's params and result type, DecodeParams, the lenient Int.
+//   - event.go: Event (client events; also sent by the agent).
+//   - server.go, serverconn.go: Server and the Handler it calls; the
+//     connection modes (one-shot, pipe, subscription).
+//   - listen.go: Listen (socket-path and directory safety) and peer uid
+//     checks.
+//   - agent.go, agentconn.go: the helper ↔ agent channel and AgentConn.
+//
+// Unknown methods: the Server answers any name not in Methods with
+// "Unknown method: <name>" itself, without calling the Handler; a Handler
+// may also return an error wrapping ErrUnknownMethod for a listed method it
+// does not implement, with the same reply.
 package protocol

@@ -29,14 +29,39 @@ func ReadFrame(r io.Reader) ([]byte, error) {
 	if n > MaxFrameSize {
 		return nil, fmt.Errorf("%w: peer declared %d bytes", ErrFrameTooLarge, n)
 	}
-	body := make([]byte, n)
-	if _, err := io.ReadFull(r, body); err != nil {
+	body, err := readBody(r, int(n))
+	if err != nil {
 		if errors.Is(err, io.EOF) {
 			err = io.ErrUnexpectedEOF
 		}
 		return nil, err
 	}
 	return body, nil
+}
+
+// frameChunk is the most ReadFrame allocates ahead of the bytes actually
+// received: a peer that declares 10 MiB and then stalls costs 64 KiB, not
+// 10 MiB.
+const frameChunk = 64 * 1024
+
+// readBody reads exactly n bytes, growing the buffer as data arrives (by
+// doubling, never beyond n).
+func readBody(r io.Reader, n int) ([]byte, error) {
+	body := make([]byte, min(n, frameChunk))
+	got := 0
+	for {
+		m, err := io.ReadFull(r, body[got:])
+		got += m
+		if err != nil {
+			return nil, err
+		}
+		if got == n {
+			return body, nil
+		}
+		grown := make([]byte, min(2*len(body), n))
+		copy(grown, body)
+		body = grown
+	}
 }
 
 // WriteFrame writes body as one frame. Header and body go out in a single

@@ -1,0 +1,107 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"runtime"
+	"strings"
+
+	"github.com/cowork-vmm/cowork-vmm/guest/agent"
+)
+
+// Stamped by the Makefile with -ldflags -X.
+var (
+	version = "dev"
+	commit  = "unknown"
+)
+
+func main() {
+	// PID 1 is the VM's /init — unless it is the process backend's agent,
+	// which is PID 1 of its own PID namespace and says so with "agent".
+	if os.Getpid() == 1 && (len(os.Args) < 2 || os.Args[1] != "agent") {
+		agent.VMMain() // never returns
+		return
+	}
+	os.Exit(dispatch(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// dispatch runs the subcommand args name and returns the exit status.
+func dispatch(args []string, stdout, stderr io.Writer) int {
+	if len(args) > 0 {
+		switch args[0] {
+		case "agent":
+			return agent.ProcessMain(args[1:])
+		case "run":
+			return runMain(args[1:], stderr)
+		case "version":
+			fmt.Fprintf(stdout, "cowork-vmm %s (commit %s, %s, %s/%s)\n", version, commit, runtime.Version(), runtime.GOOS, runtime.GOARCH)
+			return 0
+		case "help", "-h", "-help", "--help":
+			usage(stdout)
+			return 0
+		}
+		if !strings.HasPrefix(args[0], "-") {
+			fmt.Fprintf(stderr, "cowork-vmm: unknown subcommand %q\n\n", args[0])
+			usage(stderr)
+			return 2
+		}
+	}
+	return helperMain(args, stderr)
+}
+
+func usage(w io.Writer) {
+	fmt.Fprint(w, `cowork-vmm — a helper for Claude Desktop's Cowork mode: it runs each session's
+tools in a sandboxed guest (a KVM virtual machine, or namespaced host processes).
+
+Usage:
+  cowork-vmm -socket PATH [-debug]       serve the desktop client on a Unix socket (helper mode)
+  cowork-vmm run [flags] -- CMD [ARG…]   run one command in a fresh guest, like "docker run"
+  cowork-vmm agent [--fd N] [--debug]    the guest agent (started by the process backend)
+  cowork-vmm version                     print version, commit and Go version
+  cowork-vmm help                        this text
+
+run flags:
+  --mount HOST:GUEST[:ro]   share a host path at GUEST (repeatable; ":ro" for read-only)
+  --env KEY=VALUE           set an environment variable (repeatable)
+  --workdir PATH            guest working directory (default: the run's session directory)
+  --mem MiB, --cpus N       guest size (VM backend)
+  --debug                   log debug messages to stderr
+
+Environment:
+  COWORK_VMM_BACKEND   "kvm" (default: a real VM) or "process" (user+mount+pid namespaces,
+                       for hosts without KVM). "run" falls back to "process" with a note
+                       when the kvm backend is unavailable and the variable is unset.
+  XDG_RUNTIME_DIR      where the desktop client puts the socket
+                       ($XDG_RUNTIME_DIR/claude-cowork-vm.sock)
+  XDG_DATA_HOME        session data lives in $XDG_DATA_HOME/cowork-vmm/sessions
+                       (default ~/.local/share/cowork-vmm/sessions)
+
+Logs go to stderr, one line per notable event (the desktop client keeps them in
+its cowork_vm_node.log).
+
+Examples:
+  cowork-vmm -socket "$XDG_RUNTIME_DIR/claude-cowork-vm.sock"
+  cowork-vmm run -- sh -c 'echo hello from the guest; uname -a'
+  COWORK_VMM_BACKEND=process cowork-vmm run --mount "$PWD:/work" --workdir /work -- ls -la
+  cowork-vmm run --mount /etc/hosts:/data/hosts:ro -- cat /data/hosts
+`)
+}
+
+// newLogger logs text lines to w at a level the returned var controls.
+func newLogger(w io.Writer, debug bool) (*slog.Logger, *slog.LevelVar) {
+	level := new(slog.LevelVar)
+	if debug {
+		level.Set(slog.LevelDebug)
+	}
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: level})), level
+}
+
+// flagSet returns a FlagSet that reports errors instead of exiting.
+func flagSet(name string, stderr io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	return fs
+}

@@ -1,0 +1,309 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/cowork-vmm/cowork-vmm/helper"
+	"github.com/cowork-vmm/cowork-vmm/protocol"
+)
+
+// bootTimeout bounds how long run waits for the guest agent.
+const bootTimeout = 2 * time.Minute
+
+// runOptions are the run subcommand's flags. VM-only flags (kernel, initrd,
+// cmdline) join here when the kvm backend lands.
+type runOptions struct {
+	mounts  []runMount
+	env     map[string]string
+	workdir string
+	memMiB  int
+	cpus    int
+	debug   bool
+	command []string
+}
+
+type runMount struct {
+	host, guest string
+	readOnly    bool
+}
+
+// parseMount parses HOST:GUEST[:ro].
+func parseMount(s string) (runMount, error) {
+	parts := strings.Split(s, ":")
+	var m runMount
+	switch {
+	case len(parts) == 2:
+	case len(parts) == 3 && parts[2] == "ro":
+		m.readOnly = true
+	case len(parts) == 3 && parts[2] == "rw":
+	default:
+		return m, fmt.Errorf("--mount %q: want HOST:GUEST or HOST:GUEST:ro", s)
+	}
+	m.host, m.guest = parts[0], parts[1]
+	if m.host == "" || !strings.HasPrefix(m.guest, "/") {
+		return m, fmt.Errorf("--mount %q: HOST must be set and GUEST absolute", s)
+	}
+	return m, nil
+}
+
+type listFlag struct{ add func(string) error }
+
+func (l listFlag) String() string     { return "" }
+func (l listFlag) Set(s string) error { return l.add(s) }
+
+func parseRunArgs(args []string, stderr io.Writer) (runOptions, error) {
+	o := runOptions{env: map[string]string{}}
+	fs := flagSet("cowork-vmm run", stderr)
+	fs.Var(listFlag{func(s string) error {
+		m, err := parseMount(s)
+		o.mounts = append(o.mounts, m)
+		return err
+	}}, "mount", "share HOST:GUEST[:ro] (repeatable)")
+	fs.Var(listFlag{func(s string) error {
+		k, v, ok := strings.Cut(s, "=")
+		if !ok || k == "" {
+			return fmt.Errorf("--env %q: want KEY=VALUE", s)
+		}
+		o.env[k] = v
+		return nil
+	}}, "env", "set KEY=VALUE in the guest (repeatable)")
+	fs.StringVar(&o.workdir, "workdir", "", "guest working directory")
+	fs.IntVar(&o.memMiB, "mem", 0, "guest memory in MiB")
+	fs.IntVar(&o.cpus, "cpus", 0, "guest vCPUs")
+	fs.BoolVar(&o.debug, "debug", false, "log debug messages")
+	fs.Usage = func() { usage(stderr) }
+	if err := fs.Parse(args); err != nil {
+		return o, err
+	}
+	o.command = fs.Args()
+	if len(o.command) == 0 {
+		return o, errors.New("run: no command given (cowork-vmm run [flags] -- CMD [ARG…])")
+	}
+	return o, nil
+}
+
+// runMain is `cowork-vmm run`: one command in a fresh guest, its output on
+// the terminal, its exit status ours (128+n for a signal).
+func runMain(args []string, stderr io.Writer) int {
+	o, err := parseRunArgs(args, stderr)
+	if err != nil {
+		fmt.Fprintln(stderr, err)
+		return 2
+	}
+	log, level := newLogger(stderr, o.debug)
+	if !o.debug {
+		level.Set(slog.LevelWarn) // the command's output is the point
+	}
+	agentLog := io.Discard // the command's output is the point
+	if o.debug {
+		agentLog = stderr
+	}
+	factories := backendFactories(log, agentLog)
+	backend := chooseRunBackend(factories, stderr)
+	svc, err := helper.New(helper.Options{Backend: backend, Backends: factories, Logger: log, LogLevel: level})
+	if err != nil {
+		fmt.Fprintln(stderr, "cowork-vmm run:", err)
+		return 1
+	}
+	code, err := runInGuest(context.Background(), svc, o, os.Stdin, os.Stdout, os.Stderr)
+	if err != nil {
+		fmt.Fprintln(stderr, "cowork-vmm run:", err)
+	}
+	return code
+}
+
+// chooseRunBackend honours COWORK_VMM_BACKEND; unset, it prefers kvm and
+// falls back to the process backend with a note when kvm is unavailable.
+func chooseRunBackend(factories map[string]helper.BackendFactory, stderr io.Writer) string {
+	if b := os.Getenv("COWORK_VMM_BACKEND"); b != "" {
+		return b
+	}
+	reason := "the kvm backend is not built yet"
+	if f := factories[helper.BackendKVM]; f != nil {
+		_, err := f()
+		if err == nil {
+			return helper.BackendKVM
+		}
+		reason = err.Error()
+	}
+	fmt.Fprintf(stderr, "cowork-vmm: %s; using the process backend (namespaced host processes). Set COWORK_VMM_BACKEND to choose.\n", reason)
+	return helper.BackendProcess
+}
+
+// call runs one method on the service with Go-valued params.
+func call(ctx context.Context, svc *helper.Service, method string, params, result any) error {
+	raw, err := json.Marshal(params)
+	if err != nil {
+		return err
+	}
+	res, err := svc.Call(ctx, method, raw)
+	if err != nil {
+		return fmt.Errorf("%s: %w", method, err)
+	}
+	if result != nil {
+		b, err := json.Marshal(res)
+		if err != nil {
+			return err
+		}
+		return json.Unmarshal(b, result)
+	}
+	return nil
+}
+
+// runInGuest boots a guest through the service, runs o.command and returns
+// its exit status. The session it used is deleted afterwards.
+func runInGuest(ctx context.Context, svc *helper.Service, o runOptions, stdin io.Reader, stdout, stderr io.Writer) (int, error) {
+	var tag [4]byte
+	_, _ = rand.Read(tag[:])
+	session := "run-" + hex.EncodeToString(tag[:])
+	const procID = "run"
+
+	configure := map[string]any{"userDataName": "cowork-vmm-run", "userDataRoot": ""}
+	if o.memMiB > 0 {
+		configure["memoryMB"] = o.memMiB
+	}
+	if o.cpus > 0 {
+		configure["cpuCount"] = o.cpus
+	}
+	if err := call(ctx, svc, "configure", configure, nil); err != nil {
+		return 1, err
+	}
+	sub := svc.SubscribeProfile("cowork-vmm-run", "")
+	defer sub.Close()
+	if err := call(ctx, svc, "startVM", map[string]any{}, nil); err != nil {
+		return 1, err
+	}
+	defer func() {
+		stopCtx, cancel := context.WithTimeout(context.Background(), stopTimeout)
+		defer cancel()
+		_ = svc.Close(stopCtx)
+		_ = call(stopCtx, svc, "deleteSessionDirs", map[string]any{"names": []string{session}}, nil)
+	}()
+	if err := waitConnected(ctx, svc); err != nil {
+		return 1, err
+	}
+	for _, m := range o.mounts {
+		host, err := filepath.Abs(m.host)
+		if err == nil {
+			err = svc.AddGuestMount(host, m.guest, m.readOnly)
+		}
+		if err != nil {
+			return 1, fmt.Errorf("--mount %s:%s: %w", m.host, m.guest, err)
+		}
+	}
+	spawn := map[string]any{"id": procID, "name": session, "command": o.command[0], "args": o.command[1:], "env": o.env}
+	if o.workdir != "" {
+		spawn["cwd"] = o.workdir
+	}
+	if err := call(ctx, svc, "spawn", spawn, nil); err != nil {
+		return 127, err
+	}
+
+	sigs := make(chan os.Signal, 4)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
+	defer signal.Stop(sigs)
+	go forwardSignals(ctx, svc, procID, sigs)
+	go forwardStdin(ctx, svc, procID, stdin)
+
+	for {
+		ev, err := sub.Next(ctx)
+		if err != nil {
+			return 1, err
+		}
+		switch {
+		case ev.ID != procID && ev.Type != protocol.EventError:
+		case ev.Type == protocol.EventStdout:
+			_, _ = io.WriteString(stdout, ev.Data)
+		case ev.Type == protocol.EventStderr:
+			_, _ = io.WriteString(stderr, ev.Data)
+		case ev.Type == protocol.EventError:
+			fmt.Fprintln(stderr, "cowork-vmm:", ev.Message)
+		case ev.Type == protocol.EventExit:
+			if ev.Signal != "" {
+				return 128 + signalNumber(ev.Signal), nil
+			}
+			if ev.ExitCode != nil {
+				return *ev.ExitCode, nil
+			}
+			return 0, nil
+		}
+	}
+}
+
+// waitConnected polls isGuestConnected as the client does.
+func waitConnected(ctx context.Context, svc *helper.Service) error {
+	ctx, cancel := context.WithTimeout(ctx, bootTimeout)
+	defer cancel()
+	t := time.NewTicker(20 * time.Millisecond)
+	defer t.Stop()
+	for {
+		var c struct{ Connected bool }
+		if err := call(ctx, svc, "isGuestConnected", nil, &c); err != nil {
+			return err
+		}
+		if c.Connected {
+			return nil
+		}
+		var r struct{ Running bool }
+		if err := call(ctx, svc, "isRunning", nil, &r); err != nil {
+			return err
+		}
+		if !r.Running {
+			return errors.New("the guest ended before its agent connected (run with --debug for details)")
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("waiting for the guest agent: %w", ctx.Err())
+		case <-t.C:
+		}
+	}
+}
+
+func forwardSignals(ctx context.Context, svc *helper.Service, id string, sigs <-chan os.Signal) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case sig := <-sigs:
+			name := map[os.Signal]string{syscall.SIGINT: "SIGINT", syscall.SIGTERM: "SIGTERM", syscall.SIGHUP: "SIGHUP"}[sig]
+			_ = call(ctx, svc, "kill", map[string]any{"id": id, "signal": name}, nil)
+		}
+	}
+}
+
+// forwardStdin copies stdin to the process. The agent channel has no
+// end-of-input message yet, so the process never sees EOF.
+func forwardStdin(ctx context.Context, svc *helper.Service, id string, stdin io.Reader) {
+	buf := make([]byte, 32*1024)
+	for {
+		n, err := stdin.Read(buf)
+		if n > 0 {
+			if call(ctx, svc, "writeStdin", map[string]any{"id": id, "data": string(buf[:n])}, nil) != nil {
+				return
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+func signalNumber(name string) int {
+	if n, ok := helper.SignalNumber(name); ok {
+		return n
+	}
+	return 9 // an unnamed signal: report it as a kill
+}

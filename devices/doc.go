@@ -1,0 +1,16 @@
+// Package devices holds the guest-visible devices of cowork-vmm and the two
+// tiny contracts they share with the VMM: an interrupt line ([IRQ]) and a
+// rate limiter for logging guest misbehaviour ([LogLimiter]).
+//
+// Sub-packages:
+//   - serial: the 8250 UART console (ttyS0).
+//   - platform: the i8042 reset path and the boot timer port.
+//   - virtio: split virtqueues, descriptor chains, the Device interface and
+//     the virtio-mmio transport; virtio/virtiotest plays the guest in tests.
+//   - rng, vsock, p9: virtio devices built on package virtio.
+//
+// A device is a bus device: it has Read(offset, data) and Write(offset, data)
+// methods with offsets relative to its base, called concurrently from
+// several vCPU threads, so every device is safe for concurrent use. Nothing
+// here imports the VMM; the VMM adapts to these shapes structurally.
+package devices

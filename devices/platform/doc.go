@@ -1,0 +1,6 @@
+// Package platform holds the small PC port devices a microVM needs besides
+// its console: the i8042 keyboard controller, only so far as Linux needs to
+// probe it and to reset the machine through it (command 0xFE), the boot
+// timer port the guest agent writes when it starts, and an exit port for
+// test guests.
+package platform

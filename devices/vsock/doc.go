@@ -1,0 +1,16 @@
+// Package vsock is a userspace virtio-vsock device (virtio device id 19):
+// the guest's AF_VSOCK stream sockets reach host Go code as net.Listener and
+// net.Conn values, with no /dev/vhost-vsock.
+//
+// It is split by job, after Firecracker's vsock device:
+//   - packet.go: the 44-byte virtio_vsock_hdr codec and its validation;
+//   - connection.go: one stream's state machine and credit-based flow control;
+//   - muxer.go: routing by (host port, guest port), listeners, caps, RSTs;
+//   - device.go: the virtio Device (rx, tx and event queues, config space);
+//   - conn.go, listener.go, addr.go, deadline.go: the host-side net API.
+//
+// Everything the guest sends is hostile input: headers are copied out of guest
+// memory once and the copy is validated; a bad packet is completed with used
+// length 0 and the tx queue keeps draining; every buffer a guest or a host
+// peer can grow is bounded.
+package vsock

@@ -1,0 +1,382 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/cowork-vmm/cowork-vmm/protocol"
+)
+
+// Defaults for Options fields left zero.
+const (
+	// DefaultShutdownGrace is how long processes get between SIGTERM and
+	// SIGKILL when the connection ends without a shutdown request.
+	DefaultShutdownGrace = 2 * time.Second
+	// DefaultOutputDrain is how long output is still forwarded after a
+	// process has exited while something else (a background child) keeps its
+	// stdout or stderr open; then the exit event is sent and the pipes closed.
+	DefaultOutputDrain = time.Second
+	// maxInFlightRequests bounds concurrently handled requests; the read loop
+	// waits when it is reached (back-pressure on the helper).
+	maxInFlightRequests = 256
+)
+
+// Options tunes Run. The zero value is ready to use.
+type Options struct {
+	Logger *slog.Logger
+	// Subreaper makes the agent the reaper of its processes' orphans when it
+	// is not PID 1 (PR_SET_CHILD_SUBREAPER). PID 1 reaps orphans anyway.
+	Subreaper bool
+	// ShutdownGrace: see DefaultShutdownGrace.
+	ShutdownGrace time.Duration
+	// OutputDrain: see DefaultOutputDrain.
+	OutputDrain time.Duration
+}
+
+// ErrShutdown is returned by Run after a shutdown request was served.
+var ErrShutdown = errors.New("agent: shut down on request")
+
+// agent is the state of one Run.
+type agent struct {
+	opts Options
+	log  *slog.Logger
+
+	writeMu sync.Mutex
+	conn    io.ReadWriteCloser
+
+	procs *processTable
+	mnt   *mounter
+
+	shutdownOnce sync.Once
+	shutdownDone chan struct{} // closed after a shutdown request is served
+}
+
+// Run serves the agent channel on conn until the helper sends shutdown (Run
+// then returns ErrShutdown), the connection ends, or ctx is done. Either
+// way every spawned process is ended (SIGTERM, SIGKILL after the grace) and
+// reaped before Run returns; conn is closed.
+//
+// Run reaps every child of the calling process (see the package comment):
+// do not start children by other means while it runs, and run one at a time.
+func Run(ctx context.Context, conn io.ReadWriteCloser, opts Options) error {
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	if opts.ShutdownGrace <= 0 {
+		opts.ShutdownGrace = DefaultShutdownGrace
+	}
+	if opts.OutputDrain <= 0 {
+		opts.OutputDrain = DefaultOutputDrain
+	}
+	if opts.Subreaper && os.Getpid() != 1 {
+		if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
+			opts.Logger.Warn("cannot become child subreaper; orphans will not be reaped by the agent", "err", err)
+		}
+	}
+	a := &agent{
+		opts:         opts,
+		log:          opts.Logger,
+		conn:         conn,
+		shutdownDone: make(chan struct{}),
+	}
+	a.procs = newProcessTable(a)
+	a.mnt = newMounter(a.log)
+	defer a.mnt.close()
+
+	stopReaper := a.procs.startReaper()
+	defer stopReaper()
+
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		<-ctx.Done()
+		conn.Close() // unblocks the read loop
+	}()
+
+	if err := a.send(protocol.AgentFrame{Kind: protocol.AgentKindHello, Hello: &protocol.AgentHello{
+		Version: protocol.AgentProtocolVersion,
+		Kernel:  kernelRelease(),
+		PID:     os.Getpid(),
+	}}); err != nil {
+		a.procs.terminateAll(opts.ShutdownGrace)
+		return fmt.Errorf("agent: sending hello: %w", err)
+	}
+	a.log.Info("agent connected to the helper", "pid", os.Getpid())
+
+	readErr := a.serve(ctx)
+
+	select {
+	case <-a.shutdownDone:
+		return ErrShutdown
+	default:
+	}
+	// The connection ended without a shutdown: end everything anyway.
+	a.procs.terminateAll(opts.ShutdownGrace)
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	if errors.Is(readErr, io.EOF) {
+		return fmt.Errorf("agent: the helper closed the connection: %w", readErr)
+	}
+	return fmt.Errorf("agent: reading from the helper: %w", readErr)
+}
+
+// serve reads requests until the connection fails or a shutdown is served.
+func (a *agent) serve(ctx context.Context) error {
+	sem := make(chan struct{}, maxInFlightRequests)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	frames := make(chan []byte)
+	readErr := make(chan error, 1)
+	go func() {
+		for {
+			body, err := protocol.ReadFrame(a.conn)
+			if err != nil {
+				readErr <- err
+				close(frames)
+				return
+			}
+			select {
+			case frames <- body:
+			case <-a.shutdownDone:
+				readErr <- io.EOF
+				close(frames)
+				return
+			}
+		}
+	}()
+	for {
+		var body []byte
+		var ok bool
+		select {
+		case body, ok = <-frames:
+			if !ok {
+				return <-readErr
+			}
+		case <-a.shutdownDone:
+			a.conn.Close()
+			return nil
+		}
+		var f protocol.AgentFrame
+		if err := json.Unmarshal(body, &f); err != nil {
+			a.log.Warn("ignoring an undecodable frame from the helper", "err", err, "bytes", len(body))
+			continue
+		}
+		if f.Kind != protocol.AgentKindRequest || f.ID == 0 {
+			a.log.Warn("ignoring a frame that is not a request", "kind", f.Kind, "id", f.ID)
+			if f.ID != 0 {
+				a.reply(f.ID, nil, fmt.Errorf("agent expects request frames, got kind %q", f.Kind))
+			}
+			continue
+		}
+		if f.Method == protocol.AgentMethodShutdown {
+			// Served inline: nothing else is read once shutdown starts.
+			a.handleShutdown(f)
+			continue
+		}
+		select {
+		case sem <- struct{}{}:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			result, err := a.handle(f.Method, f.Params)
+			a.reply(f.ID, result, err)
+		}()
+	}
+}
+
+// handleShutdown ends every process, replies, and makes serve return.
+func (a *agent) handleShutdown(f protocol.AgentFrame) {
+	var p protocol.ShutdownParams
+	if len(f.Params) > 0 {
+		if err := json.Unmarshal(f.Params, &p); err != nil {
+			a.reply(f.ID, nil, fmt.Errorf("invalid shutdown params: %w", err))
+			return
+		}
+	}
+	grace := time.Duration(p.GraceMillis) * time.Millisecond
+	if grace <= 0 || grace > 5*time.Minute {
+		grace = a.opts.ShutdownGrace
+	}
+	a.log.Info("shutting down: ending every process", "grace", grace)
+	a.procs.terminateAll(grace)
+	a.reply(f.ID, nil, nil)
+	a.shutdownOnce.Do(func() { close(a.shutdownDone) })
+}
+
+// handle runs one request and returns its result (nil for none).
+func (a *agent) handle(method string, raw json.RawMessage) (any, error) {
+	switch method {
+	case protocol.AgentMethodPing:
+		return nil, nil
+	case protocol.AgentMethodSetup:
+		var p protocol.SetupParams
+		if err := decodeParams(raw, &p); err != nil {
+			return nil, err
+		}
+		return nil, a.setup(p)
+	case protocol.AgentMethodMount:
+		var p protocol.MountParams
+		if err := decodeParams(raw, &p); err != nil {
+			return nil, err
+		}
+		return nil, a.mnt.mount(p.Mount)
+	case protocol.AgentMethodSpawn:
+		var p protocol.SpawnParams
+		if err := decodeParams(raw, &p); err != nil {
+			return nil, err
+		}
+		return nil, a.procs.spawn(p, a.mnt.sandboxSpawns())
+	case protocol.AgentMethodStdin:
+		var p protocol.StdinParams
+		if err := decodeParams(raw, &p); err != nil {
+			return nil, err
+		}
+		return nil, a.procs.stdin(p.ID, []byte(p.Data))
+	case protocol.AgentMethodKill:
+		var p protocol.KillParams
+		if err := decodeParams(raw, &p); err != nil {
+			return nil, err
+		}
+		return nil, a.procs.kill(p.ID, p.Signal)
+	case protocol.AgentMethodReadFile:
+		var p protocol.ReadFileParams
+		if err := decodeParams(raw, &p); err != nil {
+			return nil, err
+		}
+		content, err := readFile(p.Path)
+		if err != nil {
+			return nil, err
+		}
+		return protocol.ReadFileResult{Content: content}, nil
+	default:
+		return nil, fmt.Errorf("unknown agent method %q", method)
+	}
+}
+
+// setup lays out the root filesystem and sets the hostname.
+func (a *agent) setup(p protocol.SetupParams) error {
+	if err := a.mnt.setup(p); err != nil {
+		return err
+	}
+	if p.Hostname != "" {
+		if err := unix.Sethostname([]byte(p.Hostname)); err != nil {
+			return fmt.Errorf("setting the guest hostname to %q: %w", p.Hostname, err)
+		}
+	}
+	return nil
+}
+
+func decodeParams(raw json.RawMessage, v any) error {
+	if len(raw) == 0 {
+		return errors.New("missing params")
+	}
+	if err := json.Unmarshal(raw, v); err != nil {
+		return fmt.Errorf("invalid params: %w", err)
+	}
+	return nil
+}
+
+// reply sends the reply to request id.
+func (a *agent) reply(id uint64, result any, err error) {
+	f := protocol.AgentFrame{Kind: protocol.AgentKindReply, ID: id}
+	if err != nil {
+		f.Error = err.Error()
+	} else if result != nil {
+		raw, merr := json.Marshal(result)
+		if merr != nil {
+			f.Error = fmt.Sprintf("agent: encoding the result: %v", merr)
+		} else {
+			f.Result = raw
+		}
+	}
+	if serr := a.send(f); serr != nil {
+		a.log.Debug("could not send a reply", "id", id, "err", serr)
+	}
+}
+
+// emit sends one event; a failure means the helper is gone and is only logged
+// (the read loop notices and ends Run).
+func (a *agent) emit(ev protocol.Event) {
+	if err := a.send(protocol.AgentFrame{Kind: protocol.AgentKindEvent, Event: &ev}); err != nil {
+		a.log.Debug("could not send an event", "type", ev.Type, "id", ev.ID, "err", err)
+	}
+}
+
+// send writes one frame; frames from concurrent goroutines never interleave.
+func (a *agent) send(f protocol.AgentFrame) error {
+	body, err := json.Marshal(f)
+	if err != nil {
+		return fmt.Errorf("agent: encoding a frame: %w", err)
+	}
+	a.writeMu.Lock()
+	defer a.writeMu.Unlock()
+	return protocol.WriteFrame(a.conn, body)
+}
+
+// kernelRelease is uname -r, for the hello.
+func kernelRelease() string {
+	var u unix.Utsname
+	if err := unix.Uname(&u); err != nil {
+		return ""
+	}
+	return unix.ByteSliceToString(u.Release[:])
+}
+
+// readFile reads a regular file of at most protocol.MaxReadFileBytes.
+func readFile(path string) ([]byte, error) {
+	if path == "" || path[0] != '/' {
+		return nil, fmt.Errorf("readFile needs an absolute guest path, got %q", path)
+	}
+	// O_NONBLOCK: opening a FIFO must not hang the request. No magic links:
+	// a guest-made symlink to /proc/self/fd/N must not reach the agent's own
+	// descriptors (the host root in the process backend).
+	fd, err := openNoMagic(path, unix.O_RDONLY|unix.O_CLOEXEC|unix.O_NONBLOCK|unix.O_NOCTTY)
+	if err != nil {
+		return nil, fmt.Errorf("reading %s: %w", path, err)
+	}
+	f := os.NewFile(uintptr(fd), path)
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return nil, fmt.Errorf("reading %s: %w", path, err)
+	}
+	if !st.Mode().IsRegular() {
+		return nil, fmt.Errorf("reading %s: not a regular file (%s)", path, st.Mode().Type())
+	}
+	if st.Size() > protocol.MaxReadFileBytes {
+		return nil, fmt.Errorf("reading %s: the file is %d bytes, more than the %d bytes readFile returns", path, st.Size(), protocol.MaxReadFileBytes)
+	}
+	data, err := io.ReadAll(io.LimitReader(f, protocol.MaxReadFileBytes+1))
+	if err != nil {
+		return nil, fmt.Errorf("reading %s: %w", path, err)
+	}
+	if len(data) > protocol.MaxReadFileBytes {
+		return nil, fmt.Errorf("reading %s: the file grew past the %d bytes readFile returns", path, protocol.MaxReadFileBytes)
+	}
+	return data, nil
+}
+
+// openNoMagic opens path like open(2) but refuses to follow /proc magic links
+// anywhere in it (openat2 RESOLVE_NO_MAGICLINKS; plain open on kernels
+// without openat2).
+func openNoMagic(path string, flags int) (int, error) {
+	fd, err := unix.Openat2(unix.AT_FDCWD, path, &unix.OpenHow{Flags: uint64(flags), Resolve: unix.RESOLVE_NO_MAGICLINKS})
+	if errors.Is(err, unix.ENOSYS) {
+		return unix.Open(path, flags, 0)
+	}
+	return fd, err
+}

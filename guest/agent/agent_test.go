@@ -1,0 +1,522 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+	"unicode/utf8"
+
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+
+	"github.com/cowork-vmm/cowork-vmm/protocol"
+)
+
+// testAgentEnv makes the test binary act as `cowork-vmm agent` (see TestMain).
+const testAgentEnv = "COWORK_VMM_AGENT_TEST_CHILD"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(testAgentEnv) == "1" {
+		os.Exit(ProcessMain(os.Args[1:]))
+	}
+	os.Exit(m.Run())
+}
+
+// procOutput is what a test client has seen of one process.
+type procOutput struct {
+	stdout, stderr strings.Builder
+	chunks         []int // sizes of stdout/stderr event data
+	exit           *protocol.Event
+}
+
+// testClient is the helper side of the agent channel, for tests.
+type testClient struct {
+	t     *testing.T
+	conn  net.Conn
+	hello protocol.AgentHello
+
+	mu      sync.Mutex
+	cond    *sync.Cond
+	nextID  uint64
+	pending map[uint64]chan protocol.AgentFrame
+	procs   map[string]*procOutput
+	closed  bool
+}
+
+func newTestClient(t *testing.T, conn net.Conn) *testClient {
+	c := &testClient{t: t, conn: conn, pending: map[uint64]chan protocol.AgentFrame{}, procs: map[string]*procOutput{}}
+	c.cond = sync.NewCond(&c.mu)
+	body, err := protocol.ReadFrame(conn)
+	require.NoError(t, err, "reading hello")
+	var hello protocol.AgentFrame
+	require.NoError(t, json.Unmarshal(body, &hello))
+	require.Equal(t, protocol.AgentKindHello, hello.Kind)
+	require.NotNil(t, hello.Hello)
+	require.Equal(t, protocol.AgentProtocolVersion, hello.Hello.Version)
+	c.hello = *hello.Hello
+	go c.readLoop()
+	return c
+}
+
+// startAgent runs agent.Run in this process over a socketpair.
+func startAgent(t *testing.T, opts Options) *testClient {
+	t.Helper()
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	require.NoError(t, err)
+	agentConn := fileConn(t, fds[0])
+	clientConn := fileConn(t, fds[1])
+	runErr := make(chan error, 1)
+	go func() { runErr <- Run(context.Background(), agentConn, opts) }()
+	c := newTestClient(t, clientConn)
+	t.Cleanup(func() {
+		clientConn.Close()
+		select {
+		case <-runErr:
+		case <-time.After(30 * time.Second):
+			t.Error("agent.Run did not return after the connection closed")
+		}
+	})
+	return c
+}
+
+func fileConn(t *testing.T, fd int) net.Conn {
+	f := os.NewFile(uintptr(fd), "socket")
+	defer f.Close()
+	c, err := net.FileConn(f)
+	require.NoError(t, err)
+	return c
+}
+
+func (c *testClient) readLoop() {
+	defer func() {
+		c.mu.Lock()
+		c.closed = true
+		for _, ch := range c.pending {
+			close(ch)
+		}
+		c.pending = nil
+		c.cond.Broadcast()
+		c.mu.Unlock()
+	}()
+	for {
+		body, err := protocol.ReadFrame(c.conn)
+		if err != nil {
+			return
+		}
+		var f protocol.AgentFrame
+		if err := json.Unmarshal(body, &f); err != nil {
+			c.t.Errorf("agent sent undecodable frame: %v", err)
+			return
+		}
+		c.mu.Lock()
+		switch f.Kind {
+		case protocol.AgentKindReply:
+			if ch := c.pending[f.ID]; ch != nil {
+				ch <- f
+				delete(c.pending, f.ID)
+			} else {
+				c.t.Errorf("reply to unknown id %d", f.ID)
+			}
+		case protocol.AgentKindEvent:
+			ev := f.Event
+			p := c.procs[ev.ID]
+			if p == nil {
+				p = &procOutput{}
+				c.procs[ev.ID] = p
+			}
+			switch ev.Type {
+			case protocol.EventStdout:
+				p.stdout.WriteString(ev.Data)
+				p.chunks = append(p.chunks, len(ev.Data))
+			case protocol.EventStderr:
+				p.stderr.WriteString(ev.Data)
+				p.chunks = append(p.chunks, len(ev.Data))
+			case protocol.EventExit:
+				if p.exit != nil {
+					c.t.Errorf("second exit event for %s", ev.ID)
+				}
+				p.exit = ev
+			}
+			c.cond.Broadcast()
+		default:
+			c.t.Errorf("unexpected frame kind %q", f.Kind)
+		}
+		c.mu.Unlock()
+	}
+}
+
+func (c *testClient) call(method string, params, result any) error {
+	c.t.Helper()
+	raw, err := json.Marshal(params)
+	require.NoError(c.t, err)
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return errors.New("connection closed")
+	}
+	c.nextID++
+	id := c.nextID
+	ch := make(chan protocol.AgentFrame, 1)
+	c.pending[id] = ch
+	c.mu.Unlock()
+	require.NoError(c.t, protocol.WriteJSON(c.conn, protocol.AgentFrame{Kind: protocol.AgentKindRequest, ID: id, Method: method, Params: raw}))
+	select {
+	case f, ok := <-ch:
+		if !ok {
+			return errors.New("connection closed")
+		}
+		if f.Error != "" {
+			return errors.New(f.Error)
+		}
+		if result != nil {
+			return json.Unmarshal(f.Result, result)
+		}
+		return nil
+	case <-time.After(60 * time.Second):
+		c.t.Fatalf("no reply to %s", method)
+		return nil
+	}
+}
+
+// waitFor waits until cond holds for the output of process id.
+func (c *testClient) waitFor(id string, what string, cond func(*procOutput) bool) *procOutput {
+	c.t.Helper()
+	timer := time.AfterFunc(60*time.Second, func() {
+		c.mu.Lock()
+		c.closed = true
+		c.cond.Broadcast()
+		c.mu.Unlock()
+	})
+	defer timer.Stop()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for {
+		p := c.procs[id]
+		if p != nil && cond(p) {
+			return p
+		}
+		if c.closed {
+			c.t.Fatalf("process %s: gave up waiting for %s", id, what)
+		}
+		c.cond.Wait()
+	}
+}
+
+func (c *testClient) waitExit(id string) *procOutput {
+	c.t.Helper()
+	return c.waitFor(id, "its exit", func(p *procOutput) bool { return p.exit != nil })
+}
+
+func (c *testClient) spawn(id string, args ...string) {
+	c.t.Helper()
+	require.NoError(c.t, c.call(protocol.AgentMethodSpawn, protocol.SpawnParams{
+		ID: id, Command: args[0], Args: args[1:], Cwd: "/", Env: []string{"PATH=/usr/bin:/bin"},
+	}, nil))
+}
+
+func TestHelloAndPing(t *testing.T) {
+	c := startAgent(t, Options{})
+	require.Equal(t, os.Getpid(), c.hello.PID)
+	require.NoError(t, c.call(protocol.AgentMethodPing, nil, nil))
+	require.ErrorContains(t, c.call("frobnicate", nil, nil), "unknown agent method")
+}
+
+func TestSpawnOutputAndExitCode(t *testing.T) {
+	c := startAgent(t, Options{})
+	c.spawn("p1", "sh", "-c", "echo out; echo err >&2; exit 3")
+	p := c.waitExit("p1")
+	require.Equal(t, "out\n", p.stdout.String())
+	require.Equal(t, "err\n", p.stderr.String())
+	require.NotNil(t, p.exit.ExitCode)
+	require.Equal(t, 3, *p.exit.ExitCode)
+	require.Empty(t, p.exit.Signal)
+}
+
+func TestSpawnUsesArgsCwdAndEnvExactly(t *testing.T) {
+	c := startAgent(t, Options{})
+	dir := t.TempDir()
+	require.NoError(t, c.call(protocol.AgentMethodSpawn, protocol.SpawnParams{
+		ID: "env", Command: "sh", Args: []string{"-c", `pwd; echo "$FOO"; env | wc -l; echo "$1"`, "sh", "two words"},
+		Cwd: dir, Env: []string{"PATH=/usr/bin:/bin", "FOO=bar baz"},
+	}, nil))
+	p := c.waitExit("env")
+	lines := strings.Split(strings.TrimSpace(p.stdout.String()), "\n")
+	require.Len(t, lines, 4, p.stdout.String())
+	require.Equal(t, dir, lines[0])
+	require.Equal(t, "bar baz", lines[1])
+	// PATH, FOO and the PWD sh sets itself (plus SHLVL/_ on some shells).
+	n, err := strconv.Atoi(strings.TrimSpace(lines[2]))
+	require.NoError(t, err)
+	require.LessOrEqual(t, n, 5)
+	require.Equal(t, "two words", lines[3])
+}
+
+func TestSpawnErrors(t *testing.T) {
+	c := startAgent(t, Options{})
+	err := c.call(protocol.AgentMethodSpawn, protocol.SpawnParams{ID: "x", Command: "no-such-command-here", Cwd: "/", Env: []string{"PATH=/usr/bin:/bin"}}, nil)
+	require.ErrorContains(t, err, "not found in PATH")
+	err = c.call(protocol.AgentMethodSpawn, protocol.SpawnParams{ID: "x", Command: "true", Cwd: "/no/such/dir", Env: []string{"PATH=/usr/bin:/bin"}}, nil)
+	require.ErrorContains(t, err, "working directory")
+	err = c.call(protocol.AgentMethodSpawn, protocol.SpawnParams{ID: "", Command: "true"}, nil)
+	require.ErrorContains(t, err, "process id")
+	// A running id cannot be reused.
+	c.spawn("dup", "sleep", "30")
+	err = c.call(protocol.AgentMethodSpawn, protocol.SpawnParams{ID: "dup", Command: "true", Cwd: "/", Env: []string{"PATH=/usr/bin:/bin"}}, nil)
+	require.ErrorContains(t, err, "still running")
+	require.NoError(t, c.call(protocol.AgentMethodKill, protocol.KillParams{ID: "dup", Signal: "SIGKILL"}, nil))
+	require.Equal(t, "SIGKILL", c.waitExit("dup").exit.Signal)
+}
+
+func TestUnknownProcessAndSignal(t *testing.T) {
+	c := startAgent(t, Options{})
+	require.ErrorContains(t, c.call(protocol.AgentMethodStdin, protocol.StdinParams{ID: "nope", Data: "x"}, nil), "no running process")
+	require.ErrorContains(t, c.call(protocol.AgentMethodKill, protocol.KillParams{ID: "nope", Signal: "SIGTERM"}, nil), "no running process")
+	c.spawn("s", "sleep", "30")
+	require.ErrorContains(t, c.call(protocol.AgentMethodKill, protocol.KillParams{ID: "s", Signal: "SIGBOGUS"}, nil), "unknown signal")
+	require.NoError(t, c.call(protocol.AgentMethodKill, protocol.KillParams{ID: "s", Signal: "SIGINT"}, nil))
+	require.Equal(t, "SIGINT", c.waitExit("s").exit.Signal)
+}
+
+func TestUTF8SplitAcrossWritesIsReassembled(t *testing.T) {
+	c := startAgent(t, Options{})
+	// The euro sign's three bytes are written separately, with pauses longer
+	// than the coalescing window, then an invalid byte.
+	c.spawn("u", "sh", "-c", `printf '\342'; sleep 0.1; printf '\202'; sleep 0.1; printf '\254 ok \377!'`)
+	p := c.waitExit("u")
+	require.Equal(t, "€ ok \uFFFD!", p.stdout.String())
+}
+
+func TestLargeOutputArrivesCompleteInBoundedChunks(t *testing.T) {
+	c := startAgent(t, Options{})
+	const size = 20 * 1024 * 1024
+	c.spawn("big", "sh", "-c", fmt.Sprintf("head -c %d /dev/zero | tr '\\000' a; echo done >&2", size))
+	p := c.waitExit("big")
+	require.Equal(t, size, p.stdout.Len())
+	require.Equal(t, strings.Repeat("a", 100), p.stdout.String()[size-100:])
+	require.Equal(t, "done\n", p.stderr.String())
+	for _, n := range p.chunks {
+		require.LessOrEqual(t, n, maxChunkBytes+utf8.UTFMax)
+	}
+	require.GreaterOrEqual(t, len(p.chunks), size/maxChunkBytes)
+	// Coalescing: far fewer events than the pipe's 4 KiB writes would give.
+	require.Less(t, len(p.chunks), size/4096)
+}
+
+func TestStdinRoundTripAndKill(t *testing.T) {
+	c := startAgent(t, Options{})
+	c.spawn("cat", "cat")
+	require.NoError(t, c.call(protocol.AgentMethodStdin, protocol.StdinParams{ID: "cat", Data: "hello ünïcode\n"}, nil))
+	c.waitFor("cat", "echoed stdin", func(p *procOutput) bool { return p.stdout.String() == "hello ünïcode\n" })
+	require.NoError(t, c.call(protocol.AgentMethodKill, protocol.KillParams{ID: "cat", Signal: "SIGTERM"}, nil))
+	p := c.waitExit("cat")
+	require.Equal(t, "SIGTERM", p.exit.Signal)
+	require.Nil(t, p.exit.ExitCode)
+	// Once exited, the id is unknown.
+	require.Error(t, c.call(protocol.AgentMethodStdin, protocol.StdinParams{ID: "cat", Data: "x"}, nil))
+}
+
+func TestKillSignalsTheWholeGroup(t *testing.T) {
+	c := startAgent(t, Options{})
+	// The shell waits for its child; SIGTERM to the group ends both.
+	c.spawn("grp", "sh", "-c", "sleep 30; echo not reached")
+	require.NoError(t, c.call(protocol.AgentMethodKill, protocol.KillParams{ID: "grp", Signal: "TERM"}, nil))
+	p := c.waitExit("grp")
+	require.Equal(t, "SIGTERM", p.exit.Signal)
+	require.Empty(t, p.stdout.String())
+}
+
+func TestOrphansAreReaped(t *testing.T) {
+	c := startAgent(t, Options{Subreaper: true})
+	c.spawn("orph", "sh", "-c", "sleep 0.3 </dev/null >/dev/null 2>&1 & echo $!")
+	p := c.waitExit("orph")
+	require.Equal(t, 0, *p.exit.ExitCode)
+	pid, err := strconv.Atoi(strings.TrimSpace(p.stdout.String()))
+	require.NoError(t, err)
+	// The grandchild is reparented to us (subreaper); once it ends it must be
+	// reaped rather than linger as a zombie.
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if errors.Is(err, os.ErrNotExist) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("orphan %d was not reaped: %s", pid, stat)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func TestExitWaitsForOutputButNotForeverForBackgroundHolders(t *testing.T) {
+	c := startAgent(t, Options{OutputDrain: 200 * time.Millisecond})
+	// The background sleep keeps stdout open; the exit still comes.
+	c.spawn("bg", "sh", "-c", "echo first; sleep 30 &")
+	p := c.waitExit("bg")
+	require.Equal(t, "first\n", p.stdout.String())
+	require.Equal(t, 0, *p.exit.ExitCode)
+}
+
+func TestReadFile(t *testing.T) {
+	c := startAgent(t, Options{})
+	dir := t.TempDir()
+	path := filepath.Join(dir, "f.bin")
+	content := []byte{0, 1, 2, 0xff, 'x'}
+	require.NoError(t, os.WriteFile(path, content, 0o644))
+	var res protocol.ReadFileResult
+	require.NoError(t, c.call(protocol.AgentMethodReadFile, protocol.ReadFileParams{Path: path}, &res))
+	require.Equal(t, content, res.Content)
+
+	require.ErrorContains(t, c.call(protocol.AgentMethodReadFile, protocol.ReadFileParams{Path: dir}, nil), "not a regular file")
+	require.ErrorContains(t, c.call(protocol.AgentMethodReadFile, protocol.ReadFileParams{Path: "relative"}, nil), "absolute")
+	require.ErrorContains(t, c.call(protocol.AgentMethodReadFile, protocol.ReadFileParams{Path: filepath.Join(dir, "missing")}, nil), "no such file")
+	fifo := filepath.Join(dir, "fifo")
+	require.NoError(t, unix.Mkfifo(fifo, 0o644))
+	require.ErrorContains(t, c.call(protocol.AgentMethodReadFile, protocol.ReadFileParams{Path: fifo}, nil), "not a regular file")
+	big := filepath.Join(dir, "big")
+	require.NoError(t, os.WriteFile(big, make([]byte, protocol.MaxReadFileBytes+1), 0o644))
+	require.ErrorContains(t, c.call(protocol.AgentMethodReadFile, protocol.ReadFileParams{Path: big}, nil), "more than")
+}
+
+func TestShutdownEndsProcessesThenReplies(t *testing.T) {
+	c := startAgent(t, Options{})
+	c.spawn("long", "sleep", "60")
+	// A process that ignores SIGTERM needs the SIGKILL after the grace.
+	c.spawn("stubborn", "sh", "-c", "trap '' TERM; echo ready; sleep 60")
+	c.waitFor("stubborn", "ready", func(p *procOutput) bool { return p.stdout.String() == "ready\n" })
+	require.NoError(t, c.call(protocol.AgentMethodShutdown, protocol.ShutdownParams{GraceMillis: 300}, nil))
+	// The exit events were sent before the reply.
+	c.mu.Lock()
+	long, stubborn := c.procs["long"], c.procs["stubborn"]
+	c.mu.Unlock()
+	require.NotNil(t, long)
+	require.NotNil(t, long.exit)
+	require.Equal(t, "SIGTERM", long.exit.Signal)
+	require.NotNil(t, stubborn)
+	require.NotNil(t, stubborn.exit)
+	require.Equal(t, "SIGKILL", stubborn.exit.Signal)
+	// The agent then closes the connection.
+	c.mu.Lock()
+	for !c.closed {
+		c.cond.Wait()
+	}
+	c.mu.Unlock()
+}
+
+func TestMountValidation(t *testing.T) {
+	c := startAgent(t, Options{})
+	for _, m := range []protocol.Mount{
+		{Source: protocol.MountSource{Kind: "bind", Path: "/tmp"}, Target: "relative"},
+		{Source: protocol.MountSource{Kind: "bind", Path: "/tmp"}, Target: "/a/../b"},
+		{Source: protocol.MountSource{Kind: "bind", Path: "/tmp"}, Target: "/"},
+		{Source: protocol.MountSource{Kind: "9p", Tag: "t", Aname: "x,ro=0"}, Target: "/x"},
+		{Source: protocol.MountSource{Kind: "nfs"}, Target: "/x"},
+		{Source: protocol.MountSource{Kind: "bind", Path: "/tmp"}, Target: "/x", SourceFile: "../etc/shadow"},
+	} {
+		require.Error(t, c.call(protocol.AgentMethodMount, protocol.MountParams{Mount: m}, nil), "%+v", m)
+	}
+}
+
+// startChildAgent runs the agent in a re-executed test binary in new mount
+// and PID namespaces (root only), as the process backend does without the
+// user namespace.
+func startChildAgent(t *testing.T) *testClient {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root for mount namespaces")
+	}
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	require.NoError(t, err)
+	child := os.NewFile(uintptr(fds[0]), "agent-end")
+	exe, err := os.Executable()
+	require.NoError(t, err)
+	cmd := exec.Command(exe, "--fd", "3")
+	cmd.Env = append(os.Environ(), testAgentEnv+"=1")
+	cmd.ExtraFiles = []*os.File{child}
+	cmd.Stderr = os.Stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: unix.CLONE_NEWNS | unix.CLONE_NEWPID, Pdeathsig: unix.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		t.Skipf("cannot create namespaces here: %v", err)
+	}
+	child.Close()
+	conn := fileConn(t, fds[1])
+	c := newTestClient(t, conn)
+	t.Cleanup(func() {
+		_ = c.call(protocol.AgentMethodShutdown, protocol.ShutdownParams{GraceMillis: 500}, nil)
+		conn.Close()
+		done := make(chan error, 1)
+		go func() { done <- cmd.Wait() }()
+		select {
+		case err := <-done:
+			require.NoError(t, err, "agent exit status")
+		case <-time.After(20 * time.Second):
+			_ = cmd.Process.Kill()
+			t.Error("agent did not exit after shutdown")
+		}
+	})
+	return c
+}
+
+func TestChildAgentIsPID1AndMountsBindReadOnly(t *testing.T) {
+	c := startChildAgent(t)
+	require.Equal(t, 1, c.hello.PID)
+	src := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(src, "hello"), []byte("from host"), 0o644))
+	ro := filepath.Join(t.TempDir(), "ro")
+	rw := filepath.Join(t.TempDir(), "nested", "rw")
+	require.NoError(t, c.call(protocol.AgentMethodMount, protocol.MountParams{Mount: protocol.Mount{
+		Source: protocol.MountSource{Kind: "bind", Path: src}, Target: ro, ReadOnly: true}}, nil))
+	// Idempotent for the same spec.
+	require.NoError(t, c.call(protocol.AgentMethodMount, protocol.MountParams{Mount: protocol.Mount{
+		Source: protocol.MountSource{Kind: "bind", Path: src}, Target: ro, ReadOnly: true}}, nil))
+	require.NoError(t, c.call(protocol.AgentMethodMount, protocol.MountParams{Mount: protocol.Mount{
+		Source: protocol.MountSource{Kind: "bind", Path: src}, Target: rw}}, nil))
+
+	c.spawn("w", "sh", "-c", fmt.Sprintf("cat %s/hello; echo; (echo x > %s/new) || echo refused; echo y > %s/written && echo written", ro, ro, rw))
+	p := c.waitExit("w")
+	require.Contains(t, p.stdout.String(), "from host\nrefused\nwritten\n")
+	require.Contains(t, p.stderr.String(), "Read-only file system")
+	got, err := os.ReadFile(filepath.Join(src, "written"))
+	require.NoError(t, err)
+	require.Equal(t, "y\n", string(got))
+	_, err = os.Stat(filepath.Join(src, "new"))
+	require.ErrorIs(t, err, os.ErrNotExist)
+	// The mounts stayed inside the agent's namespace.
+	entries, err := os.ReadDir(ro)
+	require.NoError(t, err)
+	require.Empty(t, entries)
+}
+
+func TestChildAgentFileMountOverReadOnlyDirectory(t *testing.T) {
+	c := startChildAgent(t)
+	// A read-only directory with existing entries, like /usr/local/bin in a
+	// read-only /usr.
+	sys := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(sys, "existing"), []byte("#!/bin/sh\necho existing\n"), 0o755))
+	require.NoError(t, os.Symlink("existing", filepath.Join(sys, "link")))
+	bin := filepath.Join(t.TempDir(), "bin")
+	require.NoError(t, c.call(protocol.AgentMethodMount, protocol.MountParams{Mount: protocol.Mount{
+		Source: protocol.MountSource{Kind: "bind", Path: sys}, Target: bin, ReadOnly: true}}, nil))
+	sdk := t.TempDir()
+	require.NoError(t, os.MkdirAll(filepath.Join(sdk, "1.0"), 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(sdk, "1.0", "claude"), []byte("#!/bin/sh\necho sdk \"$@\"\n"), 0o755))
+	require.NoError(t, c.call(protocol.AgentMethodMount, protocol.MountParams{Mount: protocol.Mount{
+		Source: protocol.MountSource{Kind: "bind", Path: filepath.Join(sdk, "1.0")}, SourceFile: "claude",
+		Target: filepath.Join(bin, "claude"), ReadOnly: true}}, nil))
+	c.spawn("run", "sh", "-c", fmt.Sprintf("%s/claude a b; %s/existing; %s/link; echo x > %s/claude || echo refused", bin, bin, bin, bin))
+	p := c.waitExit("run")
+	require.Equal(t, "sdk a b\nexisting\nexisting\nrefused\n", p.stdout.String())
+	// Nothing leaked into the host directory.
+	_, err := os.Stat(filepath.Join(sys, "claude"))
+	require.ErrorIs(t, err, os.ErrNotExist)
+}

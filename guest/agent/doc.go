@@ -1,0 +1,20 @@
+// Package agent is the guest agent: the one process that runs inside every
+// guest (PID 1 of the VM, or the init of the process backend's namespace
+// sandbox) and carries out the helper's requests over the agent channel of
+// protocol/agent.go — laying out the root filesystem, mounting shares,
+// spawning processes and streaming their output, forwarding stdin, signalling
+// process groups, reporting exits, reaping every child, reading files.
+//
+// Entry points: Run serves one connection; ProcessMain is the
+// `cowork-vmm agent --fd N` mode of the process backend; VMMain is the PID 1
+// (/init) mode of the VM.
+//
+// Reaping design: Run owns every child of the calling process. One reaper
+// goroutine, woken by SIGCHLD, calls wait4(-1, WNOHANG) until nothing is left
+// to reap; a status whose pid belongs to a spawned process goes to that
+// process, any other (an orphan reparented to us as PID 1 or as subreaper) is
+// discarded. Spawning happens under the process-table lock, so the reaper can
+// never see a pid before it is in the table. Because of that global wait,
+// nothing else in the agent's process may start children (no os/exec), and
+// at most one Run may be active per process.
+package agent

@@ -1,0 +1,205 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"os/signal"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Boot timer: the VM agent writes BootTimerValue to I/O port BootTimerPort as
+// soon as it starts, so the VMM can measure kernel boot time (the VMM's
+// devices/ platform code listens on that port).
+const (
+	BootTimerPort  = 0x3f0
+	BootTimerValue = 123
+)
+
+// ProcessMain is the process backend's agent mode, `cowork-vmm agent --fd N`:
+// the agent's connection is the inherited socket fd N (default 3). It runs
+// until shutdown and returns the process exit code (0 after a shutdown).
+// args are the arguments after "agent".
+func ProcessMain(args []string) int {
+	fs := flag.NewFlagSet("agent", flag.ContinueOnError)
+	fd := fs.Int("fd", 3, "inherited socket `fd` connected to the helper")
+	debug := fs.Bool("debug", false, "log debug messages")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	log := newLogger(os.Stderr, *debug)
+	if *fd < 3 {
+		log.Error("agent: --fd must name an inherited descriptor (3 or more)", "fd", *fd)
+		return 2
+	}
+	f := os.NewFile(uintptr(*fd), "agent-conn")
+	conn, err := net.FileConn(f)
+	f.Close()
+	if err != nil {
+		log.Error("agent: the --fd descriptor is not a socket", "fd", *fd, "err", err)
+		return 2
+	}
+	stop := absorbSignals(log)
+	defer stop()
+	err = Run(context.Background(), conn, Options{Logger: log, Subreaper: true})
+	if errors.Is(err, ErrShutdown) {
+		return 0
+	}
+	log.Error("agent ended", "err", err)
+	return 1
+}
+
+// VMMain is PID 1 (/init) of the VM: it mounts the kernel filesystems, writes
+// the boot timer, dials the helper over vsock (host CID 2,
+// protocol.AgentVSockPort), serves it, and powers the VM off (a reset, which
+// the VMM treats as the end; the kernel command line has reboot=k). It does
+// not return.
+func VMMain() {
+	log := newLogger(os.Stderr, false)
+	writeBootTimer(log)
+	mountKernelFilesystems(log)
+	if strings.Contains(readCmdline(), "cowork.debug") {
+		log = newLogger(os.Stderr, true)
+	}
+	stop := absorbSignals(log)
+	defer stop()
+	conn, err := dialHost(log, 60*time.Second)
+	if err != nil {
+		log.Error("agent: cannot reach the helper over vsock; powering off", "err", err)
+	} else {
+		err = Run(context.Background(), conn, Options{Logger: log})
+		if !errors.Is(err, ErrShutdown) {
+			log.Error("agent ended", "err", err)
+		}
+	}
+	powerOff(log)
+}
+
+// mountKernelFilesystems mounts /proc, /sys, /dev, /dev/pts, /dev/shm and /tmp;
+// failures are logged, not fatal (the helper hears about what is missing).
+func mountKernelFilesystems(log *slog.Logger) {
+	for _, m := range []struct {
+		source, target, fstype, data string
+		flags                        uintptr
+	}{
+		{"proc", "/proc", "proc", "", unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC},
+		{"sysfs", "/sys", "sysfs", "", unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC},
+		{"devtmpfs", "/dev", "devtmpfs", "mode=0755", unix.MS_NOSUID},
+		{"devpts", "/dev/pts", "devpts", "ptmxmode=0666,mode=0620", unix.MS_NOSUID | unix.MS_NOEXEC},
+		{"tmpfs", "/dev/shm", "tmpfs", "mode=1777", unix.MS_NOSUID | unix.MS_NODEV},
+		{"tmpfs", "/tmp", "tmpfs", "mode=1777", unix.MS_NOSUID | unix.MS_NODEV},
+	} {
+		if m.fstype == "devtmpfs" {
+			if _, err := os.Stat("/dev/null"); err == nil {
+				continue // mounted already (by writeBootTimer or the kernel)
+			}
+		}
+		if err := os.MkdirAll(m.target, 0o755); err != nil {
+			log.Warn("cannot create a mount point", "path", m.target, "err", err)
+			continue
+		}
+		if err := unix.Mount(m.source, m.target, m.fstype, m.flags, m.data); err != nil && !errors.Is(err, unix.EBUSY) {
+			log.Warn("cannot mount", "fstype", m.fstype, "path", m.target, "err", err)
+		}
+	}
+	for name, target := range map[string]string{"/dev/fd": "/proc/self/fd", "/dev/ptmx": "pts/ptmx"} {
+		if _, err := os.Lstat(name); err != nil {
+			_ = os.Symlink(target, name)
+		}
+	}
+}
+
+// writeBootTimer writes the boot-timer value to its port through /dev/port
+// (pure Go cannot issue `outb`; /dev/port does it for us with CAP_SYS_RAWIO).
+// The agent writes it before mounting anything, so /dev/port is opened from a
+// devtmpfs mounted here when needed. Failure is only logged.
+func writeBootTimer(log *slog.Logger) {
+	if _, err := os.Stat("/dev/port"); err != nil {
+		_ = os.MkdirAll("/dev", 0o755)
+		_ = unix.Mount("devtmpfs", "/dev", "devtmpfs", unix.MS_NOSUID, "mode=0755")
+	}
+	f, err := os.OpenFile("/dev/port", os.O_WRONLY, 0)
+	if err != nil {
+		log.Warn("boot timer not written", "err", err)
+		return
+	}
+	defer f.Close()
+	if _, err := f.WriteAt([]byte{BootTimerValue}, BootTimerPort); err != nil {
+		log.Warn("boot timer not written", "err", err)
+	}
+}
+
+// dialHost dials the helper over vsock, retrying until timeout.
+func dialHost(log *slog.Logger, timeout time.Duration) (io.ReadWriteCloser, error) {
+	deadline := time.Now().Add(timeout)
+	delay := 10 * time.Millisecond
+	for attempt := 1; ; attempt++ {
+		conn, err := dialVSock()
+		if err == nil {
+			return conn, nil
+		}
+		if time.Now().After(deadline) {
+			return nil, fmt.Errorf("dialing vsock host port after %d attempts: %w", attempt, err)
+		}
+		if attempt == 1 || attempt%50 == 0 {
+			log.Warn("helper not reachable over vsock yet; retrying", "err", err, "attempt", attempt)
+		}
+		time.Sleep(delay)
+		delay = min(delay*2, 500*time.Millisecond)
+	}
+}
+
+// powerOff syncs and resets the machine; the VMM treats the reset as the end.
+func powerOff(log *slog.Logger) {
+	unix.Sync()
+	log.Info("powering off")
+	if err := unix.Reboot(unix.LINUX_REBOOT_CMD_RESTART); err != nil {
+		log.Error("reboot failed", "err", err)
+	}
+	// PID 1 must not exit (the kernel would panic); wait for the reset.
+	select {}
+}
+
+// absorbSignals keeps terminating signals from ending the agent: as PID 1 a
+// guest process could otherwise kill it. The handlers do not survive exec, so
+// spawned processes keep default dispositions.
+func absorbSignals(log *slog.Logger) (stop func()) {
+	ch := make(chan os.Signal, 8)
+	signal.Notify(ch, unix.SIGTERM, unix.SIGINT, unix.SIGHUP, unix.SIGQUIT, unix.SIGUSR1, unix.SIGUSR2, unix.SIGPIPE)
+	done := make(chan struct{})
+	go func() {
+		for {
+			select {
+			case s := <-ch:
+				log.Info("agent ignoring signal", "signal", s.String())
+			case <-done:
+				return
+			}
+		}
+	}()
+	return func() { signal.Stop(ch); close(done) }
+}
+
+func newLogger(w io.Writer, debug bool) *slog.Logger {
+	level := slog.LevelInfo
+	if debug {
+		level = slog.LevelDebug
+	}
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: level})).With("component", "agent")
+}
+
+func readCmdline() string {
+	b, err := os.ReadFile("/proc/cmdline")
+	if err != nil {
+		return ""
+	}
+	return string(b)
+}

@@ -1,0 +1,446 @@
+package agent
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/cowork-vmm/cowork-vmm/protocol"
+)
+
+// Guest paths the agent reserves.
+const (
+	// stagingDir holds short-lived mount points (9p file mounts, the
+	// writable copy of a read-only directory). Only the agent uses it.
+	stagingDir = "/.cowork-agent"
+	// hostRootDir is where, after a NewRoot setup, the old (host) root stays
+	// mounted so that later bind mounts can reach host paths. It is covered
+	// by an empty read-only tmpfs, and spawned processes run in a nested
+	// user namespace where that cover is locked: they see an empty directory.
+	hostRootDir = "/.host"
+)
+
+// ninePOptions are the 9p mount options of the VM's exports.
+const ninePOptions = "trans=virtio,version=9p2000.L,msize=262144,cache=none"
+
+// mounter performs mounts and remembers what it mounted where.
+//
+// Process-backend design (SetupParams.NewRoot): the agent starts in a private
+// mount namespace that still shows the host. Setup builds a tmpfs root, binds
+// the system directories read-only into it, pivots into it and keeps the old
+// root mounted at /.host under an empty read-only tmpfs cover. The agent holds
+// an O_PATH descriptor to the old root, so a later bind mount of a host path
+// (MountSource.Path) is resolved beneath that descriptor (openat2
+// RESOLVE_IN_ROOT: symlinks resolve as on the host) and bound through
+// /proc/self/fd. Spawned processes run in a user+mount namespace nested in the
+// agent's: their copies of the mounts are locked (the cover cannot be
+// unmounted), mounts the agent adds later still propagate to them (the new
+// root is a shared mount), and they have no capability over the agent, which
+// is also non-dumpable, so /proc/1/fd and /proc/1/root are closed to them.
+type mounter struct {
+	log *slog.Logger
+
+	mu       sync.Mutex
+	hostRoot *os.File                  // O_PATH fd of the host root after a NewRoot setup
+	mounts   map[string]protocol.Mount // by target
+	setupRan bool
+}
+
+func newMounter(log *slog.Logger) *mounter {
+	return &mounter{log: log, mounts: make(map[string]protocol.Mount)}
+}
+
+func (m *mounter) close() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.hostRoot != nil {
+		m.hostRoot.Close()
+		m.hostRoot = nil
+	}
+}
+
+// sandboxSpawns says whether spawns need the nested namespaces.
+func (m *mounter) sandboxSpawns() bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.hostRoot != nil
+}
+
+// mount performs one Mount. Mounting the same spec at the same target again is
+// a no-op; a different spec replaces the earlier mount at that target.
+func (m *mounter) mount(mt protocol.Mount) error {
+	if err := validateMount(mt); err != nil {
+		return err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if prev, ok := m.mounts[mt.Target]; ok {
+		if prev == mt {
+			return nil
+		}
+		if err := unix.Unmount(mt.Target, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) {
+			return fmt.Errorf("replacing the mount at %s: %w", mt.Target, err)
+		}
+		delete(m.mounts, mt.Target)
+	}
+	if err := m.mountAt(mt, mt.Target); err != nil {
+		return err
+	}
+	m.mounts[mt.Target] = mt
+	return nil
+}
+
+// mountAt performs mt at target (a path in the agent's current root).
+func (m *mounter) mountAt(mt protocol.Mount, target string) error {
+	if mt.SourceFile != "" {
+		return m.mountFile(mt, target)
+	}
+	if err := os.MkdirAll(target, 0o755); err != nil {
+		return fmt.Errorf("creating mount point %s: %w", target, err)
+	}
+	pinned, closeTarget, err := pinTarget(target)
+	if err != nil {
+		return err
+	}
+	defer closeTarget()
+	switch mt.Source.Kind {
+	case "bind":
+		src, closeSrc, err := m.resolveSource(mt.Source.Path)
+		if err != nil {
+			return err
+		}
+		defer closeSrc()
+		return bindMount(src, pinned, target, mt.ReadOnly, mt.Source.Path)
+	case "9p":
+		var flags uintptr
+		if mt.ReadOnly {
+			flags |= unix.MS_RDONLY
+		}
+		opts := ninePOptions + ",aname=" + mt.Source.Aname
+		if err := unix.Mount(mt.Source.Tag, pinned, "9p", flags, opts); err != nil {
+			return fmt.Errorf("mounting 9p export %s (aname %q) at %s: %w", mt.Source.Tag, mt.Source.Aname, target, err)
+		}
+		return nil
+	case "tmpfs":
+		var flags uintptr = unix.MS_NOSUID | unix.MS_NODEV
+		if mt.ReadOnly {
+			flags |= unix.MS_RDONLY
+		}
+		if err := unix.Mount("tmpfs", pinned, "tmpfs", flags, "mode=0755"); err != nil {
+			return fmt.Errorf("mounting a tmpfs at %s: %w", target, err)
+		}
+		return nil
+	}
+	return fmt.Errorf("unknown mount kind %q", mt.Source.Kind)
+}
+
+// mountFile binds the single file Source/SourceFile onto target.
+func (m *mounter) mountFile(mt protocol.Mount, target string) error {
+	var src string
+	switch mt.Source.Kind {
+	case "bind":
+		s, closeSrc, err := m.resolveSource(filepath.Join(mt.Source.Path, mt.SourceFile))
+		if err != nil {
+			return err
+		}
+		defer closeSrc()
+		src = s
+	case "9p":
+		// Mount the export at a private staging point, bind the file out of
+		// it, then detach the staging mount (the file bind keeps it alive).
+		stage, err := makeStagingDir()
+		if err != nil {
+			return err
+		}
+		defer os.Remove(stage)
+		dirMount := mt
+		dirMount.SourceFile = ""
+		if err := m.mountAt(dirMount, stage); err != nil {
+			return err
+		}
+		defer unix.Unmount(stage, unix.MNT_DETACH)
+		src = filepath.Join(stage, mt.SourceFile)
+	default:
+		return fmt.Errorf("a single-file mount needs kind bind or 9p, got %q", mt.Source.Kind)
+	}
+	if st, err := os.Stat(src); err != nil {
+		return fmt.Errorf("file to mount at %s: %w", target, err)
+	} else if !st.Mode().IsRegular() {
+		return fmt.Errorf("file to mount at %s is not a regular file", target)
+	}
+	if err := ensureFileTarget(target); err != nil {
+		return err
+	}
+	// A file mount of a later install replaces the earlier one.
+	_ = unix.Unmount(target, unix.MNT_DETACH)
+	pinned, closeTarget, err := pinTarget(target)
+	if err != nil {
+		return err
+	}
+	defer closeTarget()
+	return bindMount(src, pinned, target, mt.ReadOnly, filepath.Join(mt.Source.Path, mt.SourceFile))
+}
+
+// ensureFileTarget creates an empty file at target to mount on. When its
+// directory is read-only (e.g. /usr/local/bin inside a read-only /usr), the
+// directory is first replaced by a tmpfs holding the same entries (each bound
+// from the original), so the new file can be added beside them.
+func ensureFileTarget(target string) error {
+	if st, err := os.Lstat(target); err == nil {
+		if !st.Mode().IsRegular() {
+			return fmt.Errorf("mount point %s exists and is not a regular file", target)
+		}
+		return nil
+	}
+	dir := filepath.Dir(target)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		if !errors.Is(err, unix.EROFS) {
+			return fmt.Errorf("creating %s: %w", dir, err)
+		}
+		// Make the nearest existing ancestor writable, then retry.
+		anc := dir
+		for {
+			if _, serr := os.Stat(anc); serr == nil {
+				break
+			}
+			anc = filepath.Dir(anc)
+		}
+		if werr := makeDirWritable(anc); werr != nil {
+			return werr
+		}
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return fmt.Errorf("creating %s: %w", dir, err)
+		}
+	}
+	f, err := os.OpenFile(target, os.O_CREATE|os.O_WRONLY, 0o755)
+	if errors.Is(err, unix.EROFS) {
+		if werr := makeDirWritable(dir); werr != nil {
+			return werr
+		}
+		f, err = os.OpenFile(target, os.O_CREATE|os.O_WRONLY, 0o755)
+	}
+	if err != nil {
+		return fmt.Errorf("creating mount point %s: %w", target, err)
+	}
+	return f.Close()
+}
+
+// makeDirWritable covers a directory of a read-only mount with a tmpfs that
+// holds the same entries: symlinks copied, files and directories bound
+// read-only from the originals.
+func makeDirWritable(dir string) error {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return fmt.Errorf("listing %s: %w", dir, err)
+	}
+	stage, err := makeStagingDir()
+	if err != nil {
+		return err
+	}
+	defer os.Remove(stage)
+	if err := unix.Mount("tmpfs", stage, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=0755"); err != nil {
+		return fmt.Errorf("making %s writable: mounting a tmpfs: %w", dir, err)
+	}
+	defer unix.Unmount(stage, unix.MNT_DETACH)
+	for _, e := range entries {
+		src := filepath.Join(dir, e.Name())
+		dst := filepath.Join(stage, e.Name())
+		st, err := os.Lstat(src)
+		if err != nil {
+			continue // vanished meanwhile
+		}
+		switch {
+		case st.Mode()&os.ModeSymlink != 0:
+			link, err := os.Readlink(src)
+			if err != nil {
+				return fmt.Errorf("making %s writable: %w", dir, err)
+			}
+			if err := os.Symlink(link, dst); err != nil {
+				return fmt.Errorf("making %s writable: %w", dir, err)
+			}
+			continue
+		case st.IsDir():
+			if err := os.Mkdir(dst, 0o755); err != nil {
+				return fmt.Errorf("making %s writable: %w", dir, err)
+			}
+		default:
+			f, err := os.OpenFile(dst, os.O_CREATE|os.O_WRONLY, 0o644)
+			if err != nil {
+				return fmt.Errorf("making %s writable: %w", dir, err)
+			}
+			f.Close()
+		}
+		if err := bindMount(src, dst, dst, true, src); err != nil {
+			return fmt.Errorf("making %s writable: %w", dir, err)
+		}
+	}
+	if err := unix.Mount(stage, dir, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+		return fmt.Errorf("making %s writable: covering it: %w", dir, err)
+	}
+	return nil
+}
+
+// pinTarget resolves a mount point once, refusing /proc magic links (a
+// guest-made symlink such as mnt -> /proc/self/fd/N must not steer a mount
+// onto the agent's descriptors), and returns a /proc/self/fd path for it.
+func pinTarget(target string) (string, func(), error) {
+	fd, err := openNoMagic(target, unix.O_PATH|unix.O_CLOEXEC)
+	if err != nil {
+		return "", nil, fmt.Errorf("mount point %s: %w", target, err)
+	}
+	return fmt.Sprintf("/proc/self/fd/%d", fd), func() { unix.Close(fd) }, nil
+}
+
+// resolveSource returns a path the agent can mount from for a host path, and
+// a func releasing it. After a NewRoot setup the path is resolved beneath the
+// host root descriptor.
+func (m *mounter) resolveSource(hostPath string) (string, func(), error) {
+	if !filepath.IsAbs(hostPath) {
+		return "", nil, fmt.Errorf("mount source %q is not an absolute path", hostPath)
+	}
+	if m.hostRoot == nil {
+		return hostPath, func() {}, nil
+	}
+	rel := strings.TrimPrefix(filepath.Clean(hostPath), "/")
+	if rel == "" {
+		rel = "."
+	}
+	fd, err := unix.Openat2(int(m.hostRoot.Fd()), rel, &unix.OpenHow{
+		Flags:   unix.O_PATH | unix.O_CLOEXEC,
+		Resolve: unix.RESOLVE_IN_ROOT | unix.RESOLVE_NO_MAGICLINKS,
+	})
+	if err != nil {
+		return "", nil, fmt.Errorf("host path %s: %w", hostPath, err)
+	}
+	return fmt.Sprintf("/proc/self/fd/%d", fd), func() { unix.Close(fd) }, nil
+}
+
+// bindMount binds src (recursively) onto target, read-only if asked. target
+// may be a pinned /proc/self/fd path; plainTarget is the same mount point by
+// name (used only on kernels without mount_setattr); name is the source as
+// the user knows it, for errors.
+//
+// With the new mount API the copy is made read-only while still detached, so
+// it is never visible writable.
+func bindMount(src, target, plainTarget string, readOnly bool, name string) error {
+	tree, err := unix.OpenTree(unix.AT_FDCWD, src, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_RECURSIVE)
+	if errors.Is(err, unix.ENOSYS) {
+		return legacyBindMount(src, target, plainTarget, readOnly, name)
+	}
+	if err != nil {
+		return fmt.Errorf("binding %s at %s: %w", name, plainTarget, err)
+	}
+	defer unix.Close(tree)
+	if readOnly {
+		err := unix.MountSetattr(tree, "", unix.AT_EMPTY_PATH|unix.AT_RECURSIVE, &unix.MountAttr{Attr_set: unix.MOUNT_ATTR_RDONLY})
+		if errors.Is(err, unix.ENOSYS) {
+			return legacyBindMount(src, target, plainTarget, readOnly, name)
+		}
+		if err != nil {
+			return fmt.Errorf("making the bind of %s read-only: %w", name, err)
+		}
+	}
+	if err := unix.MoveMount(tree, "", unix.AT_FDCWD, target, unix.MOVE_MOUNT_F_EMPTY_PATH|unix.MOVE_MOUNT_T_SYMLINKS); err != nil {
+		return fmt.Errorf("binding %s at %s: %w", name, plainTarget, err)
+	}
+	return nil
+}
+
+// legacyBindMount is bindMount for kernels before 5.12: bind, then remount
+// the top mount read-only, keeping the flags that a user namespace is not
+// allowed to clear.
+func legacyBindMount(src, target, plainTarget string, readOnly bool, name string) error {
+	if err := unix.Mount(src, target, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+		return fmt.Errorf("binding %s at %s: %w", name, plainTarget, err)
+	}
+	if !readOnly {
+		return nil
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs(plainTarget, &st); err != nil {
+		_ = unix.Unmount(plainTarget, unix.MNT_DETACH)
+		return fmt.Errorf("making %s read-only: %w", plainTarget, err)
+	}
+	flags := uintptr(unix.MS_BIND | unix.MS_REMOUNT | unix.MS_RDONLY)
+	for _, f := range []struct{ st, ms int64 }{
+		{unix.ST_NOSUID, unix.MS_NOSUID}, {unix.ST_NODEV, unix.MS_NODEV}, {unix.ST_NOEXEC, unix.MS_NOEXEC},
+		{unix.ST_NOATIME, unix.MS_NOATIME}, {unix.ST_NODIRATIME, unix.MS_NODIRATIME}, {unix.ST_RELATIME, unix.MS_RELATIME},
+	} {
+		if st.Flags&f.st != 0 {
+			flags |= uintptr(f.ms)
+		}
+	}
+	if err := unix.Mount("", plainTarget, "", flags, ""); err != nil {
+		_ = unix.Unmount(plainTarget, unix.MNT_DETACH)
+		return fmt.Errorf("making %s read-only: %w", plainTarget, err)
+	}
+	return nil
+}
+
+// makeStagingDir creates a fresh private mount point under stagingDir.
+func makeStagingDir() (string, error) {
+	if err := os.MkdirAll(stagingDir, 0o700); err != nil {
+		return "", fmt.Errorf("creating the agent's staging directory: %w", err)
+	}
+	d, err := os.MkdirTemp(stagingDir, "m")
+	if err != nil {
+		return "", fmt.Errorf("creating a staging mount point: %w", err)
+	}
+	return d, nil
+}
+
+// validateMount rejects mounts the agent must not perform.
+func validateMount(mt protocol.Mount) error {
+	if err := checkGuestPath(mt.Target); err != nil {
+		return fmt.Errorf("mount target: %w", err)
+	}
+	if mt.Target == "/" || mt.Target == hostRootDir || strings.HasPrefix(mt.Target, hostRootDir+"/") ||
+		mt.Target == stagingDir || strings.HasPrefix(mt.Target, stagingDir+"/") {
+		return fmt.Errorf("mount target %s is reserved", mt.Target)
+	}
+	if mt.SourceFile != "" {
+		if filepath.IsAbs(mt.SourceFile) || filepath.Clean(mt.SourceFile) != mt.SourceFile || mt.SourceFile == "." ||
+			mt.SourceFile == ".." || strings.HasPrefix(mt.SourceFile, "../") {
+			return fmt.Errorf("mount sourceFile %q must be a plain relative path", mt.SourceFile)
+		}
+	}
+	switch mt.Source.Kind {
+	case "bind":
+		if err := checkGuestPath(mt.Source.Path); err != nil {
+			return fmt.Errorf("bind mount source: %w", err)
+		}
+	case "9p":
+		for _, v := range []string{mt.Source.Tag, mt.Source.Aname} {
+			if strings.ContainsAny(v, ",\x00") {
+				return fmt.Errorf("9p tag and aname must not contain commas or NUL bytes: %q", v)
+			}
+		}
+		if mt.Source.Tag == "" {
+			return errors.New("a 9p mount needs a tag")
+		}
+	case "tmpfs":
+		if mt.SourceFile != "" {
+			return errors.New("a tmpfs mount cannot be a single-file mount")
+		}
+	default:
+		return fmt.Errorf("unknown mount kind %q (want bind, 9p or tmpfs)", mt.Source.Kind)
+	}
+	return nil
+}
+
+// checkGuestPath accepts absolute, clean paths without NUL bytes.
+func checkGuestPath(p string) error {
+	if p == "" || p[0] != '/' {
+		return fmt.Errorf("%q is not an absolute path", p)
+	}
+	if filepath.Clean(p) != p || strings.ContainsRune(p, 0) {
+		return fmt.Errorf("%q is not a clean path", p)
+	}
+	return nil
+}

@@ -1,0 +1,502 @@
+package agent
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/cowork-vmm/cowork-vmm/protocol"
+)
+
+// Output streaming limits.
+const (
+	// readBufferSize is how much one read from a process's pipe takes.
+	readBufferSize = 32 * 1024
+	// maxChunkBytes caps the raw bytes in one stdout/stderr event. Even if
+	// every byte became a 6-byte JSON escape the frame stays far below
+	// protocol.MaxFrameSize.
+	maxChunkBytes = 64 * 1024
+	// coalesceWindow is how long a chunk waits for more output before it is
+	// sent, so a process writing byte by byte does not cause one event per
+	// byte.
+	coalesceWindow = 5 * time.Millisecond
+	// maxStdinPending bounds stdin bytes queued for a process that is not
+	// reading them.
+	maxStdinPending = 8 * 1024 * 1024
+	// maxProcessIDLen bounds a spawn id.
+	maxProcessIDLen = 512
+)
+
+// process is one spawned process (the leader of its own process group).
+type process struct {
+	id  string
+	pid int
+
+	status chan unix.WaitStatus // from the reaper, exactly once
+	exited atomic.Bool          // leader reaped
+
+	stdinMu      sync.Mutex
+	stdinQueue   chan []byte
+	stdinPending int
+	stdinClosed  bool
+	stdin        *os.File
+
+	stdout, stderr *os.File
+	abandonOutput  atomic.Bool // stop forwarding output (drain timeout)
+}
+
+// processTable holds the running processes by spawn id and by pid.
+type processTable struct {
+	a *agent
+
+	mu       sync.Mutex
+	byID     map[string]*process
+	byPID    map[int]*process
+	closing  bool           // shutdown started: no new spawns
+	finished chan struct{}  // signalled when a process leaves the table
+	wg       sync.WaitGroup // per-process goroutines
+}
+
+func newProcessTable(a *agent) *processTable {
+	return &processTable{
+		a:        a,
+		byID:     make(map[string]*process),
+		byPID:    make(map[int]*process),
+		finished: make(chan struct{}, 1),
+	}
+}
+
+// startReaper starts the SIGCHLD-driven reaper; the returned func stops it.
+func (t *processTable) startReaper() (stop func()) {
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, unix.SIGCHLD)
+	quit := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			t.reapAll()
+			select {
+			case <-sigs:
+			case <-quit:
+				t.reapAll()
+				return
+			}
+		}
+	}()
+	return func() {
+		signal.Stop(sigs)
+		close(quit)
+		<-done
+	}
+}
+
+// reapAll reaps every child that has ended. Statuses of our processes go to
+// them; others are orphans and are only logged.
+func (t *processTable) reapAll() {
+	for {
+		var ws unix.WaitStatus
+		pid, err := unix.Wait4(-1, &ws, unix.WNOHANG, nil)
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if err != nil || pid <= 0 {
+			return // ECHILD (no children) or nothing ended yet
+		}
+		t.mu.Lock()
+		p := t.byPID[pid]
+		if p != nil {
+			delete(t.byPID, pid)
+		}
+		t.mu.Unlock()
+		if p == nil {
+			t.a.log.Debug("reaped an orphan", "pid", pid, "status", int(ws))
+			continue
+		}
+		p.exited.Store(true)
+		p.status <- ws
+	}
+}
+
+// spawn starts one process. sandboxed runs it in a fresh user and mount
+// namespace (see mounter.sandboxSpawns).
+func (t *processTable) spawn(sp protocol.SpawnParams, sandboxed bool) error {
+	if sp.ID == "" || len(sp.ID) > maxProcessIDLen {
+		return fmt.Errorf("spawn needs a process id of 1 to %d bytes", maxProcessIDLen)
+	}
+	if sp.Command == "" {
+		return fmt.Errorf("spawn %s: no command given", sp.ID)
+	}
+	cwd := sp.Cwd
+	if cwd == "" {
+		cwd = "/"
+	}
+	if st, err := os.Stat(cwd); err != nil {
+		return fmt.Errorf("spawn %s: working directory: %w", sp.ID, err)
+	} else if !st.IsDir() {
+		return fmt.Errorf("spawn %s: working directory %s is not a directory", sp.ID, cwd)
+	}
+	path, err := lookPath(sp.Command, sp.Env, cwd)
+	if err != nil {
+		return fmt.Errorf("spawn %s: %w", sp.ID, err)
+	}
+
+	stdinR, stdinW, err := os.Pipe()
+	if err != nil {
+		return fmt.Errorf("spawn %s: stdin pipe: %w", sp.ID, err)
+	}
+	stdoutR, stdoutW, err := os.Pipe()
+	if err != nil {
+		closeAll(stdinR, stdinW)
+		return fmt.Errorf("spawn %s: stdout pipe: %w", sp.ID, err)
+	}
+	stderrR, stderrW, err := os.Pipe()
+	if err != nil {
+		closeAll(stdinR, stdinW, stdoutR, stdoutW)
+		return fmt.Errorf("spawn %s: stderr pipe: %w", sp.ID, err)
+	}
+	sys := &syscall.SysProcAttr{Setpgid: true}
+	if sandboxed {
+		// A user namespace nested in ours: the process is root in it but has
+		// no capability over the agent's namespaces, and the mounts it
+		// inherits are locked (the cover over the host root cannot be lifted).
+		sys.Cloneflags = unix.CLONE_NEWUSER | unix.CLONE_NEWNS
+		sys.UidMappings = []syscall.SysProcIDMap{{ContainerID: 0, HostID: 0, Size: 1}}
+		sys.GidMappings = []syscall.SysProcIDMap{{ContainerID: 0, HostID: 0, Size: 1}}
+		sys.GidMappingsEnableSetgroups = false
+	}
+	attr := &syscall.ProcAttr{
+		Dir:   cwd,
+		Env:   sp.Env,
+		Files: []uintptr{stdinR.Fd(), stdoutW.Fd(), stderrW.Fd()},
+		Sys:   sys,
+	}
+	argv := append([]string{sp.Command}, sp.Args...)
+
+	p := &process{
+		id:         sp.ID,
+		status:     make(chan unix.WaitStatus, 1),
+		stdinQueue: make(chan []byte, 64),
+		stdin:      stdinW,
+		stdout:     stdoutR,
+		stderr:     stderrR,
+	}
+	// The table lock is held across the fork so the reaper cannot reap the
+	// pid before it is registered.
+	t.mu.Lock()
+	if t.closing {
+		t.mu.Unlock()
+		closeAll(stdinR, stdinW, stdoutR, stdoutW, stderrR, stderrW)
+		return fmt.Errorf("spawn %s: the guest is shutting down", sp.ID)
+	}
+	if _, dup := t.byID[sp.ID]; dup {
+		t.mu.Unlock()
+		closeAll(stdinR, stdinW, stdoutR, stdoutW, stderrR, stderrW)
+		return fmt.Errorf("spawn %s: a process with this id is still running", sp.ID)
+	}
+	pid, err := syscall.ForkExec(path, argv, attr)
+	if err == nil {
+		p.pid = pid
+		t.byID[sp.ID] = p
+		t.byPID[pid] = p
+		t.wg.Add(1)
+	}
+	t.mu.Unlock()
+	closeAll(stdinR, stdoutW, stderrW)
+	if err != nil {
+		closeAll(stdinW, stdoutR, stderrR)
+		return fmt.Errorf("spawn %s: starting %s: %w", sp.ID, path, err)
+	}
+	t.a.log.Info("process started", "id", sp.ID, "pid", pid, "command", sp.Command)
+	go t.run(p)
+	return nil
+}
+
+// run forwards a process's output, stdin, and finally its exit.
+func (t *processTable) run(p *process) {
+	defer t.wg.Done()
+	var streams sync.WaitGroup
+	streams.Add(2)
+	go func() { defer streams.Done(); t.pump(p, p.stdout, protocol.EventStdout) }()
+	go func() { defer streams.Done(); t.pump(p, p.stderr, protocol.EventStderr) }()
+	stdinDone := make(chan struct{})
+	go func() { defer close(stdinDone); t.stdinWriter(p) }()
+
+	ws := <-p.status
+	p.closeStdin()
+	<-stdinDone
+
+	drained := make(chan struct{})
+	go func() { streams.Wait(); close(drained) }()
+	select {
+	case <-drained:
+	case <-time.After(t.a.opts.OutputDrain):
+		// Something else (a background child) holds the pipes open: stop
+		// forwarding so the exit is reported.
+		t.a.log.Info("process exited but its output is still held open; closing it", "id", p.id)
+		p.abandonOutput.Store(true)
+		_ = p.stdout.SetReadDeadline(time.Now())
+		_ = p.stderr.SetReadDeadline(time.Now())
+		<-drained
+	}
+	closeAll(p.stdout, p.stderr)
+
+	ev := protocol.Event{Type: protocol.EventExit, ID: p.id}
+	switch {
+	case ws.Signaled():
+		ev.Signal = signalName(ws.Signal())
+	case ws.Exited():
+		code := ws.ExitStatus()
+		ev.ExitCode = &code
+	default:
+		code := -1
+		ev.ExitCode = &code
+	}
+	t.mu.Lock()
+	delete(t.byID, p.id)
+	t.mu.Unlock()
+	if ev.ExitCode != nil {
+		t.a.log.Info("process exited", "id", p.id, "pid", p.pid, "exitCode", *ev.ExitCode)
+	} else {
+		t.a.log.Info("process killed", "id", p.id, "pid", p.pid, "signal", ev.Signal)
+	}
+	t.a.emit(ev)
+	select {
+	case t.finished <- struct{}{}:
+	default:
+	}
+}
+
+// pump streams one output pipe as UTF-8 chunks: read, briefly coalesce, send.
+func (t *processTable) pump(p *process, f *os.File, eventType string) {
+	var chunker utf8Chunker
+	buf := make([]byte, maxChunkBytes)
+	send := func(text string) {
+		if text != "" {
+			t.a.emit(protocol.Event{Type: eventType, ID: p.id, Data: text})
+		}
+	}
+	for {
+		// Block for the first bytes of a chunk.
+		n, err := f.Read(buf[:readBufferSize])
+		if err == nil {
+			// Coalesce what follows quickly, up to the chunk cap.
+			_ = f.SetReadDeadline(time.Now().Add(coalesceWindow))
+			for n < maxChunkBytes {
+				m, rerr := f.Read(buf[n:min(n+readBufferSize, maxChunkBytes)])
+				n += m
+				if rerr != nil {
+					if !errors.Is(rerr, os.ErrDeadlineExceeded) {
+						err = rerr
+					}
+					break
+				}
+			}
+			_ = f.SetReadDeadline(time.Time{})
+		}
+		send(chunker.Push(buf[:n]))
+		// abandonOutput is stored before the abandoning deadline is set, so
+		// checking it after clearing our own deadline cannot miss it.
+		if err != nil || p.abandonOutput.Load() {
+			send(chunker.Flush())
+			return
+		}
+	}
+}
+
+// stdinWriter writes queued stdin data until the process exits.
+func (t *processTable) stdinWriter(p *process) {
+	defer p.stdin.Close()
+	for data := range p.stdinQueue {
+		_, err := p.stdin.Write(data)
+		p.stdinMu.Lock()
+		p.stdinPending -= len(data)
+		p.stdinMu.Unlock()
+		if err != nil {
+			t.a.log.Debug("stdin write failed", "id", p.id, "err", err)
+			// Keep draining the queue so pending counts stay right.
+		}
+	}
+}
+
+// closeStdin stops accepting stdin and unblocks a pending write.
+func (p *process) closeStdin() {
+	p.stdinMu.Lock()
+	defer p.stdinMu.Unlock()
+	if p.stdinClosed {
+		return
+	}
+	p.stdinClosed = true
+	close(p.stdinQueue)
+	// A write blocked on a full pipe returns once the deadline passes.
+	_ = p.stdin.SetWriteDeadline(time.Now())
+}
+
+// stdin queues data for a process's stdin without blocking the caller.
+func (t *processTable) stdin(id string, data []byte) error {
+	p, err := t.lookup(id)
+	if err != nil {
+		return err
+	}
+	if len(data) == 0 {
+		return nil
+	}
+	p.stdinMu.Lock()
+	defer p.stdinMu.Unlock()
+	if p.stdinClosed || p.exited.Load() {
+		return fmt.Errorf("process %s has exited; its stdin is closed", id)
+	}
+	if p.stdinPending+len(data) > maxStdinPending {
+		return fmt.Errorf("process %s is not reading its stdin (%d bytes already waiting)", id, p.stdinPending)
+	}
+	select {
+	case p.stdinQueue <- data:
+		p.stdinPending += len(data)
+		return nil
+	default:
+		return fmt.Errorf("process %s is not reading its stdin (%d writes already waiting)", id, cap(p.stdinQueue))
+	}
+}
+
+// kill signals a process's group.
+func (t *processTable) kill(id, signalName string) error {
+	sig, err := parseSignal(signalName)
+	if err != nil {
+		return err
+	}
+	p, err := t.lookup(id)
+	if err != nil {
+		return err
+	}
+	if err := unix.Kill(-p.pid, sig); err != nil {
+		if errors.Is(err, unix.ESRCH) && p.exited.Load() {
+			return nil // exited; the exit event is on its way
+		}
+		return fmt.Errorf("signalling process %s: %w", id, err)
+	}
+	return nil
+}
+
+func (t *processTable) lookup(id string) (*process, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	p := t.byID[id]
+	if p == nil {
+		return nil, fmt.Errorf("no running process with id %q", id)
+	}
+	return p, nil
+}
+
+// signalAll signals every process group; as PID 1 also every other process.
+func (t *processTable) signalAll(sig syscall.Signal) int {
+	t.mu.Lock()
+	pids := make([]int, 0, len(t.byID))
+	for _, p := range t.byID {
+		pids = append(pids, p.pid)
+	}
+	t.mu.Unlock()
+	for _, pid := range pids {
+		_ = unix.Kill(-pid, sig)
+	}
+	if os.Getpid() == 1 && sig == unix.SIGKILL {
+		// Only PID 1 of its own namespace or VM may do this: it reaches
+		// every process but itself (daemons that left our groups).
+		_ = unix.Kill(-1, sig)
+	}
+	return len(pids)
+}
+
+// terminateAll refuses new spawns, sends SIGTERM, waits up to grace, sends
+// SIGKILL, and waits until every exit event has been sent.
+func (t *processTable) terminateAll(grace time.Duration) {
+	t.mu.Lock()
+	t.closing = true
+	t.mu.Unlock()
+	if t.signalAll(unix.SIGTERM) > 0 {
+		deadline := time.NewTimer(grace)
+		defer deadline.Stop()
+	wait:
+		for t.running() > 0 {
+			select {
+			case <-t.finished:
+			case <-deadline.C:
+				break wait
+			}
+		}
+	}
+	if t.running() > 0 {
+		t.a.log.Info("processes still running after the grace period; sending SIGKILL", "count", t.running())
+	}
+	t.signalAll(unix.SIGKILL)
+	t.wg.Wait()
+}
+
+func (t *processTable) running() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.byID)
+}
+
+// lookPath resolves command the way a shell would with env's PATH.
+func lookPath(command string, env []string, cwd string) (string, error) {
+	if strings.Contains(command, "/") {
+		path := command
+		if !filepath.IsAbs(path) {
+			path = filepath.Join(cwd, path)
+		}
+		if err := checkExecutable(path); err != nil {
+			return "", err
+		}
+		return path, nil
+	}
+	pathVar := "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+	for _, kv := range env {
+		if v, ok := strings.CutPrefix(kv, "PATH="); ok {
+			pathVar = v
+		}
+	}
+	for _, dir := range filepath.SplitList(pathVar) {
+		if dir == "" {
+			dir = "."
+		}
+		if !filepath.IsAbs(dir) {
+			dir = filepath.Join(cwd, dir)
+		}
+		path := filepath.Join(dir, command)
+		if checkExecutable(path) == nil {
+			return path, nil
+		}
+	}
+	return "", fmt.Errorf("command %q not found in PATH %q", command, pathVar)
+}
+
+func checkExecutable(path string) error {
+	st, err := os.Stat(path)
+	if err != nil {
+		return fmt.Errorf("command %s: %w", path, err)
+	}
+	if st.IsDir() {
+		return fmt.Errorf("command %s is a directory", path)
+	}
+	if err := unix.Access(path, unix.X_OK); err != nil {
+		return fmt.Errorf("command %s is not executable: %w", path, err)
+	}
+	return nil
+}
+
+func closeAll(files ...*os.File) {
+	for _, f := range files {
+		if f != nil {
+			_ = f.Close()
+		}
+	}
+}

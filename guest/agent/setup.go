@@ -1,0 +1,198 @@
+package agent
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/cowork-vmm/cowork-vmm/protocol"
+)
+
+// devNodes are bound one by one from the host's /dev into a NewRoot's /dev
+// (a user namespace may not create device nodes).
+var devNodes = []string{"null", "zero", "full", "random", "urandom", "tty"}
+
+// setup lays out the guest root once. See the mounter comment for the design.
+func (m *mounter) setup(p protocol.SetupParams) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.setupRan {
+		return errors.New("setup was already done for this guest")
+	}
+	for _, mt := range p.System {
+		if err := validateMount(mt); err != nil {
+			return fmt.Errorf("system mount: %w", err)
+		}
+	}
+	var err error
+	if p.NewRoot {
+		err = m.setupNewRoot(p.System)
+	} else {
+		err = m.setupInPlace(p.System)
+	}
+	if err != nil {
+		return err
+	}
+	m.setupRan = true
+	return nil
+}
+
+// setupInPlace mounts the system directories on the current root (the VM's
+// initramfs) and creates /sessions.
+func (m *mounter) setupInPlace(system []protocol.Mount) error {
+	for _, mt := range system {
+		if err := m.mountAt(mt, mt.Target); err != nil {
+			return fmt.Errorf("system mount %s: %w", mt.Target, err)
+		}
+		m.mounts[mt.Target] = mt
+	}
+	if err := os.MkdirAll("/sessions", 0o755); err != nil {
+		return fmt.Errorf("creating /sessions: %w", err)
+	}
+	return nil
+}
+
+// setupNewRoot builds a tmpfs root, pivots into it and keeps the host root
+// reachable only through m.hostRoot.
+func (m *mounter) setupNewRoot(system []protocol.Mount) (err error) {
+	// Nothing we do may propagate back to the host's mount namespace.
+	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
+		return fmt.Errorf("making the agent's mounts private (is the agent in its own mount namespace?): %w", err)
+	}
+	root, err := os.MkdirTemp("", "cowork-vmm-root-")
+	if err != nil {
+		return fmt.Errorf("creating the new root's mount point: %w", err)
+	}
+	pivoted := false
+	defer func() {
+		if !pivoted {
+			_ = unix.Unmount(root, unix.MNT_DETACH)
+			_ = os.Remove(root)
+		}
+	}()
+	if err := unix.Mount("tmpfs", root, "tmpfs", 0, "mode=0755"); err != nil {
+		return fmt.Errorf("mounting the new root's tmpfs: %w", err)
+	}
+	for _, mt := range system {
+		target := filepath.Join(root, mt.Target)
+		if mt.Source.Kind == "bind" && mt.SourceFile == "" {
+			// A system "directory" that is a symlink on the host (merged-/usr
+			// /bin -> usr/bin) stays a symlink.
+			if st, lerr := os.Lstat(mt.Source.Path); lerr == nil && st.Mode()&os.ModeSymlink != 0 {
+				link, rerr := os.Readlink(mt.Source.Path)
+				if rerr != nil {
+					return fmt.Errorf("system mount %s: %w", mt.Target, rerr)
+				}
+				if err := os.MkdirAll(filepath.Dir(target), 0o755); err != nil {
+					return fmt.Errorf("system mount %s: %w", mt.Target, err)
+				}
+				if err := os.Symlink(link, target); err != nil {
+					return fmt.Errorf("system mount %s: %w", mt.Target, err)
+				}
+				continue
+			}
+		}
+		if err := m.mountAt(mt, target); err != nil {
+			return fmt.Errorf("system mount %s: %w", mt.Target, err)
+		}
+	}
+	for _, d := range []struct {
+		name string
+		mode os.FileMode
+	}{{"proc", 0o555}, {"dev", 0o755}, {"tmp", 0o1777}, {"sessions", 0o755}, {strings.TrimPrefix(stagingDir, "/"), 0o700}, {strings.TrimPrefix(hostRootDir, "/"), 0o700}} {
+		if err := os.MkdirAll(filepath.Join(root, d.name), d.mode); err != nil {
+			return fmt.Errorf("creating /%s in the new root: %w", d.name, err)
+		}
+	}
+	if err := unix.Mount("tmpfs", filepath.Join(root, "tmp"), "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=1777"); err != nil {
+		return fmt.Errorf("mounting /tmp: %w", err)
+	}
+	if err := setupDev(filepath.Join(root, "dev")); err != nil {
+		return err
+	}
+	if err := unix.Mount("proc", filepath.Join(root, "proc"), "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
+		return fmt.Errorf("mounting /proc (the agent needs its own PID namespace): %w", err)
+	}
+
+	// Pivot; the old root lands on hostRootDir.
+	if err := unix.PivotRoot(root, filepath.Join(root, hostRootDir)); err != nil {
+		return fmt.Errorf("pivoting into the new root: %w", err)
+	}
+	pivoted = true
+	if err := unix.Chdir("/"); err != nil {
+		return fmt.Errorf("entering the new root: %w", err)
+	}
+	hostFD, err := unix.Open(hostRootDir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("opening the host root: %w", err)
+	}
+	m.hostRoot = os.NewFile(uintptr(hostFD), "host-root")
+	// The mount point the new root had on the host is now an empty directory.
+	_ = unix.Unlinkat(hostFD, strings.TrimPrefix(root, "/"), unix.AT_REMOVEDIR)
+
+	// Mounts made later (sessions, shares) propagate into spawned processes'
+	// namespaces; the host root's subtree stays private.
+	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_SHARED, ""); err != nil {
+		return fmt.Errorf("sharing the new root: %w", err)
+	}
+	if err := unix.Mount("", hostRootDir, "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
+		return fmt.Errorf("making the host root private: %w", err)
+	}
+	if err := unix.Mount("tmpfs", hostRootDir, "tmpfs", unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "mode=0000,size=4k"); err != nil {
+		return fmt.Errorf("covering the host root: %w", err)
+	}
+	// Close /proc/1/fd (our host-root descriptor) and /proc/1/root to the
+	// spawned processes.
+	if err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {
+		return fmt.Errorf("making the agent non-dumpable: %w", err)
+	}
+	return nil
+}
+
+// setupDev fills a new root's /dev: a tmpfs with the basic nodes bound from
+// the host, the usual symlinks, /dev/shm and (if possible) a private devpts.
+func setupDev(dev string) error {
+	if err := unix.Mount("tmpfs", dev, "tmpfs", unix.MS_NOSUID, "mode=0755"); err != nil {
+		return fmt.Errorf("mounting /dev: %w", err)
+	}
+	for _, name := range devNodes {
+		src := "/dev/" + name
+		if _, err := os.Stat(src); err != nil {
+			continue
+		}
+		dst := filepath.Join(dev, name)
+		f, err := os.OpenFile(dst, os.O_CREATE|os.O_WRONLY, 0o666)
+		if err != nil {
+			return fmt.Errorf("creating /dev/%s: %w", name, err)
+		}
+		f.Close()
+		if err := unix.Mount(src, dst, "", unix.MS_BIND, ""); err != nil {
+			return fmt.Errorf("binding /dev/%s: %w", name, err)
+		}
+	}
+	for name, target := range map[string]string{
+		"fd": "/proc/self/fd", "stdin": "/proc/self/fd/0", "stdout": "/proc/self/fd/1", "stderr": "/proc/self/fd/2",
+	} {
+		if err := os.Symlink(target, filepath.Join(dev, name)); err != nil {
+			return fmt.Errorf("creating /dev/%s: %w", name, err)
+		}
+	}
+	shm := filepath.Join(dev, "shm")
+	if err := os.Mkdir(shm, 0o1777); err != nil {
+		return fmt.Errorf("creating /dev/shm: %w", err)
+	}
+	if err := unix.Mount("tmpfs", shm, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=1777"); err != nil {
+		return fmt.Errorf("mounting /dev/shm: %w", err)
+	}
+	pts := filepath.Join(dev, "pts")
+	if err := os.Mkdir(pts, 0o755); err == nil {
+		if unix.Mount("devpts", pts, "devpts", unix.MS_NOSUID|unix.MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620") == nil {
+			_ = os.Symlink("pts/ptmx", filepath.Join(dev, "ptmx"))
+		}
+	}
+	return nil
+}

@@ -1,0 +1,171 @@
+#!/usr/bin/env bash
+# Build a cowork-vmm kernel from Debian's linux-source-6.1.
+#
+#   guest/kernel/build.sh guest   # the kernel our VMM boots (guest.fragment)
+#   guest/kernel/build.sh outer   # the nested-test outer kernel (guest + outer-kvm)
+#
+# Output: $KERNEL_CACHE/<flavour>-<hash>/{vmlinux,bzImage,config}, and the
+# symlink $KERNEL_CACHE/<flavour>-current pointing at it. <hash> is the sha256
+# of the fragments, the source package version and this script's version, so a
+# rebuild happens only when one of them changes. Each flavour has its own
+# source tree ($KERNEL_CACHE/src-<flavour>): an in-tree build blocks O=.
+#
+# Environment: KERNEL_CACHE (default ${XDG_CACHE_HOME:-$HOME/.cache}/cowork-vmm/kernels),
+# JOBS (default nproc), KERNEL_SOURCE_TAR (default /usr/src/linux-source-6.1.tar.xz),
+# FORCE=1 rebuilds even when the output exists.
+#
+# A fragment may carry lines "# allow-drop: CONFIG_FOO" naming options that
+# Kconfig is allowed to drop (dependency not met on this arch); any other
+# fragment option that does not end up in .config fails the build.
+set -euo pipefail
+
+# Bump when a change to this script changes the built kernel.
+SCRIPT_VERSION=1
+
+flavour=${1:-}
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+case "$flavour" in
+guest) fragments=("$here/guest.fragment") ;;
+outer) fragments=("$here/guest.fragment" "$here/outer-kvm.fragment") ;;
+*)
+	echo "usage: $0 guest|outer" >&2
+	exit 2
+	;;
+esac
+
+KERNEL_CACHE=${KERNEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/cowork-vmm/kernels}
+KERNEL_SOURCE_TAR=${KERNEL_SOURCE_TAR:-/usr/src/linux-source-6.1.tar.xz}
+JOBS=${JOBS:-$(nproc)}
+source_pkg=linux-source-6.1
+build_deps=(linux-source-6.1 bc flex bison libelf-dev libssl-dev cpio make gcc xz-utils)
+
+log() { echo "build.sh[$flavour]: $*" >&2; }
+die() {
+	log "error: $*"
+	exit 1
+}
+
+# --- dependencies ---------------------------------------------------------
+missing=()
+for pkg in "${build_deps[@]}"; do
+	dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed' || missing+=("$pkg")
+done
+if ((${#missing[@]})); then
+	if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+		log "installing ${missing[*]}"
+		DEBIAN_FRONTEND=noninteractive apt-get update -qq
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"
+	else
+		die "missing packages: ${missing[*]}; install them with:
+  sudo apt-get update && sudo apt-get install -y ${missing[*]}"
+	fi
+fi
+[ -f "$KERNEL_SOURCE_TAR" ] || die "$KERNEL_SOURCE_TAR not found (apt-get install -y $source_pkg)"
+source_version=$(dpkg-query -W -f='${Version}' "$source_pkg" 2>/dev/null || echo unknown)
+
+# --- cache key --------------------------------------------------------------
+hash=$(
+	{
+		echo "script=$SCRIPT_VERSION source=$source_version flavour=$flavour"
+		for f in "${fragments[@]}"; do
+			echo "== $(basename "$f")"
+			cat "$f"
+		done
+	} | sha256sum | cut -c1-16
+)
+out="$KERNEL_CACHE/$flavour-$hash"
+current="$KERNEL_CACHE/$flavour-current"
+mkdir -p "$KERNEL_CACHE"
+
+if [ -z "${FORCE:-}" ] && [ -f "$out/vmlinux" ]; then
+	ln -sfn "$(basename "$out")" "$current"
+	log "up to date"
+	echo "$out/vmlinux"
+	exit 0
+fi
+
+# One build per flavour at a time; another may have just finished ours.
+exec 9>"$KERNEL_CACHE/.lock-$flavour"
+flock 9
+if [ -z "${FORCE:-}" ] && [ -f "$out/vmlinux" ]; then
+	ln -sfn "$(basename "$out")" "$current"
+	log "up to date (built meanwhile)"
+	echo "$out/vmlinux"
+	exit 0
+fi
+
+# --- source tree ------------------------------------------------------------
+src_root="$KERNEL_CACHE/src-$flavour"
+src="$src_root/linux-source-6.1"
+stamp="$src_root/.extracted"
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$source_version" ]; then
+	log "extracting $KERNEL_SOURCE_TAR into $src_root"
+	rm -rf "$src_root"
+	mkdir -p "$src_root"
+	tar -xJf "$KERNEL_SOURCE_TAR" -C "$src_root"
+	[ -d "$src" ] || die "expected $src after extracting $KERNEL_SOURCE_TAR"
+	echo "$source_version" >"$stamp"
+fi
+
+# --- configure ----------------------------------------------------------------
+cd "$src"
+log "configuring (tinyconfig + ${fragments[*]##*/})"
+make -s tinyconfig >/dev/null
+scripts/kconfig/merge_config.sh -m .config "${fragments[@]}" >/dev/null
+make -s olddefconfig >/dev/null
+
+# Every option a fragment sets must have stuck (the last fragment wins).
+declare -A want=()
+declare -A allowed_drop=()
+for f in "${fragments[@]}"; do
+	while IFS= read -r line; do
+		case "$line" in
+		"# allow-drop: "*)
+			for opt in ${line#"# allow-drop: "}; do allowed_drop[$opt]=1; done
+			;;
+		CONFIG_*=*) want[${line%%=*}]=$line ;;
+		"# CONFIG_"*" is not set")
+			opt=${line#"# "}
+			opt=${opt%" is not set"}
+			want[$opt]="# $opt is not set"
+			;;
+		esac
+	done <"$f"
+done
+failed=()
+for opt in "${!want[@]}"; do
+	line=${want[$opt]}
+	if [[ $line == "# "* ]]; then
+		grep -q "^$opt=" .config && failed+=("$opt (wanted unset, got $(grep "^$opt=" .config))")
+		continue
+	fi
+	grep -qxF "$line" .config && continue
+	[ -n "${allowed_drop[$opt]:-}" ] && {
+		log "note: $opt dropped (allowed)"
+		continue
+	}
+	got=$(grep -E "^$opt=|^# $opt is not set" .config || echo "absent")
+	failed+=("$line (got: $got)")
+done
+if ((${#failed[@]})); then
+	printf '  %s\n' "${failed[@]}" >&2
+	die "${#failed[@]} fragment option(s) did not stick in .config; fix their dependencies in the fragment"
+fi
+
+# --- build --------------------------------------------------------------------
+log "make -j$JOBS vmlinux bzImage (several minutes)"
+start=$(date +%s)
+make -s -j"$JOBS" vmlinux bzImage
+log "built in $(($(date +%s) - start)) s"
+
+tmp="$out.tmp.$$"
+rm -rf "$tmp"
+mkdir -p "$tmp"
+cp vmlinux "$tmp/vmlinux"
+cp arch/x86/boot/bzImage "$tmp/bzImage"
+cp .config "$tmp/config"
+rm -rf "$out"
+mv "$tmp" "$out"
+ln -sfn "$(basename "$out")" "$current"
+log "done: $out"
+echo "$out/vmlinux"

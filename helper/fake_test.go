@@ -1,0 +1,263 @@
+package helper
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/cowork-vmm/cowork-vmm/protocol"
+)
+
+// fakeBackend starts fakeGuests, each with an in-memory agent that speaks
+// the real agent channel over a net.Pipe.
+type fakeBackend struct {
+	t        *testing.T
+	mu       sync.Mutex
+	guests   []*fakeGuest
+	startErr error
+}
+
+func (b *fakeBackend) Name() string { return "fake" }
+
+func (b *fakeBackend) Start(ctx context.Context, cfg GuestConfig) (Guest, error) {
+	if b.startErr != nil {
+		return nil, b.startErr
+	}
+	helperEnd, agentEnd := net.Pipe()
+	g := &fakeGuest{cfg: cfg, helperEnd: helperEnd, done: make(chan struct{})}
+	g.agent = newFakeAgent(agentEnd, g)
+	b.mu.Lock()
+	b.guests = append(b.guests, g)
+	b.mu.Unlock()
+	go g.agent.serve()
+	return g, nil
+}
+
+func (b *fakeBackend) last() *fakeGuest {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if len(b.guests) == 0 {
+		return nil
+	}
+	return b.guests[len(b.guests)-1]
+}
+
+type fakeGuest struct {
+	cfg       GuestConfig
+	helperEnd net.Conn
+	agent     *fakeAgent
+
+	mu      sync.Mutex
+	shares  []protocol.MountSource
+	stopped bool
+	err     error
+	done    chan struct{}
+	once    sync.Once
+}
+
+func (g *fakeGuest) Agent(ctx context.Context) (io.ReadWriteCloser, error) { return g.helperEnd, nil }
+
+func (g *fakeGuest) Share(hostPath string, readOnly bool) (protocol.MountSource, error) {
+	src := protocol.MountSource{Kind: "bind", Path: hostPath}
+	g.mu.Lock()
+	g.shares = append(g.shares, src)
+	g.mu.Unlock()
+	return src, nil
+}
+
+func (g *fakeGuest) Done() <-chan struct{} { return g.done }
+
+func (g *fakeGuest) Err() error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.err
+}
+
+// die ends the guest as a crash would.
+func (g *fakeGuest) die(err error) {
+	g.once.Do(func() {
+		g.mu.Lock()
+		g.err = err
+		g.mu.Unlock()
+		g.agent.conn.Close()
+		close(g.done)
+	})
+}
+
+func (g *fakeGuest) Stop(ctx context.Context) error {
+	g.mu.Lock()
+	g.stopped = true
+	g.mu.Unlock()
+	g.once.Do(func() {
+		g.agent.conn.Close()
+		close(g.done)
+	})
+	return nil
+}
+
+// fakeAgent answers the helper's requests and records them.
+type fakeAgent struct {
+	conn  net.Conn
+	guest *fakeGuest
+
+	writeMu    sync.Mutex
+	mu         sync.Mutex
+	setup      *protocol.SetupParams
+	mounts     map[string]protocol.Mount // by target
+	spawns     map[string]protocol.SpawnParams
+	running    map[string]bool
+	stdin      map[string]string
+	files      map[string][]byte
+	ignorePing bool
+	spawnErr   string
+}
+
+func newFakeAgent(conn net.Conn, g *fakeGuest) *fakeAgent {
+	return &fakeAgent{
+		conn: conn, guest: g,
+		mounts:  map[string]protocol.Mount{},
+		spawns:  map[string]protocol.SpawnParams{},
+		running: map[string]bool{},
+		stdin:   map[string]string{},
+		files:   map[string][]byte{},
+	}
+}
+
+func (a *fakeAgent) send(f protocol.AgentFrame) {
+	a.writeMu.Lock()
+	defer a.writeMu.Unlock()
+	_ = protocol.WriteJSON(a.conn, f)
+}
+
+// emit sends an event as the agent would.
+func (a *fakeAgent) emit(ev protocol.Event) {
+	a.send(protocol.AgentFrame{Kind: protocol.AgentKindEvent, Event: &ev})
+}
+
+func (a *fakeAgent) exit(id string, code int) {
+	a.mu.Lock()
+	delete(a.running, id)
+	a.mu.Unlock()
+	a.emit(protocol.Event{Type: protocol.EventExit, ID: id, ExitCode: &code})
+}
+
+func (a *fakeAgent) serve() {
+	a.send(protocol.AgentFrame{Kind: protocol.AgentKindHello, Hello: &protocol.AgentHello{Version: protocol.AgentProtocolVersion, Kernel: "fake", PID: 1}})
+	for {
+		body, err := protocol.ReadFrame(a.conn)
+		if err != nil {
+			return
+		}
+		var f protocol.AgentFrame
+		if err := json.Unmarshal(body, &f); err != nil {
+			return
+		}
+		go a.handle(f)
+	}
+}
+
+func (a *fakeAgent) handle(f protocol.AgentFrame) {
+	reply := protocol.AgentFrame{Kind: protocol.AgentKindReply, ID: f.ID}
+	var after func()
+	a.mu.Lock()
+	switch f.Method {
+	case protocol.AgentMethodSetup:
+		var p protocol.SetupParams
+		_ = json.Unmarshal(f.Params, &p)
+		a.setup = &p
+	case protocol.AgentMethodMount:
+		var p protocol.MountParams
+		_ = json.Unmarshal(f.Params, &p)
+		a.mounts[p.Mount.Target] = p.Mount
+	case protocol.AgentMethodSpawn:
+		var p protocol.SpawnParams
+		_ = json.Unmarshal(f.Params, &p)
+		if a.spawnErr != "" {
+			reply.Error = a.spawnErr
+			break
+		}
+		a.spawns[p.ID] = p
+		a.running[p.ID] = true
+	case protocol.AgentMethodStdin:
+		var p protocol.StdinParams
+		_ = json.Unmarshal(f.Params, &p)
+		a.stdin[p.ID] += p.Data
+		after = func() { a.emit(protocol.Event{Type: protocol.EventStdout, ID: p.ID, Data: p.Data}) }
+	case protocol.AgentMethodKill:
+		var p protocol.KillParams
+		_ = json.Unmarshal(f.Params, &p)
+		if !a.running[p.ID] {
+			reply.Error = "no such process"
+			break
+		}
+		delete(a.running, p.ID)
+		after = func() { a.emit(protocol.Event{Type: protocol.EventExit, ID: p.ID, Signal: p.Signal}) }
+	case protocol.AgentMethodReadFile:
+		var p protocol.ReadFileParams
+		_ = json.Unmarshal(f.Params, &p)
+		content, ok := a.files[p.Path]
+		if !ok {
+			reply.Error = "open " + p.Path + ": no such file or directory"
+			break
+		}
+		reply.Result, _ = json.Marshal(protocol.ReadFileResult{Content: content})
+	case protocol.AgentMethodPing:
+		if a.ignorePing {
+			a.mu.Unlock()
+			return
+		}
+	case protocol.AgentMethodShutdown:
+		var ids []string
+		for id := range a.running {
+			ids = append(ids, id)
+		}
+		a.running = map[string]bool{}
+		after = func() {
+			for _, id := range ids {
+				a.emit(protocol.Event{Type: protocol.EventExit, ID: id, Signal: "SIGTERM"})
+			}
+			a.conn.Close()
+		}
+	default:
+		reply.Error = "unknown method " + f.Method
+	}
+	a.mu.Unlock()
+	a.send(reply)
+	if after != nil {
+		after()
+	}
+}
+
+func (a *fakeAgent) mountAt(target string) (protocol.Mount, bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	m, ok := a.mounts[target]
+	return m, ok
+}
+
+func (a *fakeAgent) spawned(id string) (protocol.SpawnParams, bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	p, ok := a.spawns[id]
+	return p, ok
+}
+
+// waitFor polls cond until it holds; the deadline only guards against a
+// hang, it is not what the test measures.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+var errCrash = errors.New("guest crashed")

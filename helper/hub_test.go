@@ -1,0 +1,153 @@
+package helper
+
+import (
+	"context"
+	"encoding/json"
+	"strconv"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/cowork-vmm/cowork-vmm/protocol"
+)
+
+func ev(i int) protocol.Event {
+	return protocol.Event{Type: protocol.EventStdout, ID: "p", Data: strconv.Itoa(i)}
+}
+
+// drain returns the events already available to sub (it must not block).
+func drain(t *testing.T, sub *Subscription) []string {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel() // Next returns what is there, then ctx.Err()
+	var out []string
+	for {
+		e, err := sub.Next(ctx)
+		if err != nil {
+			return out
+		}
+		out = append(out, e.Data)
+	}
+}
+
+func TestHubEverySubscriberGetsEveryEvent(t *testing.T) {
+	h := NewHub(8, nil)
+	a := h.Subscribe("p", "/r")
+	b := h.Subscribe("q", "/r")
+	for i := range 3 {
+		h.Publish(ev(i))
+	}
+	assert.Equal(t, []string{"0", "1", "2"}, drain(t, a))
+	assert.Equal(t, []string{"0", "1", "2"}, drain(t, b))
+}
+
+func TestHubBacklogForFirstSubscriber(t *testing.T) {
+	h := NewHub(4, nil)
+	for i := range 6 {
+		h.Publish(ev(i))
+	}
+	s := h.Subscribe("p", "/r")
+	assert.Equal(t, []string{"2", "3", "4", "5"}, drain(t, s), "the last 4 events, bounded")
+}
+
+func TestHubResubscribeLosesNothingAndRepeatsNothing(t *testing.T) {
+	h := NewHub(16, nil)
+	s := h.Subscribe("p", "/r")
+	h.Publish(ev(0))
+	h.Publish(ev(1))
+	e, err := s.Next(context.Background())
+	require.NoError(t, err)
+	assert.Equal(t, "0", e.Data)
+	s.Ack() // "0" written
+	e, err = s.Next(context.Background())
+	require.NoError(t, err)
+	assert.Equal(t, "1", e.Data) // taken, write fails: not acked
+	s.Close()
+	h.Publish(ev(2)) // nobody listening
+	s2 := h.Subscribe("p", "/r")
+	assert.Equal(t, []string{"1", "2"}, drain(t, s2))
+	s2.Close()
+	// drain's final Next acknowledged "2": it is not repeated.
+	h.Publish(ev(3))
+	s3 := h.Subscribe("p", "/r")
+	assert.Equal(t, []string{"3"}, drain(t, s3))
+}
+
+func TestHubLiveSubscriberMeansNewOneStartsNow(t *testing.T) {
+	h := NewHub(16, nil)
+	a := h.Subscribe("p", "/r")
+	h.Publish(ev(0))
+	b := h.Subscribe("p", "/r")
+	h.Publish(ev(1))
+	assert.Equal(t, []string{"0", "1"}, drain(t, a))
+	assert.Equal(t, []string{"1"}, drain(t, b), "from the moment it subscribed")
+}
+
+func TestHubProfilesHaveTheirOwnCursor(t *testing.T) {
+	h := NewHub(16, nil)
+	a := h.Subscribe("p", "/r")
+	h.Publish(ev(0))
+	assert.Equal(t, []string{"0"}, drain(t, a))
+	a.Ack()
+	a.Close()
+	h.Publish(ev(1))
+	q := h.Subscribe("q", "/r") // never seen: whole backlog
+	assert.Equal(t, []string{"0", "1"}, drain(t, q))
+	p := h.Subscribe("p", "/r")
+	assert.Equal(t, []string{"1"}, drain(t, p))
+}
+
+func TestHubSlowSubscriberSkipsAhead(t *testing.T) {
+	h := NewHub(4, nil)
+	s := h.Subscribe("p", "/r")
+	for i := range 10 {
+		h.Publish(ev(i))
+	}
+	assert.Equal(t, []string{"6", "7", "8", "9"}, drain(t, s))
+}
+
+func TestHubNextEndsOnClose(t *testing.T) {
+	h := NewHub(4, nil)
+	s := h.Subscribe("p", "/r")
+	done := make(chan error)
+	go func() {
+		_, err := s.Next(context.Background())
+		done <- err
+	}()
+	s.Close()
+	assert.ErrorIs(t, <-done, ErrSubscriptionClosed)
+	s.Close() // twice is fine
+}
+
+func TestHubNextWakesOnPublish(t *testing.T) {
+	h := NewHub(4, nil)
+	s := h.Subscribe("p", "/r")
+	got := make(chan protocol.Event)
+	go func() {
+		e, err := s.Next(context.Background())
+		if err == nil {
+			got <- e
+		}
+	}()
+	h.Publish(ev(7))
+	assert.Equal(t, "7", (<-got).Data)
+}
+
+func TestServiceSubscribeAdapter(t *testing.T) {
+	e := newTestEnv(t)
+	e.s.Publish(ev(0))
+	sub, err := e.s.Subscribe(context.Background(), json.RawMessage(`{"userDataName":"x","userDataRoot":"/y"}`))
+	require.NoError(t, err)
+	assert.Equal(t, "0", (<-sub.Events).Data)
+	e.s.Publish(ev(1))
+	assert.Equal(t, "1", (<-sub.Events).Data)
+	sub.Cancel()
+	e.s.Publish(ev(2))
+	sub2, err := e.s.Subscribe(context.Background(), json.RawMessage(`{"userDataName":"x","userDataRoot":"/y"}`))
+	require.NoError(t, err)
+	defer sub2.Cancel()
+	assert.Equal(t, "2", (<-sub2.Events).Data, "resumes after the last event handed over, without repeating it")
+	_, err = e.s.Subscribe(context.Background(), json.RawMessage(`[`))
+	require.Error(t, err)
+}

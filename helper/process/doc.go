@@ -1,0 +1,17 @@
+// Package process is the process backend (COWORK_VMM_BACKEND=process): the
+// guest is the same guest agent, re-executed from the helper's own binary as
+// `<exe> agent --fd 3`, running on the host in new user, mount, PID, UTS and
+// IPC namespaces, connected to the helper by an inherited socketpair.
+//
+// The agent is PID 1 of its PID namespace (killing it ends every guest
+// process) and, on the helper's setup request (SetupParams.NewRoot), builds
+// the guest filesystem of ARCHITECTURE.md in its private mount namespace: a
+// tmpfs root with the host's system directories read-only and no host home,
+// /root, /run, /tmp or /var. Shares are plain bind mounts of host paths that
+// the agent resolves through a descriptor to the host root it keeps (see
+// guest/agent's mounter).
+//
+// User namespace: the helper's uid and gid map to root inside, so the agent
+// may mount, and files written through rw mounts are owned on the host by the
+// user running the helper.
+package process

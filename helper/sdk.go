@@ -1,0 +1,56 @@
+package helper
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+)
+
+// GuestSDKPath is where the installed SDK appears in every guest.
+const GuestSDKPath = "/usr/local/bin/claude"
+
+// sdkInstall is the host file installSdk chose.
+type sdkInstall struct {
+	version string
+	file    string // absolute host path of the claude executable
+}
+
+func (s *Service) installSdk(_ context.Context, p installSdkParams) (empty, error) {
+	if p.Version == "" || strings.ContainsAny(p.Version, "/\x00") || p.Version == "." || p.Version == ".." {
+		return nil, fmt.Errorf("installSdk: invalid version %q", p.Version)
+	}
+	dir, err := hostPathFromClient(p.SdkSubpath)
+	if err != nil {
+		return nil, fmt.Errorf("installSdk: sdkSubpath: %w", err)
+	}
+	file := filepath.Join(dir, p.Version, "claude")
+	fi, err := os.Stat(file)
+	if err != nil {
+		return nil, fmt.Errorf("installSdk: the SDK binary %s is missing: %w", file, err)
+	}
+	if !fi.Mode().IsRegular() {
+		return nil, fmt.Errorf("installSdk: %s is not a regular file", file)
+	}
+	sdk := &sdkInstall{version: p.Version, file: file}
+	s.mu.Lock()
+	s.sdk = sdk
+	vm := s.vm
+	s.mu.Unlock()
+	if vm != nil && vm.connected.Load() {
+		if err := vm.mountSDK(sdk); err != nil {
+			return nil, fmt.Errorf("installSdk: %w", err)
+		}
+	}
+	s.log.Info("SDK installed", "version", p.Version, "path", file)
+	return nil, nil
+}
+
+// mountSDK mounts the SDK binary read-only at GuestSDKPath.
+func (vm *vmInstance) mountSDK(sdk *sdkInstall) error {
+	if err := vm.mount(sdk.file, GuestSDKPath, true); err != nil {
+		return fmt.Errorf("mounting the SDK at %s: %w", GuestSDKPath, err)
+	}
+	return nil
+}

@@ -1,0 +1,352 @@
+package helper
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/cowork-vmm/cowork-vmm/protocol"
+)
+
+// Backend names.
+const (
+	BackendKVM     = "kvm"
+	BackendProcess = "process"
+)
+
+// DefaultSystemDirs are the host directories every guest sees read-only
+// (those that exist on the host).
+var DefaultSystemDirs = []string{"/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt"}
+
+// Options configure a Service.
+type Options struct {
+	// Backend is the backend name startVM uses ("" means BackendKVM).
+	Backend string
+	// Backends maps backend names to their factories. A name without a
+	// factory makes startVM fail with an error naming the alternatives.
+	Backends map[string]BackendFactory
+	// DataDir holds the helper's data; sessions live in DataDir/sessions.
+	// Empty means DefaultDataDir().
+	DataDir string
+	// Logger receives one line per notable event; nil discards.
+	Logger *slog.Logger
+	// LogLevel is switched by setDebugLogging; may be nil.
+	LogLevel *slog.LevelVar
+	// OnDebugLogging is also called by setDebugLogging (e.g. to turn on the
+	// socket server's per-frame logging); may be nil.
+	OnDebugLogging func(enabled bool)
+	// Backlog is how many events a late subscriber can catch up on.
+	Backlog int
+	// StopGrace is how long processes get between SIGTERM and SIGKILL on
+	// stopVM (default 5 s).
+	StopGrace time.Duration
+	// PingInterval is how often a connected agent is pinged (default 2 s);
+	// three failed pings in a row declare the guest dead.
+	PingInterval time.Duration
+	// SystemDirs override DefaultSystemDirs (tests).
+	SystemDirs []string
+	// ReachabilityProbe overrides the startVM apiProbeURL probe (tests).
+	ReachabilityProbe func(ctx context.Context, url string) string
+}
+
+// DefaultDataDir is $XDG_DATA_HOME/cowork-vmm, or ~/.local/share/cowork-vmm.
+func DefaultDataDir() (string, error) {
+	if d := os.Getenv("XDG_DATA_HOME"); d != "" && filepath.IsAbs(d) {
+		return filepath.Join(d, "cowork-vmm"), nil
+	}
+	home, err := os.UserHomeDir()
+	if err != nil {
+		return "", fmt.Errorf("finding the data directory: set XDG_DATA_HOME or HOME: %w", err)
+	}
+	return filepath.Join(home, ".local", "share", "cowork-vmm"), nil
+}
+
+// Service implements the client's methods. It is safe for concurrent use.
+type Service struct {
+	opts        Options
+	log         *slog.Logger
+	hub         *Hub
+	sessionsDir string
+	methods     map[string]func(context.Context, json.RawMessage) (any, error)
+
+	mu         sync.Mutex
+	profile    profileKey
+	memoryMB   int
+	cpuCount   int
+	oauthToken string
+	sdk        *sdkInstall
+	vm         *vmInstance // nil when no guest is starting or running
+	procs      processTable
+}
+
+// New returns a Service; it creates the data directory.
+func New(opts Options) (*Service, error) {
+	if opts.Backend == "" {
+		opts.Backend = BackendKVM
+	}
+	if opts.DataDir == "" {
+		d, err := DefaultDataDir()
+		if err != nil {
+			return nil, err
+		}
+		opts.DataDir = d
+	}
+	if opts.StopGrace <= 0 {
+		opts.StopGrace = 5 * time.Second
+	}
+	if opts.PingInterval <= 0 {
+		opts.PingInterval = 2 * time.Second
+	}
+	if opts.SystemDirs == nil {
+		opts.SystemDirs = DefaultSystemDirs
+	}
+	if opts.ReachabilityProbe == nil {
+		opts.ReachabilityProbe = probeAPI
+	}
+	log := opts.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	s := &Service{
+		opts:        opts,
+		log:         log,
+		hub:         NewHub(opts.Backlog, log),
+		sessionsDir: filepath.Join(opts.DataDir, "sessions"),
+		memoryMB:    4096,
+		cpuCount:    2,
+	}
+	s.procs.init()
+	if err := os.MkdirAll(s.sessionsDir, 0o700); err != nil {
+		return nil, fmt.Errorf("creating the session directory: %w", err)
+	}
+	s.methods = map[string]func(context.Context, json.RawMessage) (any, error){
+		"configure":             handler(s.configure),
+		"subscribeEvents":       handler(s.subscribeEventsCall),
+		"createVM":              handler(s.createVM),
+		"startVM":               handler(s.startVM),
+		"stopVM":                handler(s.stopVMCall),
+		"isRunning":             handler(s.isRunning),
+		"isGuestConnected":      handler(s.isGuestConnected),
+		"spawn":                 handler(s.spawn),
+		"kill":                  handler(s.kill),
+		"writeStdin":            handler(s.writeStdin),
+		"isProcessRunning":      handler(s.isProcessRunning),
+		"sendGuestResponse":     handler(s.sendGuestResponse),
+		"setDebugLogging":       handler(s.setDebugLogging),
+		"mountPath":             handler(s.mountPath),
+		"readFile":              handler(s.readFile),
+		"getSessionsDiskInfo":   handler(s.getSessionsDiskInfo),
+		"deleteSessionDirs":     handler(s.deleteSessionDirs),
+		"pruneSessionCaches":    handler(s.pruneSessionCaches),
+		"installSdk":            handler(s.installSdk),
+		"addApprovedOauthToken": handler(s.addApprovedOauthToken),
+		"getNetworkDrives":      handler(s.getNetworkDrives),
+	}
+	return s, nil
+}
+
+// handler adapts a typed method to the generic dispatch signature.
+func handler[P, R any](f func(context.Context, P) (R, error)) func(context.Context, json.RawMessage) (any, error) {
+	return func(ctx context.Context, raw json.RawMessage) (any, error) {
+		var p P
+		if len(raw) > 0 && string(raw) != "null" {
+			if err := json.Unmarshal(raw, &p); err != nil {
+				return nil, fmt.Errorf("invalid params: %w", err)
+			}
+		}
+		r, err := f(ctx, p)
+		if err != nil {
+			return nil, err
+		}
+		var res any = r
+		if e, ok := res.(empty); ok && e == nil {
+			return nil, nil // a reply without "result"
+		}
+		return res, nil
+	}
+}
+
+// Methods lists the method names Call understands, sorted.
+func (s *Service) Methods() []string {
+	names := make([]string, 0, len(s.methods))
+	for n := range s.methods {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	return names
+}
+
+// Call runs one client method. params is the raw JSON of the frame's
+// "params" (may be nil). A nil result means a reply without "result".
+// An unknown method fails with "Unknown method: <name>".
+func (s *Service) Call(ctx context.Context, method string, params json.RawMessage) (any, error) {
+	h, ok := s.methods[method]
+	if !ok {
+		return nil, protocol.UnknownMethodError(method)
+	}
+	start := time.Now()
+	res, err := h(ctx, params)
+	if err != nil {
+		s.log.Debug("call failed", "method", method, "err", err, "took", time.Since(start))
+	} else {
+		s.log.Debug("call", "method", method, "took", time.Since(start))
+	}
+	return res, err
+}
+
+// SubscribeProfile opens a hub subscription for a profile: the caller
+// writes every event Next returns, calling Ack after each write.
+func (s *Service) SubscribeProfile(userDataName, userDataRoot string) *Subscription {
+	return s.hub.Subscribe(userDataName, userDataRoot)
+}
+
+// Handle implements protocol.Handler: it runs one client method.
+func (s *Service) Handle(ctx context.Context, method string, params json.RawMessage) (any, error) {
+	return s.Call(ctx, method, params)
+}
+
+// Subscribe implements protocol.Handler for subscribeEvents. Events are
+// handed over an unbuffered channel; one is acknowledged (see Hub) as soon
+// as the server has taken it, so after a drop the next subscription of the
+// profile resumes right after the last event the server took.
+func (s *Service) Subscribe(_ context.Context, params json.RawMessage) (*protocol.Subscription, error) {
+	var p struct {
+		UserDataName string `json:"userDataName"`
+		UserDataRoot string `json:"userDataRoot"`
+	}
+	if len(params) > 0 && string(params) != "null" {
+		if err := json.Unmarshal(params, &p); err != nil {
+			return nil, fmt.Errorf("subscribeEvents: invalid params: %w", err)
+		}
+	}
+	sub := s.hub.Subscribe(p.UserDataName, p.UserDataRoot)
+	s.log.Info("event subscriber connected", "profile", p.UserDataName)
+	ctx, cancel := context.WithCancel(context.Background())
+	events := make(chan protocol.Event)
+	go func() {
+		for {
+			ev, err := sub.Next(ctx)
+			if err != nil {
+				return
+			}
+			select {
+			case events <- ev:
+				sub.Ack()
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	return &protocol.Subscription{Events: events, Cancel: func() {
+		cancel()
+		sub.Close()
+		s.log.Info("event subscriber disconnected", "profile", p.UserDataName)
+	}}, nil
+}
+
+// Publish sends an event to subscribers (for backends and later features
+// such as the egress proxy).
+func (s *Service) Publish(ev protocol.Event) { s.hub.Publish(ev) }
+
+// Close stops the guest, if any, as stopVM does.
+func (s *Service) Close(ctx context.Context) error {
+	return s.stopVM(ctx)
+}
+
+// DataDir is where sessions and other data live.
+func (s *Service) DataDir() string { return s.opts.DataDir }
+
+// SessionDir is the host directory of a session.
+func (s *Service) SessionDir(name string) (string, error) {
+	if err := validateSessionName(name); err != nil {
+		return "", err
+	}
+	return filepath.Join(s.sessionsDir, name), nil
+}
+
+type empty = *struct{}
+
+func (s *Service) configure(_ context.Context, p configureParams) (empty, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.profile = profileKey{p.UserDataName, p.UserDataRoot}
+	if !p.SessionOnly {
+		if p.MemoryMB != nil && *p.MemoryMB > 0 && *p.MemoryMB < 1<<30 {
+			s.memoryMB = int(*p.MemoryMB)
+		}
+		if p.CPUCount != nil && *p.CPUCount > 0 && *p.CPUCount < 1<<16 {
+			s.cpuCount = int(*p.CPUCount)
+		}
+		s.log.Info("configured", "profile", p.UserDataName, "memoryMB", s.memoryMB, "cpus", s.cpuCount)
+	}
+	return nil, nil
+}
+
+func (s *Service) subscribeEventsCall(context.Context, struct{}) (empty, error) {
+	return nil, errors.New("subscribeEvents must be the first frame of its own connection")
+}
+
+func (s *Service) createVM(context.Context, struct{}) (empty, error) {
+	// No disk image to create: the guest's root is built from the host's
+	// system directories.
+	return nil, nil
+}
+
+func (s *Service) isRunning(context.Context, struct{}) (runningResult, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return runningResult{Running: s.vm != nil}, nil
+}
+
+func (s *Service) isGuestConnected(context.Context, struct{}) (connectedResult, error) {
+	s.mu.Lock()
+	vm := s.vm
+	s.mu.Unlock()
+	return connectedResult{Connected: vm != nil && vm.connected.Load()}, nil
+}
+
+func (s *Service) sendGuestResponse(_ context.Context, p sendGuestResponseParams) (empty, error) {
+	// The guest makes no requests yet; accept answers so the client is happy.
+	s.log.Debug("guest response ignored: no guest requests are pending", "id", p.ID)
+	return nil, nil
+}
+
+func (s *Service) setDebugLogging(_ context.Context, p setDebugLoggingParams) (empty, error) {
+	if s.opts.LogLevel != nil {
+		if p.Enabled {
+			s.opts.LogLevel.Set(slog.LevelDebug)
+		} else {
+			s.opts.LogLevel.Set(slog.LevelInfo)
+		}
+	}
+	if s.opts.OnDebugLogging != nil {
+		s.opts.OnDebugLogging(p.Enabled)
+	}
+	s.log.Info("debug logging", "enabled", p.Enabled)
+	return nil, nil
+}
+
+func (s *Service) addApprovedOauthToken(_ context.Context, p addApprovedOauthTokenParams) (empty, error) {
+	if strings.ContainsRune(p.Token, 0) {
+		return nil, errors.New("addApprovedOauthToken: token contains a NUL byte")
+	}
+	s.mu.Lock()
+	s.oauthToken = p.Token
+	s.mu.Unlock()
+	s.log.Info("OAuth token approved")
+	return nil, nil
+}
+
+func (s *Service) getNetworkDrives(context.Context, struct{}) (networkDrivesResult, error) {
+	return networkDrivesResult{Drives: []any{}}, nil
+}
+
+var _ protocol.Handler = (*Service)(nil)

@@ -1,0 +1,494 @@
+package helper
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/cowork-vmm/cowork-vmm/protocol"
+)
+
+type testEnv struct {
+	t       *testing.T
+	s       *Service
+	backend *fakeBackend
+	sub     *Subscription
+	sysDir  string
+}
+
+func newTestEnv(t *testing.T) *testEnv {
+	t.Helper()
+	backend := &fakeBackend{t: t}
+	sys := t.TempDir()
+	s, err := New(Options{
+		Backend:           "fake",
+		Backends:          map[string]BackendFactory{"fake": func() (Backend, error) { return backend, nil }},
+		DataDir:           t.TempDir(),
+		SystemDirs:        []string{sys, filepath.Join(sys, "missing")},
+		StopGrace:         1,
+		ReachabilityProbe: func(context.Context, string) string { return protocol.ReachabilityReachable },
+	})
+	require.NoError(t, err)
+	env := &testEnv{t: t, s: s, backend: backend, sub: s.SubscribeProfile("profile", "/root"), sysDir: sys}
+	t.Cleanup(func() {
+		env.sub.Close()
+		require.NoError(t, s.Close(context.Background()))
+	})
+	return env
+}
+
+// call runs a method with params given as a Go value and decodes the result.
+func (e *testEnv) call(method string, params any, result any) error {
+	e.t.Helper()
+	var raw json.RawMessage
+	if params != nil {
+		b, err := json.Marshal(params)
+		require.NoError(e.t, err)
+		raw = b
+	}
+	res, err := e.s.Call(context.Background(), method, raw)
+	if err != nil {
+		return err
+	}
+	if result != nil {
+		require.NotNil(e.t, res, "%s returned no result", method)
+		b, err := json.Marshal(res)
+		require.NoError(e.t, err)
+		require.NoError(e.t, json.Unmarshal(b, result))
+	}
+	return nil
+}
+
+func (e *testEnv) mustCall(method string, params any, result any) {
+	e.t.Helper()
+	require.NoError(e.t, e.call(method, params, result), method)
+}
+
+// next returns the next event of the given type, skipping others.
+func (e *testEnv) next(types ...string) protocol.Event {
+	e.t.Helper()
+	for {
+		ev, err := e.sub.Next(e.t.Context())
+		require.NoError(e.t, err)
+		if slices.Contains(types, ev.Type) {
+			return ev
+		}
+	}
+}
+
+func (e *testEnv) start() *fakeGuest {
+	e.t.Helper()
+	e.mustCall("startVM", map[string]any{"bundlePath": "/nonexistent"}, nil)
+	waitFor(e.t, "guest connected", func() bool {
+		var r connectedResult
+		e.mustCall("isGuestConnected", nil, &r)
+		return r.Connected
+	})
+	return e.backend.last()
+}
+
+func (e *testEnv) spawn(params map[string]any) spawnResult {
+	e.t.Helper()
+	var r spawnResult
+	e.mustCall("spawn", params, &r)
+	return r
+}
+
+func TestUnknownMethod(t *testing.T) {
+	e := newTestEnv(t)
+	err := e.call("frobnicate", nil, nil)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "Unknown method: frobnicate")
+}
+
+func TestMethodsAreTheContract(t *testing.T) {
+	e := newTestEnv(t)
+	want := []string{"addApprovedOauthToken", "configure", "createVM", "deleteSessionDirs", "getNetworkDrives",
+		"getSessionsDiskInfo", "installSdk", "isGuestConnected", "isProcessRunning", "isRunning", "kill",
+		"mountPath", "pruneSessionCaches", "readFile", "sendGuestResponse", "setDebugLogging", "spawn",
+		"startVM", "stopVM", "subscribeEvents", "writeStdin"}
+	assert.Equal(t, want, e.s.Methods())
+}
+
+func TestInvalidParams(t *testing.T) {
+	e := newTestEnv(t)
+	_, err := e.s.Call(context.Background(), "kill", json.RawMessage(`[1,2]`))
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "invalid params")
+}
+
+func TestIdleMethods(t *testing.T) {
+	e := newTestEnv(t)
+	var running runningResult
+	e.mustCall("isRunning", nil, &running)
+	assert.False(t, running.Running)
+	var conn connectedResult
+	e.mustCall("isGuestConnected", nil, &conn)
+	assert.False(t, conn.Connected)
+	e.mustCall("stopVM", nil, nil) // nothing runs: still succeeds
+	e.mustCall("configure", map[string]any{"userDataName": "p", "userDataRoot": "/r", "memoryMB": 2048, "cpuCount": 3}, nil)
+	e.mustCall("configure", map[string]any{"userDataName": "p", "userDataRoot": "/r", "sessionOnly": true}, nil)
+	e.mustCall("createVM", map[string]any{"bundlePath": "/b", "diskSizeGB": 10}, nil)
+	e.mustCall("sendGuestResponse", map[string]any{"id": "x", "resultJson": "{}"}, nil)
+	var drives map[string]any
+	e.mustCall("getNetworkDrives", nil, &drives)
+	assert.Equal(t, map[string]any{"drives": []any{}}, drives)
+	var pr processRunningResult
+	e.mustCall("isProcessRunning", map[string]any{"id": "nobody"}, &pr)
+	assert.Equal(t, processRunningResult{}, pr)
+	require.Error(t, e.call("subscribeEvents", nil, nil))
+
+	res, err := e.s.Call(context.Background(), "stopVM", nil)
+	require.NoError(t, err)
+	assert.Nil(t, res, "methods without a result reply without one")
+}
+
+func TestConfigureDefaultsReachTheBackend(t *testing.T) {
+	e := newTestEnv(t)
+	e.mustCall("configure", map[string]any{"userDataName": "p", "userDataRoot": "/r", "memoryMB": 2048, "cpuCount": 3}, nil)
+	g := e.start()
+	assert.Equal(t, 2048, g.cfg.MemoryMiB)
+	assert.Equal(t, 3, g.cfg.CPUCount)
+}
+
+func TestSetDebugLogging(t *testing.T) {
+	e := newTestEnv(t)
+	var level struct{ v slog.LevelVar }
+	e.s.opts.LogLevel = &level.v
+	e.mustCall("setDebugLogging", map[string]any{"enabled": true}, nil)
+	assert.Equal(t, "DEBUG", level.v.Level().String())
+	e.mustCall("setDebugLogging", map[string]any{"enabled": false}, nil)
+	assert.Equal(t, "INFO", level.v.Level().String())
+}
+
+func TestStartVMWithoutBackend(t *testing.T) {
+	s, err := New(Options{DataDir: t.TempDir(), Backends: map[string]BackendFactory{"process": nil}})
+	require.NoError(t, err)
+	_, err = s.Call(context.Background(), "startVM", nil)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "COWORK_VMM_BACKEND=process")
+	res, err := s.Call(context.Background(), "isRunning", nil)
+	require.NoError(t, err)
+	assert.Equal(t, runningResult{}, res)
+}
+
+func TestStartVMBackendFailure(t *testing.T) {
+	e := newTestEnv(t)
+	e.backend.startErr = os.ErrPermission
+	err := e.call("startVM", nil, nil)
+	require.Error(t, err)
+	assert.ErrorIs(t, err, os.ErrPermission)
+	var running runningResult
+	e.mustCall("isRunning", nil, &running)
+	assert.False(t, running.Running)
+	e.backend.startErr = nil
+	e.start() // a later start works
+}
+
+func TestStartVMEvents(t *testing.T) {
+	e := newTestEnv(t)
+	g := e.start()
+	steps := map[string][]string{}
+	var reach, netStatus string
+	for reach == "" || netStatus == "" || len(steps[StepConnectAgent]) < 2 {
+		ev := e.next(protocol.EventStartupStep, protocol.EventAPIReachability, protocol.EventNetworkStatus)
+		switch ev.Type {
+		case protocol.EventStartupStep:
+			require.NotEmpty(t, ev.Step)
+			steps[ev.Step] = append(steps[ev.Step], ev.Status)
+		case protocol.EventAPIReachability:
+			reach = ev.Status
+		case protocol.EventNetworkStatus:
+			netStatus = ev.Status
+		}
+	}
+	assert.Equal(t, []string{"started", "completed"}, steps[StepLaunchGuest])
+	assert.Equal(t, []string{"started", "completed"}, steps[StepConnectAgent])
+	assert.Equal(t, protocol.ReachabilityUnknown, reach, "no apiProbeURL: unknown")
+	assert.Equal(t, protocol.NetworkConnected, netStatus)
+
+	// Setup: the system dirs that exist, read-only, on a fresh root.
+	g.agent.mu.Lock()
+	setup := g.agent.setup
+	g.agent.mu.Unlock()
+	require.NotNil(t, setup)
+	require.Len(t, setup.System, 1)
+	assert.Equal(t, e.sysDir, setup.System[0].Target)
+	assert.True(t, setup.System[0].ReadOnly)
+	var running runningResult
+	e.mustCall("isRunning", nil, &running)
+	assert.True(t, running.Running)
+	e.mustCall("startVM", nil, nil) // already running: no second guest
+	assert.Len(t, e.backend.guests, 1)
+}
+
+func TestStartVMProbesAPI(t *testing.T) {
+	e := newTestEnv(t)
+	e.mustCall("startVM", map[string]any{"apiProbeURL": "http://127.0.0.1:1/"}, nil)
+	ev := e.next(protocol.EventAPIReachability)
+	assert.Equal(t, protocol.ReachabilityReachable, ev.Status)
+}
+
+func TestSpawnFlow(t *testing.T) {
+	e := newTestEnv(t)
+	g := e.start()
+	host := t.TempDir()
+	rwSrc := filepath.Join(host, "work", "new") // missing: created
+	roSrc := filepath.Join(host, "ro")
+	require.NoError(t, os.Mkdir(roSrc, 0o755))
+	e.mustCall("addApprovedOauthToken", map[string]any{"token": "approved"}, nil)
+
+	res := e.spawn(map[string]any{
+		"id": "p1", "name": "sess", "command": "/usr/local/bin/claude", "args": []string{"-p", "hi"},
+		"isResume": false, "env": map[string]string{"FOO": "bar", "LANG": "en_US.UTF-8"},
+		"oauthToken": "tok",
+		"additionalMounts": map[string]any{
+			"work":          map[string]string{"path": strings.TrimPrefix(rwSrc, "/"), "mode": "rw"},
+			"ro":            map[string]string{"path": strings.TrimPrefix(roSrc, "/"), "mode": "ro"},
+			"missing":       map[string]string{"path": strings.TrimPrefix(filepath.Join(host, "nope"), "/"), "mode": "ro"},
+			".claude/skill": map[string]string{"path": strings.TrimPrefix(host, "/"), "mode": ""},
+			"../escape":     map[string]string{"path": "tmp", "mode": "rw"},
+			"badmode":       map[string]string{"path": "tmp", "mode": "rwx"},
+		},
+	})
+	assert.Equal(t, []string{"../escape", "badmode", "missing"}, res.FailedMounts)
+	assert.DirExists(t, rwSrc)
+
+	sp, ok := g.agent.spawned("p1")
+	require.True(t, ok)
+	assert.Equal(t, "/usr/local/bin/claude", sp.Command)
+	assert.Equal(t, []string{"-p", "hi"}, sp.Args)
+	assert.Equal(t, "/sessions/sess", sp.Cwd)
+	assert.Contains(t, sp.Env, "FOO=bar")
+	assert.Contains(t, sp.Env, "LANG=en_US.UTF-8")
+	assert.Contains(t, sp.Env, "HOME=/sessions/sess")
+	assert.Contains(t, sp.Env, "CLAUDE_CODE_OAUTH_TOKEN=tok")
+	assert.Contains(t, sp.Env, "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+
+	home, ok := g.agent.mountAt("/sessions/sess")
+	require.True(t, ok)
+	assert.Equal(t, filepath.Join(e.s.DataDir(), "sessions", "sess"), home.Source.Path)
+	assert.False(t, home.ReadOnly)
+	assert.DirExists(t, home.Source.Path)
+	m, ok := g.agent.mountAt("/sessions/sess/mnt/work")
+	require.True(t, ok)
+	assert.Equal(t, rwSrc, m.Source.Path)
+	assert.False(t, m.ReadOnly)
+	m, ok = g.agent.mountAt("/sessions/sess/mnt/ro")
+	require.True(t, ok)
+	assert.True(t, m.ReadOnly)
+	_, ok = g.agent.mountAt("/sessions/sess/mnt/.claude/skill")
+	assert.True(t, ok)
+
+	// Output and exit events come through, validated.
+	g.agent.emit(protocol.Event{Type: protocol.EventStdout, ID: "p1", Data: "out"})
+	g.agent.emit(protocol.Event{Type: protocol.EventStdout, ID: "stranger", Data: "dropped"})
+	g.agent.emit(protocol.Event{Type: protocol.EventStderr, ID: "p1", Data: "err"})
+	ev := e.next(protocol.EventStdout, protocol.EventStderr)
+	assert.Equal(t, protocol.Event{Type: "stdout", ID: "p1", Data: "out"}, ev)
+	ev = e.next(protocol.EventStdout, protocol.EventStderr)
+	assert.Equal(t, protocol.Event{Type: "stderr", ID: "p1", Data: "err"}, ev)
+
+	var pr processRunningResult
+	e.mustCall("isProcessRunning", map[string]any{"id": "p1"}, &pr)
+	assert.True(t, pr.Running)
+
+	e.mustCall("writeStdin", map[string]any{"id": "p1", "data": "line\n"}, nil)
+	ev = e.next(protocol.EventStdout)
+	assert.Equal(t, "line\n", ev.Data)
+
+	// A second spawn in the session with the same mounts mounts nothing new;
+	// the approved token is used when none is given.
+	e.spawn(map[string]any{"id": "p2", "name": "sess", "command": "sh", "cwd": "/sessions/sess/mnt/work/"})
+	sp, _ = g.agent.spawned("p2")
+	assert.Contains(t, sp.Env, "CLAUDE_CODE_OAUTH_TOKEN=approved")
+	assert.Equal(t, "/sessions/sess/mnt/work", sp.Cwd)
+	// env wins over the token.
+	e.spawn(map[string]any{"id": "p3", "name": "sess", "command": "sh", "oauthToken": "tok", "env": map[string]string{"CLAUDE_CODE_OAUTH_TOKEN": "mine"}})
+	sp, _ = g.agent.spawned("p3")
+	assert.Contains(t, sp.Env, "CLAUDE_CODE_OAUTH_TOKEN=mine")
+	assert.NotContains(t, sp.Env, "CLAUDE_CODE_OAUTH_TOKEN=tok")
+
+	require.Error(t, e.call("spawn", map[string]any{"id": "p1", "name": "sess", "command": "sh"}, nil), "duplicate running id")
+
+	g.agent.exit("p1", 3)
+	ev = e.next(protocol.EventExit)
+	require.NotNil(t, ev.ExitCode)
+	assert.Equal(t, "p1", ev.ID)
+	assert.Equal(t, 3, *ev.ExitCode)
+	e.mustCall("isProcessRunning", map[string]any{"id": "p1"}, &pr)
+	assert.False(t, pr.Running)
+	require.NotNil(t, pr.ExitCode)
+	assert.Equal(t, 3, *pr.ExitCode)
+	g.agent.exit("p1", 4) // a duplicate exit is dropped
+	require.Error(t, e.call("writeStdin", map[string]any{"id": "p1", "data": "x"}, nil))
+
+	e.mustCall("kill", map[string]any{"id": "p2", "signal": "SIGTERM"}, nil)
+	ev = e.next(protocol.EventExit)
+	assert.Equal(t, protocol.Event{Type: "exit", ID: "p2", Signal: "SIGTERM"}, ev)
+	e.mustCall("kill", map[string]any{"id": "p2", "signal": "SIGTERM"}, nil) // already exited: fine
+	require.Error(t, e.call("kill", map[string]any{"id": "p3", "signal": "SIGBOGUS"}, nil))
+	require.Error(t, e.call("kill", map[string]any{"id": "nobody", "signal": "SIGTERM"}, nil))
+}
+
+func TestSpawnRefusals(t *testing.T) {
+	e := newTestEnv(t)
+	require.ErrorContains(t, e.call("spawn", map[string]any{"id": "p", "name": "s", "command": "sh"}, nil), "startVM")
+	g := e.start()
+	for _, name := range []string{"", "a/b", "..", "../x", "x..y"} {
+		require.Error(t, e.call("spawn", map[string]any{"id": "p", "name": name, "command": "sh"}, nil), name)
+	}
+	require.Error(t, e.call("spawn", map[string]any{"id": "", "name": "s", "command": "sh"}, nil))
+	require.Error(t, e.call("spawn", map[string]any{"id": "p", "name": "s", "command": ""}, nil))
+	require.Error(t, e.call("spawn", map[string]any{"id": "p", "name": "s", "command": "sh", "cwd": "relative"}, nil))
+	require.Error(t, e.call("spawn", map[string]any{"id": "p", "name": "s", "command": "sh", "env": map[string]string{"A=B": "c"}}, nil))
+	g.agent.mu.Lock()
+	g.agent.spawnErr = "exec: not found"
+	g.agent.mu.Unlock()
+	require.ErrorContains(t, e.call("spawn", map[string]any{"id": "p", "name": "s", "command": "nope"}, nil), "not found")
+	var pr processRunningResult
+	e.mustCall("isProcessRunning", map[string]any{"id": "p"}, &pr)
+	assert.False(t, pr.Running, "a failed spawn leaves no running process")
+}
+
+func TestReadFile(t *testing.T) {
+	e := newTestEnv(t)
+	g := e.start()
+	g.agent.mu.Lock()
+	g.agent.files["/sessions/s/mnt/out/a.bin"] = []byte{0, 1, 2, 0xff}
+	g.agent.mu.Unlock()
+	var r readFileResult
+	e.mustCall("readFile", map[string]any{"processName": "s", "filePath": "/sessions/s/mnt/out/./a.bin"}, &r)
+	got, err := base64.StdEncoding.DecodeString(r.Content)
+	require.NoError(t, err)
+	assert.Equal(t, []byte{0, 1, 2, 0xff}, got)
+	for _, p := range []string{"/sessions/s/../t/a", "/etc/passwd", "/sessions/s", "/sessions/st/a", "relative", "/sessions/s/../../etc/passwd"} {
+		require.Error(t, e.call("readFile", map[string]any{"processName": "s", "filePath": p}, nil), p)
+	}
+	require.Error(t, e.call("readFile", map[string]any{"processName": "../s", "filePath": "/sessions/../s/a"}, nil))
+	require.ErrorContains(t, e.call("readFile", map[string]any{"processName": "s", "filePath": "/sessions/s/missing"}, nil), "no such file")
+}
+
+func TestInstallSdk(t *testing.T) {
+	e := newTestEnv(t)
+	sdkRoot := t.TempDir()
+	require.NoError(t, os.MkdirAll(filepath.Join(sdkRoot, "1.2.3"), 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(sdkRoot, "1.2.3", "claude"), []byte("#!/bin/sh\n"), 0o755))
+	sub := strings.TrimPrefix(sdkRoot, "/")
+
+	require.Error(t, e.call("installSdk", map[string]any{"sdkSubpath": sub, "version": "9.9.9"}, nil), "missing binary")
+	require.Error(t, e.call("installSdk", map[string]any{"sdkSubpath": sub, "version": "../1.2.3"}, nil))
+	// Before the guest runs: remembered, mounted at boot.
+	e.mustCall("installSdk", map[string]any{"sdkSubpath": sub, "version": "1.2.3"}, nil)
+	g := e.start()
+	m, ok := g.agent.mountAt(GuestSDKPath)
+	require.True(t, ok)
+	assert.Equal(t, "claude", m.SourceFile)
+	assert.Equal(t, filepath.Join(sdkRoot, "1.2.3"), m.Source.Path)
+	assert.True(t, m.ReadOnly)
+
+	// Into a running guest.
+	require.NoError(t, os.MkdirAll(filepath.Join(sdkRoot, "2.0.0"), 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(sdkRoot, "2.0.0", "claude"), []byte("#!/bin/sh\n"), 0o755))
+	e.mustCall("installSdk", map[string]any{"sdkSubpath": "/" + sub, "version": "2.0.0"}, nil)
+	m, _ = g.agent.mountAt(GuestSDKPath)
+	assert.Equal(t, filepath.Join(sdkRoot, "2.0.0"), m.Source.Path)
+}
+
+func TestMountPath(t *testing.T) {
+	e := newTestEnv(t)
+	g := e.start()
+	e.spawn(map[string]any{"id": "p1", "name": "s", "command": "sh"})
+	src := t.TempDir()
+	e.mustCall("mountPath", map[string]any{"processId": "p1", "subpath": strings.TrimPrefix(src, "/"), "mountName": "extra/dir", "mode": "ro"}, nil)
+	m, ok := g.agent.mountAt("/sessions/s/mnt/extra/dir")
+	require.True(t, ok)
+	assert.True(t, m.ReadOnly)
+	require.Error(t, e.call("mountPath", map[string]any{"processId": "nobody", "subpath": "tmp", "mountName": "x", "mode": "rw"}, nil))
+	require.Error(t, e.call("mountPath", map[string]any{"processId": "p1", "subpath": "tmp", "mountName": "../x", "mode": "rw"}, nil))
+}
+
+func TestStopVMEndsProcesses(t *testing.T) {
+	e := newTestEnv(t)
+	g := e.start()
+	e.spawn(map[string]any{"id": "a", "name": "s", "command": "sh"})
+	e.spawn(map[string]any{"id": "b", "name": "s", "command": "sh"})
+	e.mustCall("stopVM", nil, nil)
+	got := map[string]string{}
+	for len(got) < 2 {
+		ev := e.next(protocol.EventExit)
+		got[ev.ID] = ev.Signal
+	}
+	assert.Equal(t, map[string]string{"a": "SIGTERM", "b": "SIGTERM"}, got)
+	var running runningResult
+	e.mustCall("isRunning", nil, &running)
+	assert.False(t, running.Running)
+	assert.True(t, g.stopped)
+	var pr processRunningResult
+	e.mustCall("isProcessRunning", map[string]any{"id": "a"}, &pr)
+	assert.False(t, pr.Running)
+}
+
+func TestGuestDeath(t *testing.T) {
+	e := newTestEnv(t)
+	g := e.start()
+	e.spawn(map[string]any{"id": "a", "name": "s", "command": "sh"})
+	g.die(errCrash)
+	ev := e.next(protocol.EventError)
+	require.NotNil(t, ev.Fatal)
+	assert.True(t, *ev.Fatal)
+	ev = e.next(protocol.EventExit)
+	assert.Equal(t, "a", ev.ID)
+	assert.Equal(t, "SIGKILL", ev.Signal)
+	waitFor(t, "isRunning false", func() bool {
+		var r runningResult
+		e.mustCall("isRunning", nil, &r)
+		return !r.Running
+	})
+	var c connectedResult
+	e.mustCall("isGuestConnected", nil, &c)
+	assert.False(t, c.Connected)
+	e.start() // a later start works
+	assert.Len(t, e.backend.guests, 2)
+}
+
+func TestUnansweredPingsDisconnect(t *testing.T) {
+	backend := &fakeBackend{t: t}
+	s, err := New(Options{
+		Backend: "fake", Backends: map[string]BackendFactory{"fake": func() (Backend, error) { return backend, nil }},
+		DataDir: t.TempDir(), SystemDirs: []string{}, PingInterval: 20 * time.Millisecond,
+	})
+	require.NoError(t, err)
+	defer s.Close(context.Background())
+	_, err = s.Call(context.Background(), "startVM", nil)
+	require.NoError(t, err)
+	waitFor(t, "connected", func() bool { r, _ := s.isGuestConnected(context.Background(), struct{}{}); return r.Connected })
+	g := backend.last()
+	g.agent.mu.Lock()
+	g.agent.ignorePing = true
+	g.agent.mu.Unlock()
+	waitFor(t, "guest declared dead", func() bool { r, _ := s.isRunning(context.Background(), struct{}{}); return !r.Running })
+	r, _ := s.isGuestConnected(context.Background(), struct{}{})
+	assert.False(t, r.Connected)
+}
+
+func TestSplitUTF8(t *testing.T) {
+	s := strings.Repeat("é", 10) // 2 bytes each
+	parts := splitUTF8(s, 5)
+	assert.Equal(t, s, strings.Join(parts, ""))
+	for _, p := range parts {
+		assert.LessOrEqual(t, len(p), 5)
+		assert.True(t, strings.HasPrefix(p, "é") || p == "")
+	}
+	assert.Equal(t, []string{"abc"}, splitUTF8("abc", 5))
+}

@@ -1,0 +1,468 @@
+package helper
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"os"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unicode/utf8"
+
+	"github.com/cowork-vmm/cowork-vmm/protocol"
+)
+
+// Startup step names reported as startupStep events.
+const (
+	StepLaunchGuest  = "launch_guest"
+	StepConnectAgent = "connect_agent"
+)
+
+const (
+	// agentCallTimeout bounds one ordinary agent request.
+	agentCallTimeout = 20 * time.Second
+	// pingFailuresFatal consecutive failed pings declare the guest dead.
+	pingFailuresFatal = 3
+	// maxEventData caps one stdout/stderr event's data; longer chunks from
+	// the agent are split so no event frame nears the 10 MiB limit.
+	maxEventData = 1 << 20
+)
+
+// vmInstance is one guest from startVM until it has ended and been cleaned
+// up. Its run goroutine owns the teardown.
+type vmInstance struct {
+	s       *Service
+	backend Backend
+	ctx     context.Context
+	cancel  context.CancelFunc
+
+	connected atomic.Bool
+	stopping  atomic.Bool
+	ended     chan struct{} // closed when fully torn down
+
+	mu    sync.Mutex
+	guest Guest
+	agent *agentClient
+
+	// mountMu serialises mounts so concurrent spawns of one session do not
+	// mount its home twice; mounted maps guest targets to what is there.
+	mountMu sync.Mutex
+	mounted map[string]mountKey
+}
+
+type mountKey struct {
+	host     string
+	file     string
+	readOnly bool
+}
+
+func (s *Service) startVM(_ context.Context, p startVMParams) (empty, error) {
+	s.mu.Lock()
+	if s.vm != nil {
+		s.mu.Unlock()
+		return nil, nil // already starting or running: nothing to do
+	}
+	factory := s.opts.Backends[s.opts.Backend]
+	if factory == nil {
+		s.mu.Unlock()
+		return nil, s.missingBackendError()
+	}
+	mem := s.memoryMB
+	if p.MemoryGB != nil && *p.MemoryGB > 0 && *p.MemoryGB < 1<<20 {
+		mem = int(*p.MemoryGB * 1024)
+	}
+	cpus := s.cpuCount
+	if p.CPUCount != nil && *p.CPUCount > 0 && *p.CPUCount < 1<<16 {
+		cpus = int(*p.CPUCount)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	vm := &vmInstance{s: s, ctx: ctx, cancel: cancel, ended: make(chan struct{}), mounted: make(map[string]mountKey)}
+	s.vm = vm
+	s.mu.Unlock()
+
+	fail := func(err error) (empty, error) {
+		cancel()
+		s.mu.Lock()
+		if s.vm == vm {
+			s.vm = nil
+		}
+		s.mu.Unlock()
+		close(vm.ended)
+		s.log.Error("startVM failed", "err", err)
+		return nil, err
+	}
+
+	backend, err := factory()
+	if err != nil {
+		return fail(fmt.Errorf("the %s backend is unavailable: %w", s.opts.Backend, err))
+	}
+	vm.backend = backend
+	s.log.Info("starting guest", "backend", backend.Name(), "memoryMB", mem, "cpus", cpus)
+	s.step(StepLaunchGuest, protocol.StepStarted)
+	guest, err := backend.Start(ctx, GuestConfig{MemoryMiB: mem, CPUCount: cpus, StepFunc: s.step})
+	s.step(StepLaunchGuest, protocol.StepCompleted)
+	if err != nil {
+		return fail(fmt.Errorf("starting the guest (%s backend): %w", backend.Name(), err))
+	}
+	vm.mu.Lock()
+	vm.guest = guest
+	vm.mu.Unlock()
+	go vm.run()
+	go s.reportNetwork(ctx, p.APIProbeURL)
+	return nil, nil
+}
+
+func (s *Service) missingBackendError() error {
+	var names []string
+	for _, n := range slices.Sorted(maps.Keys(s.opts.Backends)) {
+		if s.opts.Backends[n] != nil {
+			names = append(names, n)
+		}
+	}
+	if len(names) == 0 {
+		names = []string{"none in this build"}
+	}
+	if s.opts.Backend == BackendKVM {
+		return fmt.Errorf("the kvm backend (a real VM) is not available in this build; set COWORK_VMM_BACKEND=process to run guests as sandboxed host processes (available backends: %s)",
+			strings.Join(names, ", "))
+	}
+	return fmt.Errorf("unknown backend %q in COWORK_VMM_BACKEND; available backends: %s", s.opts.Backend, strings.Join(names, ", "))
+}
+
+func (s *Service) step(step, status string) {
+	s.hub.Publish(protocol.Event{Type: protocol.EventStartupStep, Step: step, Status: status})
+}
+
+// run connects to the agent, sets the guest up, watches it, and tears it
+// down when it is stopped or dies.
+func (vm *vmInstance) run() {
+	s := vm.s
+	defer close(vm.ended)
+	err := vm.connect()
+	if err == nil {
+		s.log.Info("guest agent connected", "kernel", vm.agent.hello.Kernel)
+		go vm.pingLoop()
+		select {
+		case <-vm.ctx.Done():
+		case <-vm.guest.Done():
+			err = vm.guest.Err()
+			if err == nil {
+				err = errors.New("the guest exited")
+			}
+		case <-vm.agent.Done():
+			err = vm.agent.Err()
+		}
+	}
+	vm.connected.Store(false)
+	if vm.stopping.Load() {
+		vm.shutdown()
+		s.log.Info("guest stopped")
+	} else {
+		s.log.Error("guest ended unexpectedly", "err", err)
+		s.hub.Publish(protocol.Event{Type: protocol.EventError, Message: fmt.Sprintf("the guest ended unexpectedly: %v", err), Fatal: ptr(true)})
+		vm.forceStop()
+	}
+	s.reapProcesses(vm, fmt.Sprintf("the guest ended: %v", err))
+	vm.cancel()
+	s.mu.Lock()
+	if s.vm == vm {
+		s.vm = nil
+	}
+	s.mu.Unlock()
+}
+
+// connect waits for the agent, reads its hello and sends setup.
+func (vm *vmInstance) connect() error {
+	s := vm.s
+	s.step(StepConnectAgent, protocol.StepStarted)
+	defer s.step(StepConnectAgent, protocol.StepCompleted)
+	conn, err := vm.guest.Agent(vm.ctx)
+	if err != nil {
+		return fmt.Errorf("waiting for the guest agent: %w", err)
+	}
+	agent, err := dialAgent(vm.ctx, conn, s.log, func(ev protocol.Event) { s.onAgentEvent(vm, ev) })
+	if err != nil {
+		return err
+	}
+	vm.mu.Lock()
+	vm.agent = agent
+	vm.mu.Unlock()
+
+	setup := protocol.SetupParams{NewRoot: vm.backend.Name() == BackendProcess, Hostname: "cowork"}
+	for _, dir := range s.opts.SystemDirs {
+		if _, err := os.Stat(dir); err != nil {
+			continue
+		}
+		src, err := vm.guest.Share(dir, true)
+		if err != nil {
+			return fmt.Errorf("sharing %s with the guest: %w", dir, err)
+		}
+		setup.System = append(setup.System, protocol.Mount{Source: src, Target: dir, ReadOnly: true})
+	}
+	if a, ok := vm.guest.(SetupAdjuster); ok {
+		a.AdjustSetup(&setup)
+	}
+	if err := vm.call(protocol.AgentMethodSetup, setup, nil); err != nil {
+		return fmt.Errorf("setting up the guest's root filesystem: %w", err)
+	}
+	s.mu.Lock()
+	sdk := s.sdk
+	s.mu.Unlock()
+	if sdk != nil {
+		if err := vm.mountSDK(sdk); err != nil {
+			return err
+		}
+	}
+	vm.connected.Store(true)
+	return nil
+}
+
+// call sends one request to the agent with the ordinary timeout.
+func (vm *vmInstance) call(method string, params, result any) error {
+	vm.mu.Lock()
+	agent := vm.agent
+	vm.mu.Unlock()
+	if agent == nil {
+		return errors.New("the guest agent is not connected")
+	}
+	ctx, cancel := context.WithTimeout(vm.ctx, agentCallTimeout)
+	defer cancel()
+	return agent.Call(ctx, method, params, result)
+}
+
+func (vm *vmInstance) pingLoop() {
+	t := time.NewTicker(vm.s.opts.PingInterval)
+	defer t.Stop()
+	failures := 0
+	for {
+		select {
+		case <-vm.ctx.Done():
+			return
+		case <-vm.agent.Done():
+			return
+		case <-t.C:
+		}
+		ctx, cancel := context.WithTimeout(vm.ctx, 5*vm.s.opts.PingInterval)
+		err := vm.agent.Call(ctx, protocol.AgentMethodPing, nil, nil)
+		cancel()
+		if vm.ctx.Err() != nil {
+			return
+		}
+		if err == nil {
+			failures = 0
+			vm.connected.Store(true)
+			continue
+		}
+		failures++
+		vm.connected.Store(false)
+		vm.s.log.Warn("guest agent did not answer a ping", "err", err, "failures", failures)
+		if failures >= pingFailuresFatal {
+			vm.agent.Close() // run sees agent.Done and tears the guest down
+			return
+		}
+	}
+}
+
+// stop asks the run goroutine to shut the guest down and waits for it.
+func (vm *vmInstance) stop(ctx context.Context) error {
+	vm.stopping.Store(true)
+	vm.cancel()
+	select {
+	case <-vm.ended:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("stopping the guest: %w", ctx.Err())
+	}
+}
+
+// shutdown ends the guest cleanly: the agent ends every process (SIGTERM,
+// then SIGKILL after the grace period) and exits; then the backend frees it.
+func (vm *vmInstance) shutdown() {
+	grace := vm.s.opts.StopGrace
+	vm.mu.Lock()
+	agent, guest := vm.agent, vm.guest
+	vm.mu.Unlock()
+	if agent != nil && agent.Err() == nil {
+		ctx, cancel := context.WithTimeout(context.Background(), grace+5*time.Second)
+		err := agent.Call(ctx, protocol.AgentMethodShutdown, protocol.ShutdownParams{GraceMillis: int(grace / time.Millisecond)}, nil)
+		if err != nil {
+			vm.s.log.Warn("guest agent shutdown request failed", "err", err)
+		} else {
+			// The agent exits once its processes are gone; their exit
+			// events arrive before the connection closes.
+			select {
+			case <-agent.Done():
+			case <-guest.Done():
+			case <-ctx.Done():
+				vm.s.log.Warn("guest agent did not exit after shutdown; stopping the guest forcibly")
+			}
+		}
+		cancel()
+	}
+	vm.forceStop()
+}
+
+// forceStop frees the guest and waits for the agent's read loop, so every
+// event the agent sent has been published before exits are synthesised.
+func (vm *vmInstance) forceStop() {
+	vm.mu.Lock()
+	agent, guest := vm.agent, vm.guest
+	vm.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if guest != nil {
+		if err := guest.Stop(ctx); err != nil {
+			vm.s.log.Warn("stopping the guest", "err", err)
+		}
+	}
+	if agent != nil {
+		agent.Close()
+		select {
+		case <-agent.Done():
+		case <-ctx.Done():
+		}
+	}
+}
+
+// reapProcesses reports an exit for every process of vm still running.
+func (s *Service) reapProcesses(vm *vmInstance, reason string) {
+	s.mu.Lock()
+	procs := s.procs.runningIn(vm)
+	sort.Slice(procs, func(i, j int) bool { return procs[i].id < procs[j].id })
+	var events []protocol.Event
+	for _, p := range procs {
+		if s.procs.markExited(p, nil, "SIGKILL") {
+			events = append(events, exitEvent(p))
+		}
+	}
+	s.mu.Unlock()
+	for _, ev := range events {
+		if !vm.stopping.Load() {
+			s.hub.Publish(protocol.Event{Type: protocol.EventError, ID: ev.ID, Message: reason, Fatal: ptr(true)})
+		}
+		s.hub.Publish(ev)
+	}
+}
+
+func (s *Service) stopVMCall(ctx context.Context, _ struct{}) (empty, error) {
+	return nil, s.stopVM(ctx)
+}
+
+func (s *Service) stopVM(ctx context.Context) error {
+	s.mu.Lock()
+	vm := s.vm
+	s.mu.Unlock()
+	if vm == nil {
+		return nil
+	}
+	s.log.Info("stopping guest")
+	return vm.stop(ctx)
+}
+
+// onAgentEvent validates one event from the agent (the guest is not
+// trusted) and publishes it.
+func (s *Service) onAgentEvent(vm *vmInstance, ev protocol.Event) {
+	switch ev.Type {
+	case protocol.EventStdout, protocol.EventStderr, protocol.EventExit, protocol.EventError:
+	default:
+		s.log.Debug("agent event of unexpected type dropped", "type", ev.Type)
+		return
+	}
+	s.mu.Lock()
+	p := s.procs.get(ev.ID)
+	if p == nil || p.vm != vm {
+		s.mu.Unlock()
+		s.log.Debug("agent event for an unknown process dropped", "type", ev.Type, "id", ev.ID)
+		return
+	}
+	switch ev.Type {
+	case protocol.EventExit:
+		var code *int
+		signal := ""
+		if ev.Signal != "" {
+			if _, ok := signalNumbers[ev.Signal]; ok {
+				signal = ev.Signal
+			} else {
+				signal = "SIGKILL"
+			}
+		} else {
+			c := 0
+			if ev.ExitCode != nil && *ev.ExitCode >= 0 && *ev.ExitCode <= 255 {
+				c = *ev.ExitCode
+			}
+			code = &c
+		}
+		if !s.procs.markExited(p, code, signal) {
+			s.mu.Unlock()
+			return
+		}
+		out := exitEvent(p)
+		if ev.OOMKillCount != nil && *ev.OOMKillCount >= 0 {
+			out.OOMKillCount = ptr(*ev.OOMKillCount)
+		}
+		s.mu.Unlock()
+		if p.signal != "" {
+			s.log.Info("process exited", "id", p.id, "session", p.session, "signal", p.signal)
+		} else {
+			s.log.Info("process exited", "id", p.id, "session", p.session, "exitCode", *p.exitCode)
+		}
+		s.hub.Publish(out)
+	case protocol.EventError:
+		s.mu.Unlock()
+		out := protocol.Event{Type: protocol.EventError, ID: ev.ID, Message: ev.Message}
+		if ev.Fatal != nil {
+			out.Fatal = ptr(*ev.Fatal)
+		}
+		s.hub.Publish(out)
+	default: // stdout, stderr
+		s.mu.Unlock()
+		for _, chunk := range splitUTF8(ev.Data, maxEventData) {
+			s.hub.Publish(protocol.Event{Type: ev.Type, ID: ev.ID, Data: chunk})
+		}
+	}
+}
+
+// splitUTF8 cuts s into pieces of at most n bytes without splitting a
+// character (s is valid UTF-8: it came through encoding/json).
+func splitUTF8(s string, n int) []string {
+	if len(s) <= n {
+		return []string{s}
+	}
+	var out []string
+	for len(s) > n {
+		cut := n
+		for cut > 0 && !utf8.RuneStart(s[cut]) {
+			cut--
+		}
+		if cut == 0 {
+			cut = n
+		}
+		out = append(out, s[:cut])
+		s = s[cut:]
+	}
+	if s != "" {
+		out = append(out, s)
+	}
+	return out
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// activeVM returns the connected guest or an error the client can act on.
+func (s *Service) activeVM() (*vmInstance, error) {
+	s.mu.Lock()
+	vm := s.vm
+	s.mu.Unlock()
+	if vm == nil {
+		return nil, errors.New("the guest is not running: call startVM first")
+	}
+	if !vm.connected.Load() {
+		return nil, errors.New("the guest agent is not connected yet: wait until isGuestConnected is true")
+	}
+	return vm, nil
+}

@@ -1,0 +1,10 @@
+// Package nested runs a payload inside a Linux guest that has a real
+// /dev/kvm, on machines whose own KVM cannot boot Linux: qemu's emulator
+// (TCG) with nested AMD SVM boots the "outer" kernel (guest/kernel, flavour
+// outer) with a static Go /init (outerinit) that shares the host's root
+// read-only over virtio-9p, runs the payload command and reports its output
+// and exit status on the serial console (see /work/shared/NESTED-TEST.md).
+//
+// Run is the API; RunGoTest runs another package's tests inside; the CLI is
+// cmd/nested (make nested PAYLOAD=dir CMD='...').
+package nested

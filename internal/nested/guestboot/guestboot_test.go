@@ -1,0 +1,114 @@
+package guestboot
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/cowork-vmm/cowork-vmm/machine"
+	"github.com/cowork-vmm/cowork-vmm/vmm"
+)
+
+func TestFigureLineRoundTrip(t *testing.T) {
+	b := Boot{VMM: "cowork-vmm", CPUs: 2, Ready: 1500 * time.Millisecond, BootTimer: 1400 * time.Millisecond,
+		Exit: 1600 * time.Millisecond, GuestUptime: 900 * time.Millisecond, GuestCPUs: "0-1"}
+	got, ok := ParseFigureLine("    guestboot_test.go:42: " + b.FigureLine())
+	require.True(t, ok)
+	require.Equal(t, b, got)
+	_, ok = ParseFigureLine("no figure here")
+	require.False(t, ok)
+	_, ok = ParseFigureLine("BOOTFIGURE vmm=x cpus=two")
+	require.False(t, ok)
+}
+
+func TestConsoleWatcher(t *testing.T) {
+	w := NewConsoleWatcher(time.Now().Add(-time.Second))
+	_, _, _, ok := w.Ready()
+	require.False(t, ok)
+	for _, chunk := range []string{"[ 0.1] booting\r\nTESTINIT O", "K cpus=0-1 uptime=1.25\r\n", "TESTINIT DONE\r\n"} {
+		_, err := w.Write([]byte(chunk))
+		require.NoError(t, err)
+	}
+	wall, uptime, cpus, ok := w.Ready()
+	require.True(t, ok)
+	require.GreaterOrEqual(t, wall, time.Second)
+	require.Equal(t, 1250*time.Millisecond, uptime)
+	require.Equal(t, "0-1", cpus)
+	require.True(t, w.Done())
+	require.True(t, strings.HasPrefix(w.Console(), "[ 0.1] booting"))
+}
+
+// guestFiles returns the test guest's kernel and initramfs, skipping unless
+// this runs where they and /dev/kvm exist (inside the nested harness).
+func guestFiles(t *testing.T) (kernel, initrd string) {
+	t.Helper()
+	kernel, initrd = os.Getenv(EnvKernel), os.Getenv(EnvInitrd)
+	if kernel == "" || initrd == "" {
+		t.Skipf("%s and %s unset: runs inside the nested harness (internal/nested TestNestedBootGuestKernel)", EnvKernel, EnvInitrd)
+	}
+	if _, err := os.Stat("/dev/kvm"); err != nil {
+		t.Skipf("no /dev/kvm: %v", err)
+	}
+	return kernel, initrd
+}
+
+// TestBootQemuMicrovm times qemu -M microvm booting the test guest: the
+// reference the ratio of our VMM's boot is taken against.
+func TestBootQemuMicrovm(t *testing.T) {
+	kernel, initrd := guestFiles(t)
+	if _, err := exec.LookPath("qemu-system-x86_64"); err != nil {
+		t.Skip("no qemu-system-x86_64")
+	}
+	for _, cpus := range []int{1, 2} {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+		b, err := QemuMicrovm(ctx, kernel, initrd, cpus, 512, nil)
+		cancel()
+		require.NoError(t, err, "cpus=%d", cpus)
+		t.Log(b.FigureLine())
+		require.Equal(t, onlineWant(cpus), b.GuestCPUs)
+	}
+}
+
+func onlineWant(cpus int) string {
+	if cpus == 1 {
+		return "0"
+	}
+	return fmt.Sprintf("0-%d", cpus-1)
+}
+
+// TestBootCoworkVMM times our VMM (package machine) booting the test guest
+// with 1 and 2 vCPUs.
+func TestBootCoworkVMM(t *testing.T) {
+	kernel, initrd := guestFiles(t)
+	for _, cpus := range []int{1, 2} {
+		start := time.Now()
+		watch := NewConsoleWatcher(start)
+		m, err := machine.New(machine.Config{Kernel: kernel, Initrd: initrd, CPUs: cpus, MemMiB: 512, Console: watch})
+		require.NoError(t, err, "cpus=%d", cpus)
+		require.NoError(t, m.Start(), "cpus=%d", cpus)
+		var exit vmm.Exit
+		select {
+		case <-m.Done():
+			exit = m.Wait()
+		case <-time.After(3 * time.Minute):
+			t.Errorf("cpus=%d: the guest did not end within 3 minutes", cpus)
+		}
+		b := Boot{VMM: "cowork-vmm", CPUs: cpus, Exit: time.Since(start)}
+		b.BootTimer, _ = m.BootTime()
+		_, stopErr := m.Stop()
+		require.NoError(t, stopErr)
+		var ok bool
+		b.Ready, b.GuestUptime, b.GuestCPUs, ok = watch.Ready()
+		require.True(t, ok, "cpus=%d: testinit never reported; exit %v; console:\n%s", cpus, exit, tailLines(watch.Console(), 40))
+		require.True(t, exit.Clean(), "cpus=%d: the VM ended with %v", cpus, exit)
+		require.NotZero(t, b.BootTimer, "cpus=%d: the boot timer was not written", cpus)
+		require.Equal(t, onlineWant(cpus), b.GuestCPUs)
+		t.Log(b.FigureLine())
+	}
+}

@@ -1,0 +1,71 @@
+//go:build linux
+
+// Command testinit is the smallest useful /init for booting our guest
+// kernel: it mounts devtmpfs, prints "TESTINIT OK" with the online CPUs and
+// the uptime on the console, writes the boot timer (port 0x3f0, value 123,
+// through /dev/port: the kernel needs CONFIG_DEVPORT), prints
+// "TESTINIT DONE" and restarts the machine (with reboot=t a triple fault,
+// which ends our VMM's run and qemu under -no-reboot).
+//
+// Built static (CGO_ENABLED=0) and packed as /init by package guestboot.
+package main
+
+import (
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+const (
+	bootTimerPort  = 0x3f0
+	bootTimerMagic = 123
+)
+
+func main() {
+	if err := unix.Mount("devtmpfs", "/dev", "devtmpfs", 0, ""); err != nil {
+		fmt.Println("testinit: mount /dev:", err)
+	}
+	if err := unix.Mount("proc", "/proc", "proc", 0, ""); err != nil {
+		fmt.Println("testinit: mount /proc:", err)
+	}
+	fmt.Printf("TESTINIT OK cpus=%s uptime=%s\n", readTrimmed("/sys/devices/system/cpu/online"), uptime())
+	if err := writeBootTimer(); err != nil {
+		fmt.Println("testinit: boot timer:", err)
+	}
+	fmt.Println("TESTINIT DONE")
+	unix.Sync()
+	if err := unix.Reboot(unix.LINUX_REBOOT_CMD_RESTART); err != nil {
+		fmt.Println("testinit: reboot:", err)
+	}
+	for {
+		time.Sleep(time.Hour) // PID 1 must not exit
+	}
+}
+
+func writeBootTimer() error {
+	port, err := os.OpenFile("/dev/port", os.O_WRONLY, 0)
+	if err != nil {
+		return err
+	}
+	defer port.Close()
+	_, err = port.WriteAt([]byte{bootTimerMagic}, bootTimerPort)
+	return err
+}
+
+func readTrimmed(path string) string {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return "unknown"
+	}
+	return strings.TrimSpace(string(data))
+}
+
+func uptime() string {
+	if f := strings.Fields(readTrimmed("/proc/uptime")); len(f) > 0 {
+		return f[0]
+	}
+	return "unknown"
+}

@@ -1,0 +1,121 @@
+package machine
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strings"
+
+	"github.com/cowork-vmm/cowork-vmm/devices/platform"
+	"github.com/cowork-vmm/cowork-vmm/vmm"
+)
+
+// Defaults of Config.
+const (
+	DefaultMemMiB = 512
+	DefaultCPUs   = 1
+)
+
+// DefaultCmdline is the kernel command line every machine starts from.
+// Each word is there for a reason:
+//   - console=ttyS0: the kernel console on our 8250 (COM1).
+//   - panic=-1: reboot at once on panic, which ends the VM (no hang).
+//   - reboot=k (from platform.KernelCmdline): reboot through the i8042,
+//     our reset path; i8042.noaux/nomux/nopnp/dumbkbd: no mouse port,
+//     multiplexer, PnP or LED probing, each a round of port I/O exits.
+//   - pci=off: there is no PCI bus; probing 0xcf8/0xcfc costs exits.
+//   - no_timer_check: skip the IO-APIC timer sanity check, which waits for
+//     ticks and can misjudge a virtual timer under nested virtualisation.
+//   - quiet: every console byte is two or more port I/O exits (~50 µs each
+//     nested); boot messages would dominate boot time. Append loglevel=7
+//     to see them.
+const DefaultCmdline = "console=ttyS0 panic=-1 pci=off no_timer_check quiet " + platform.KernelCmdline
+
+// Config describes a machine.
+type Config struct {
+	// Kernel is the path of the kernel image (uncompressed vmlinux ELF or
+	// bzImage); KernelImage, when set, is the image itself instead.
+	Kernel      string
+	KernelImage []byte
+	// Initrd is the path of an initrd (optional); InitrdImage the bytes.
+	Initrd      string
+	InitrdImage []byte
+	// Cmdline is appended to DefaultCmdline (later words override earlier
+	// ones), or used alone when NoDefaultCmdline is set. virtio-mmio
+	// device entries are always appended.
+	Cmdline          string
+	NoDefaultCmdline bool
+	// PVH enters a vmlinux through its PVH entry point instead of the
+	// 64-bit Linux boot protocol.
+	PVH bool
+	// MemMiB of guest RAM (default 512) and CPUs (default 1).
+	MemMiB int
+	CPUs   int
+	// Console receives the guest's serial output (nil: discarded).
+	Console io.Writer
+	// Logger receives the VMM's log (nil: slog.Default()).
+	Logger *slog.Logger
+	// AllowPVM boots even when the host KVM is PVM, which cannot run a
+	// stock Linux kernel (see HOST-FACTS): for tiny guests and experiments.
+	AllowPVM bool
+	// KVMDevice overrides /dev/kvm.
+	KVMDevice string
+}
+
+// ErrPVM is returned by New when the host KVM is PVM and AllowPVM is not set.
+var ErrPVM = errors.New("this host's KVM is PVM (a paravirtual KVM inside another VM): " +
+	"its instruction emulator cannot execute what a Linux kernel runs at boot (cmpxchg16b, xsave, int3), " +
+	"so a Linux guest cannot boot here; use a host with hardware virtualisation (VT-x/AMD-V, or nested virtualisation enabled)")
+
+// withDefaults fills defaults and checks the sizes.
+func (c Config) withDefaults() (Config, error) {
+	if c.MemMiB == 0 {
+		c.MemMiB = DefaultMemMiB
+	}
+	if c.CPUs == 0 {
+		c.CPUs = DefaultCPUs
+	}
+	if c.MemMiB < 2 || uint64(c.MemMiB) > (1<<40)>>20 {
+		return c, fmt.Errorf("machine: memory of %d MiB: want 2 MiB..1 TiB", c.MemMiB)
+	}
+	if c.CPUs < 1 || c.CPUs > vmm.MaxVCPUs {
+		return c, fmt.Errorf("machine: %d vCPUs: want 1..%d", c.CPUs, vmm.MaxVCPUs)
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	if c.Console == nil {
+		c.Console = io.Discard
+	}
+	return c, nil
+}
+
+// images returns the kernel and initrd bytes, reading the files if needed.
+func (c Config) images() (kernel, initrd []byte, err error) {
+	kernel = c.KernelImage
+	if kernel == nil {
+		if c.Kernel == "" {
+			return nil, nil, errors.New("machine: no kernel: set Config.Kernel (a vmlinux or bzImage path)")
+		}
+		if kernel, err = os.ReadFile(c.Kernel); err != nil {
+			return nil, nil, fmt.Errorf("machine: reading the kernel: %w", err)
+		}
+	}
+	initrd = c.InitrdImage
+	if initrd == nil && c.Initrd != "" {
+		if initrd, err = os.ReadFile(c.Initrd); err != nil {
+			return nil, nil, fmt.Errorf("machine: reading the initrd: %w", err)
+		}
+	}
+	return kernel, initrd, nil
+}
+
+// baseCmdline returns the command line before device entries.
+func (c Config) baseCmdline() string {
+	if c.NoDefaultCmdline {
+		return strings.TrimSpace(c.Cmdline)
+	}
+	return strings.TrimSpace(DefaultCmdline + " " + c.Cmdline)
+}

@@ -1,0 +1,13 @@
+// Package machine assembles a bootable x86-64 micro-VM from the VMM
+// (package vmm), the platform devices (8250 console on COM1, i8042 for
+// Linux's reset path, the boot timer port) and the kernel loader
+// (vmm/loader with the vmm/x86 table builders), and offers virtio-mmio
+// device slots. It owns the machine's shape — which device sits at which
+// port, address and interrupt, and the default kernel command line — and
+// its lifecycle: New, Start, Wait, Stop, and RunKernel for the CLI.
+//
+// The machine has no firmware, no PCI and no ACPI: the kernel is entered
+// directly (64-bit Linux boot protocol, or PVH), CPUs and the IOAPIC are
+// described by an MP table, and virtio devices are announced on the
+// command line (virtio_mmio.device=4K@0x…:irq).
+package machine

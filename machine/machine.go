@@ -1,0 +1,292 @@
+package machine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/cowork-vmm/cowork-vmm/devices/platform"
+	"github.com/cowork-vmm/cowork-vmm/devices/serial"
+	"github.com/cowork-vmm/cowork-vmm/devices/virtio"
+	"github.com/cowork-vmm/cowork-vmm/vmm"
+	"github.com/cowork-vmm/cowork-vmm/vmm/loader"
+	"github.com/cowork-vmm/cowork-vmm/vmm/x86"
+)
+
+// virtioGSIs are the interrupt lines handed to virtio-mmio devices, in
+// order: ISA lines no legacy device of a PC claims (0 PIT, 1 keyboard, 2
+// cascade, 3/4 COM2/COM1, 8 RTC, 13 FPU are skipped), then the IOAPIC-only
+// pins 16..23. The MP table routes every line to its IOAPIC pin, edge
+// triggered, which is what an irqfd delivers.
+var virtioGSIs = []uint32{5, 6, 7, 9, 10, 11, 12, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23}
+
+// Machine is one micro-VM. New assembles it, AddVirtioMMIO attaches
+// devices, Start loads the kernel and runs it, Wait and Stop end it.
+type Machine struct {
+	cfg  Config
+	log  *slog.Logger
+	vm   *vmm.VM
+	uart *serial.UART
+
+	kernel, initrd []byte // nil for machines that run hand-made guests (tests)
+
+	mu        sync.Mutex
+	started   bool
+	stopped   bool
+	virtio    []*virtio.MMIO
+	cmdline   []string // virtio-mmio entries
+	bootTimer *platform.BootTimer
+	exit      vmm.Exit
+}
+
+// New creates the VM (memory, vCPUs, in-kernel irqchip and PIT) and its
+// platform devices: the 8250 console at COM1 (0x3f8, IRQ 4), the i8042 at
+// 0x60–0x64 whose reset command ends the VM, and the boot timer at
+// 0x3f0 (armed by Start). It reads the kernel and initrd; they are loaded
+// into guest memory by Start. On a PVM host it returns ErrPVM unless
+// cfg.AllowPVM.
+func New(cfg Config) (*Machine, error) {
+	kernel, initrd, err := cfg.images()
+	if err != nil {
+		return nil, err
+	}
+	m, err := assemble(cfg)
+	if err != nil {
+		return nil, err
+	}
+	m.kernel, m.initrd = kernel, initrd
+	return m, nil
+}
+
+// assemble builds the VM and platform devices without a kernel.
+func assemble(cfg Config) (_ *Machine, err error) {
+	if cfg, err = cfg.withDefaults(); err != nil {
+		return nil, err
+	}
+	vm, err := vmm.New(vmm.Config{
+		MemoryBytes: uint64(cfg.MemMiB) << 20,
+		CPUs:        cfg.CPUs,
+		Logger:      cfg.Logger,
+		DevicePath:  cfg.KVMDevice,
+	})
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			vm.Close()
+		}
+	}()
+	if vm.IsPVM() && !cfg.AllowPVM {
+		return nil, ErrPVM
+	}
+	m := &Machine{cfg: cfg, log: cfg.Logger, vm: vm}
+
+	irq, err := vm.IRQLine(serial.COM1IRQ)
+	if err != nil {
+		return nil, err
+	}
+	m.uart = serial.New(cfg.Console, irq)
+	if err := vm.PIO().Register(serial.COM1Port, serial.PortCount, m.uart); err != nil {
+		return nil, err
+	}
+	i8042 := platform.NewI8042(func() {
+		vm.RequestExit(vmm.Exit{Kind: vmm.ExitReset, VCPU: -1, Detail: "the guest reset the machine through the i8042"})
+	})
+	if err := vm.PIO().Register(platform.I8042Port, platform.I8042PortCount, i8042); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// VM returns the underlying VM (its buses, memory and vCPUs), for tests
+// and for devices this package does not place.
+func (m *Machine) VM() *vmm.VM { return m.vm }
+
+// AddVirtioMMIO attaches dev behind a virtio-mmio transport in the next
+// 4 KiB window of the MMIO hole (from x86.VirtioMMIOBase) with the next
+// free interrupt line, and announces it on the kernel command line. Call
+// it before Start. It returns the transport (the machine resets it on Stop).
+func (m *Machine) AddVirtioMMIO(dev virtio.Device) (*virtio.MMIO, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.started {
+		return nil, errors.New("machine: AddVirtioMMIO after Start: the guest would not learn of the device")
+	}
+	n := len(m.virtio)
+	if n >= len(virtioGSIs) || n >= x86.VirtioMMIOMaxDevices {
+		return nil, fmt.Errorf("machine: no interrupt line left for virtio device %d", n)
+	}
+	base := x86.VirtioMMIOBase + uint64(n)*x86.VirtioMMIOSize
+	gsi := virtioGSIs[n]
+	irq, err := m.vm.IRQLine(gsi)
+	if err != nil {
+		return nil, err
+	}
+	t := virtio.NewMMIO(dev, m.vm.Memory(), irq, virtio.MMIOOptions{Logger: m.log})
+	if err := m.vm.MMIO().Register(base, virtio.MMIOSize, t); err != nil {
+		return nil, err
+	}
+	m.virtio = append(m.virtio, t)
+	m.cmdline = append(m.cmdline, virtio.MMIOCmdline(base, gsi))
+	return t, nil
+}
+
+// Cmdline returns the kernel command line Start passes: the configured one
+// and an entry per virtio-mmio device.
+func (m *Machine) Cmdline() string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return strings.TrimSpace(strings.Join(append([]string{m.cfg.baseCmdline()}, m.cmdline...), " "))
+}
+
+// Start loads the kernel, initrd, command line and boot tables (zero page or
+// PVH start info, MP table, e820, GDT, page tables) into guest memory, sets
+// the boot vCPU's registers, arms the boot timer and runs the vCPUs.
+func (m *Machine) Start() error {
+	if m.kernel != nil {
+		setup, err := loader.PrepareBoot(m.vm.Memory(), loader.BootConfig{
+			MemBytes: uint64(m.cfg.MemMiB) << 20,
+			CPUs:     m.cfg.CPUs,
+			Kernel:   m.kernel,
+			Initrd:   m.initrd,
+			Cmdline:  m.Cmdline(),
+			PVH:      m.cfg.PVH,
+		})
+		if err != nil {
+			return fmt.Errorf("machine: loading the kernel: %w", err)
+		}
+		if err := m.vm.SetBootRegisters(0, setup.Regs, setup.SRegs); err != nil {
+			return err
+		}
+		m.log.Debug("kernel loaded", "format", setup.Kernel.Format, "entry", fmt.Sprintf("%#x", setup.Regs.RIP),
+			"initrd_addr", fmt.Sprintf("%#x", setup.InitrdAddr), "cmdline", m.Cmdline())
+		m.kernel, m.initrd = nil, nil // in guest memory now; let the GC have them
+	}
+	return m.startVCPUs()
+}
+
+// startVCPUs arms the boot timer and starts the VM.
+func (m *Machine) startVCPUs() error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.started {
+		return errors.New("machine: already started")
+	}
+	if m.stopped {
+		return errors.New("machine: Start after Stop")
+	}
+	m.bootTimer = platform.NewBootTimer(time.Now(), func(d time.Duration) {
+		m.log.Info("guest reported boot", "boot_time", d)
+	})
+	if err := m.vm.PIO().Register(platform.BootTimerPort, platform.BootTimerPortCount, m.bootTimer); err != nil {
+		return err
+	}
+	if err := m.vm.Start(); err != nil {
+		return err
+	}
+	m.started = true
+	return nil
+}
+
+// BootTime returns the time from Start to the guest's boot-timer write,
+// and false until the guest has written it.
+func (m *Machine) BootTime() (time.Duration, bool) {
+	m.mu.Lock()
+	t := m.bootTimer
+	m.mu.Unlock()
+	if t == nil {
+		return 0, false
+	}
+	return t.Elapsed()
+}
+
+// BootTimerDone is closed when the guest writes the boot timer; nil before Start.
+func (m *Machine) BootTimerDone() <-chan struct{} {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.bootTimer == nil {
+		return nil
+	}
+	return m.bootTimer.Done()
+}
+
+// Done is closed when the VM has ended (every vCPU thread returned).
+func (m *Machine) Done() <-chan struct{} { return m.vm.Done() }
+
+// Wait blocks until the VM ends and returns why. The console is flushed.
+// Resources stay allocated until Stop.
+func (m *Machine) Wait() vmm.Exit {
+	e := m.vm.Wait()
+	if err := m.uart.Flush(); err != nil {
+		m.log.Warn("console output failed", "err", err)
+	}
+	return e
+}
+
+// Stop ends the VM if it still runs, waits for its vCPUs, resets every
+// virtio device (so their goroutines stop touching guest memory), flushes
+// the console and releases the VM. It returns why the VM ended
+// (vmm.ExitStopped when Stop ended it). Idempotent.
+func (m *Machine) Stop() (vmm.Exit, error) {
+	m.mu.Lock()
+	if m.stopped {
+		e := m.exit
+		m.mu.Unlock()
+		return e, nil
+	}
+	m.stopped = true
+	started := m.started
+	transports := m.virtio
+	m.mu.Unlock()
+
+	e := vmm.Exit{Kind: vmm.ExitStopped, VCPU: -1}
+	if started {
+		m.vm.RequestExit(vmm.Exit{Kind: vmm.ExitStopped, VCPU: -1, Detail: "stopped by the host"})
+		e = m.vm.Wait()
+	}
+	for _, t := range transports {
+		t.Reset()
+	}
+	var errs []error
+	if err := m.uart.Flush(); err != nil {
+		errs = append(errs, fmt.Errorf("console output: %w", err))
+	}
+	if err := m.vm.Close(); err != nil {
+		errs = append(errs, err)
+	}
+	m.mu.Lock()
+	m.exit = e
+	m.mu.Unlock()
+	return e, errors.Join(errs...)
+}
+
+// RunKernel boots cfg's kernel and runs it until the guest ends the VM
+// (reset, power-off, crash, triple fault, KVM error) or ctx is cancelled,
+// then stops the machine. The Exit says why it ended; the error is non-nil
+// when the machine could not be set up or released, or the VM ended
+// abnormally (not a stop, reset or power-off) — it then carries the exit's
+// report (registers, code bytes) for the user.
+func RunKernel(ctx context.Context, cfg Config) (vmm.Exit, error) {
+	m, err := New(cfg)
+	if err != nil {
+		return vmm.Exit{}, err
+	}
+	if err := m.Start(); err != nil {
+		_, stopErr := m.Stop()
+		return vmm.Exit{}, errors.Join(err, stopErr)
+	}
+	select {
+	case <-ctx.Done():
+	case <-m.Done():
+	}
+	e, err := m.Stop()
+	if err != nil {
+		return e, err
+	}
+	return e, e.AsError()
+}

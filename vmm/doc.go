@@ -1,0 +1,24 @@
+// Package vmm runs a KVM virtual machine: guest memory, the port-I/O and
+// MMIO buses devices register on, interrupt lines, one OS thread per vCPU
+// running the KVM_RUN loop, and the lifecycle (Start, Wait, Stop) that ends
+// with every thread joined, every fd closed and all memory unmapped.
+//
+// It owns the run loop and the exits — port I/O (including string I/O),
+// MMIO, shutdown (triple fault), entry failures, KVM internal errors
+// (reported the way qemu prints them), system events — and turns each into
+// either a bus access or a reason the VM ended ([Exit]). It knows nothing of
+// what any device does (it imports no device package), nor of boot
+// protocols: CPUID policy, page tables, boot parameters and kernel loading
+// live in vmm/x86 and vmm/loader, and package machine assembles a bootable
+// micro-VM from all of them. The ioctls themselves are in vmm/kvm.
+//
+// Kicking a vCPU: RequestExit sets kvm_run.immediate_exit on every vCPU, so
+// a vCPU not currently in KVM_RUN leaves at its next entry, then sends
+// SIGURG with tgkill to each vCPU thread, so a vCPU inside KVM_RUN (running
+// guest code or halted) returns EINTR. SIGURG is the signal the Go runtime
+// itself uses for goroutine preemption: its handler is always installed and
+// tolerates spurious deliveries, so the kick needs no signal mask juggling,
+// never kills the process, and does not disturb the program's own signal
+// handling. The kick is repeated every 100 ms until the threads have
+// returned, a guard against a signal lost to something outside the package.
+package vmm

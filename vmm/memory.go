@@ -1,0 +1,188 @@
+package vmm
+
+import (
+	"errors"
+	"fmt"
+	"sort"
+	"sync"
+
+	"github.com/cowork-vmm/cowork-vmm/vmm/x86"
+	"golang.org/x/sys/unix"
+)
+
+// Default guest-physical layout: RAM from 0 up to the 32-bit MMIO hole,
+// the rest above 4 GiB. The hole holds the IOAPIC (0xfec00000), the LAPIC
+// (0xfee00000), virtio-mmio windows and the TSS/identity-map pages KVM needs.
+const (
+	DefaultMMIOHoleStart = x86.MMIOHoleStart
+	MMIOHoleEnd          = x86.MMIOHoleEnd
+)
+
+// pageSize is the granularity of guest memory regions.
+const pageSize = 4096
+
+// ErrOutOfRange is wrapped by Memory accesses outside guest RAM.
+var ErrOutOfRange = errors.New("guest memory access outside RAM")
+
+// ErrMemoryClosed is returned by Memory accesses after Close.
+var ErrMemoryClosed = errors.New("guest memory is closed")
+
+// MemoryRegion is one contiguous range of guest RAM.
+type MemoryRegion struct {
+	GPA  uint64
+	Size uint64
+}
+
+// End returns the first address after the region.
+func (r MemoryRegion) End() uint64 { return r.GPA + r.Size }
+
+// Layout splits size bytes of RAM around the 32-bit MMIO hole starting at
+// holeStart: [0, holeStart) and, for the remainder, [4 GiB, …).
+func Layout(size, holeStart uint64) []MemoryRegion {
+	if size <= holeStart {
+		return []MemoryRegion{{GPA: 0, Size: size}}
+	}
+	return []MemoryRegion{{GPA: 0, Size: holeStart}, {GPA: MMIOHoleEnd, Size: size - holeStart}}
+}
+
+// Memory is guest RAM: anonymous host mappings, one per region. ReadAt,
+// WriteAt and CheckRange are safe for concurrent use (by vCPU threads and
+// device goroutines) and fail with an error, never a panic, for any gpa and
+// length; after Close they fail with ErrMemoryClosed.
+type Memory struct {
+	mu      sync.RWMutex
+	regions []mappedRegion // sorted by GPA, non-overlapping
+	closed  bool
+}
+
+type mappedRegion struct {
+	MemoryRegion
+	host []byte
+}
+
+// NewMemory maps the regions (each page-aligned, non-empty, non-overlapping).
+// Untouched pages cost no host memory (MAP_NORESERVE, demand paging).
+func NewMemory(regions []MemoryRegion) (*Memory, error) {
+	if len(regions) == 0 {
+		return nil, errors.New("guest memory: no regions")
+	}
+	sorted := append([]MemoryRegion(nil), regions...)
+	sort.Slice(sorted, func(i, j int) bool { return sorted[i].GPA < sorted[j].GPA })
+	for i, r := range sorted {
+		if r.Size == 0 || r.GPA%pageSize != 0 || r.Size%pageSize != 0 {
+			return nil, fmt.Errorf("guest memory region [%#x, +%#x): must be non-empty and 4 KiB aligned", r.GPA, r.Size)
+		}
+		if r.GPA+r.Size < r.GPA {
+			return nil, fmt.Errorf("guest memory region [%#x, +%#x) wraps the address space", r.GPA, r.Size)
+		}
+		if i > 0 && sorted[i-1].End() > r.GPA {
+			return nil, fmt.Errorf("guest memory regions at %#x and %#x overlap", sorted[i-1].GPA, r.GPA)
+		}
+	}
+	m := &Memory{}
+	for _, r := range sorted {
+		host, err := unix.Mmap(-1, 0, int(r.Size), unix.PROT_READ|unix.PROT_WRITE,
+			unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_NORESERVE)
+		if err != nil {
+			m.Close()
+			return nil, fmt.Errorf("mapping %d MiB of guest memory at %#x: %w", r.Size>>20, r.GPA, err)
+		}
+		m.regions = append(m.regions, mappedRegion{MemoryRegion: r, host: host})
+	}
+	return m, nil
+}
+
+// Regions returns the RAM regions, sorted by address.
+func (m *Memory) Regions() []MemoryRegion {
+	out := make([]MemoryRegion, len(m.regions))
+	for i, r := range m.regions {
+		out[i] = r.MemoryRegion
+	}
+	return out
+}
+
+// Size returns the total RAM in bytes.
+func (m *Memory) Size() uint64 {
+	var n uint64
+	for _, r := range m.regions {
+		n += r.Size
+	}
+	return n
+}
+
+// find returns the host bytes for [gpa, gpa+n), which must lie in one
+// region. The caller holds m.mu.
+func (m *Memory) find(gpa, n uint64) ([]byte, error) {
+	if m.closed {
+		return nil, ErrMemoryClosed
+	}
+	for _, r := range m.regions {
+		if gpa >= r.GPA && gpa-r.GPA < r.Size {
+			off := gpa - r.GPA
+			if n > r.Size-off {
+				return nil, fmt.Errorf("%w: [%#x, +%#x) runs past the RAM region ending at %#x", ErrOutOfRange, gpa, n, r.End())
+			}
+			return r.host[off : off+n : off+n], nil
+		}
+	}
+	return nil, fmt.Errorf("%w: %#x is not in guest RAM", ErrOutOfRange, gpa)
+}
+
+// CheckRange returns an error unless [gpa, gpa+length) is inside one RAM region.
+func (m *Memory) CheckRange(gpa, length uint64) error {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	_, err := m.find(gpa, length)
+	return err
+}
+
+// ReadAt copies guest memory at gpa into p, all or nothing.
+func (m *Memory) ReadAt(p []byte, gpa uint64) error {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	b, err := m.find(gpa, uint64(len(p)))
+	if err != nil {
+		return err
+	}
+	copy(p, b)
+	return nil
+}
+
+// WriteAt copies p into guest memory at gpa, all or nothing.
+func (m *Memory) WriteAt(p []byte, gpa uint64) error {
+	m.mu.RLock() // the read lock guards the mapping, not the bytes
+	defer m.mu.RUnlock()
+	b, err := m.find(gpa, uint64(len(p)))
+	if err != nil {
+		return err
+	}
+	copy(b, p)
+	return nil
+}
+
+// Slice returns the host bytes backing [gpa, gpa+n), for loaders and table
+// builders that write in place before the VM starts. The slice is only valid
+// until Close: never keep it, never hand it to code that may outlive the VM.
+func (m *Memory) Slice(gpa, n uint64) ([]byte, error) {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	return m.find(gpa, n)
+}
+
+// Close unmaps guest memory. Later accesses fail with ErrMemoryClosed.
+// Idempotent.
+func (m *Memory) Close() error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed {
+		return nil
+	}
+	m.closed = true
+	var firstErr error
+	for _, r := range m.regions {
+		if err := unix.Munmap(r.host); err != nil && firstErr == nil {
+			firstErr = fmt.Errorf("unmapping guest memory at %#x: %w", r.GPA, err)
+		}
+	}
+	return firstErr
+}

@@ -1,0 +1,143 @@
+package vmm
+
+import (
+	"errors"
+	"fmt"
+	"runtime"
+	"sync"
+
+	"github.com/cowork-vmm/cowork-vmm/vmm/kvm"
+	"golang.org/x/sys/unix"
+)
+
+// vcpuThread is one vCPU and the OS thread running it.
+type vcpuThread struct {
+	index int
+	vcpu  *kvm.VCPU
+
+	mu    sync.Mutex // guards tid and running, so a kick never hits a thread that left
+	tid   int
+	alive bool
+}
+
+// kick makes the vCPU leave KVM_RUN: immediate_exit covers a thread that is
+// between runs (it returns EINTR at its next entry), SIGURG one that is in
+// the guest or halted in the kernel. Called with the VM's mu held.
+func (t *vcpuThread) kick() {
+	t.vcpu.RequestImmediateExit(true)
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.alive {
+		// ESRCH is impossible while alive is set; other errors would only
+		// mean the thread leaves at its next entry thanks to immediate_exit.
+		_ = unix.Tgkill(unix.Getpid(), t.tid, unix.SIGURG)
+	}
+}
+
+// runVCPU is the body of a vCPU thread: KVM_RUN until the VM is asked to end.
+func (v *VM) runVCPU(t *vcpuThread) {
+	defer v.wg.Done()
+	// KVM requires every KVM_RUN of a vCPU to come from one thread, and the
+	// kick targets that thread by id.
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	t.mu.Lock()
+	t.tid = unix.Gettid()
+	t.alive = true
+	t.mu.Unlock()
+	defer func() {
+		t.mu.Lock()
+		t.alive = false
+		t.mu.Unlock()
+	}()
+
+	for !v.exitRequested.Load() {
+		if err := t.vcpu.Run(); err != nil {
+			if errors.Is(err, unix.EINTR) || errors.Is(err, unix.EAGAIN) {
+				continue // kicked, or a stray signal: the loop condition decides
+			}
+			v.RequestExit(Exit{Kind: ExitError, VCPU: t.index, Err: fmt.Errorf("KVM_RUN: %w", err)})
+			return
+		}
+		if e, end := v.handleExit(t); end {
+			v.RequestExit(e)
+			return
+		}
+	}
+}
+
+// handleExit serves one exit. It returns end=true with the reason when the
+// exit ends the VM.
+func (v *VM) handleExit(t *vcpuThread) (Exit, bool) {
+	c := t.vcpu
+	switch reason := c.ExitReason(); reason {
+	case kvm.ExitIO:
+		io, err := c.IO()
+		if err != nil {
+			return Exit{Kind: ExitError, VCPU: t.index, Err: err}, true
+		}
+		// String I/O (rep ins/outs) arrives as Count accesses of Size bytes
+		// laid out one after the other; each is a separate device access.
+		for i := 0; i < io.Count; i++ {
+			chunk := io.Data[i*io.Size : (i+1)*io.Size]
+			if io.Out {
+				v.pio.Write(uint64(io.Port), chunk)
+			} else {
+				v.pio.Read(uint64(io.Port), chunk)
+			}
+		}
+	case kvm.ExitMMIO:
+		m, err := c.MMIO()
+		if err != nil {
+			return Exit{Kind: ExitError, VCPU: t.index, Err: err}, true
+		}
+		if m.Write {
+			v.mmio.Write(m.Addr, m.Data)
+		} else {
+			v.mmio.Read(m.Addr, m.Data)
+		}
+	case kvm.ExitIntr, kvm.ExitIRQWindowOpen, kvm.ExitNMI:
+		// Nothing to do; the loop re-enters unless the VM is ending.
+	case kvm.ExitHLT:
+		return Exit{Kind: ExitHalted, VCPU: t.index, Detail: v.dumpState(c)}, true
+	case kvm.ExitShutdown:
+		return Exit{Kind: ExitTripleFault, VCPU: t.index, Detail: "the guest CPU shut down (triple fault)\n" + v.dumpState(c)}, true
+	case kvm.ExitFailEntry:
+		hw, cpu := c.FailEntry()
+		return Exit{Kind: ExitFailEntry, VCPU: t.index,
+			Detail: fmt.Sprintf("KVM: entry failed, hardware error %#x (on host CPU %d)\n%s", hw, cpu, v.dumpState(c))}, true
+	case kvm.ExitInternalError:
+		ie := c.Internal()
+		return Exit{Kind: ExitInternalError, VCPU: t.index, Detail: formatInternalError(ie, v.dumpState(c))}, true
+	case kvm.ExitSystemEvent:
+		switch ev := c.SystemEvent(); ev {
+		case kvm.SystemEventShutdown:
+			return Exit{Kind: ExitPowerOff, VCPU: t.index}, true
+		case kvm.SystemEventReset:
+			return Exit{Kind: ExitReset, VCPU: t.index}, true
+		case kvm.SystemEventCrash:
+			return Exit{Kind: ExitCrash, VCPU: t.index, Detail: v.dumpState(c)}, true
+		default:
+			return Exit{Kind: ExitError, VCPU: t.index, Err: fmt.Errorf("unknown KVM system event %d", ev)}, true
+		}
+	default:
+		return Exit{Kind: ExitError, VCPU: t.index,
+			Err: fmt.Errorf("unhandled exit %s", reason), Detail: v.dumpState(c)}, true
+	}
+	return Exit{}, false
+}
+
+// dumpState renders the vCPU's registers and the code at RIP for an exit
+// report; failures to read them are noted, not fatal.
+func (v *VM) dumpState(c *kvm.VCPU) string {
+	r, err := c.GetRegs()
+	if err != nil {
+		return fmt.Sprintf("(registers unavailable: %v)\n", err)
+	}
+	s, err := c.GetSregs()
+	if err != nil {
+		return fmt.Sprintf("RIP=%016x (special registers unavailable: %v)\n", r.RIP, err)
+	}
+	code, before := codeAround(v.mem, r, s, 16, 16)
+	return formatRegisters(r, s, code, before)
+}

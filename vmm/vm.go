@@ -1,0 +1,407 @@
+package vmm
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/cowork-vmm/cowork-vmm/vmm/kvm"
+	"github.com/cowork-vmm/cowork-vmm/vmm/x86"
+)
+
+// setLINT wires the vCPU's LINT0 to ExtINT (the 8259) and LINT1 to NMI, as
+// the MP table says and Linux expects (vmm/x86's SetLAPICLINTs).
+func setLINT(c *kvm.VCPU) error {
+	s, err := c.GetLAPIC()
+	if err != nil {
+		return err
+	}
+	if err := x86.SetLAPICLINTs(s.Regs[:]); err != nil {
+		return err
+	}
+	if err := c.SetLAPIC(s); err != nil {
+		return fmt.Errorf("setting LINT0/LINT1 of vCPU %d: %w", c.ID(), err)
+	}
+	return nil
+}
+
+// Addresses KVM needs in the MMIO hole on Intel (real mode support): three
+// pages for the TSS and one for the EPT identity map, just below the BIOS
+// area at the top of 4 GiB, as Firecracker and qemu place them.
+const (
+	TSSAddr         = x86.KVMTSSAddr
+	IdentityMapAddr = x86.KVMIdentityMapAddr
+)
+
+// MaxVCPUs bounds Config.CPUs (APIC IDs and the IOAPIC ID share 8 bits).
+const MaxVCPUs = x86.MaxCPUs
+
+// Config describes a VM to create.
+type Config struct {
+	// MemoryBytes of guest RAM (a multiple of 4 KiB).
+	MemoryBytes uint64
+	// CPUs is the number of vCPUs (1..MaxVCPUs). vCPU 0 is the bootstrap
+	// processor; the others wait for INIT/SIPI from it.
+	CPUs int
+	// MMIOHoleStart is where RAM stops below 4 GiB; 0 means
+	// DefaultMMIOHoleStart.
+	MMIOHoleStart uint64
+	// CPUID builds each vCPU's CPUID table. nil means LinuxCPUID.
+	CPUID CPUIDPolicy
+	// Logger receives the VMM's log; nil means slog.Default().
+	Logger *slog.Logger
+	// DevicePath of KVM; empty means /dev/kvm.
+	DevicePath string
+}
+
+// VM is a KVM virtual machine with guest memory, buses and vCPUs. Create it
+// with New, set up the boot vCPU's registers and load the guest into
+// Memory, register devices on PIO and MMIO, then Start. Wait returns why it
+// ended; Stop (or Close) releases everything.
+type VM struct {
+	log  *slog.Logger
+	sys  *kvm.System
+	kvm  *kvm.VM
+	mem  *Memory
+	pio  *Bus
+	mmio *Bus
+	pvm  bool
+
+	vcpus []*vcpuThread
+
+	irqMu sync.Mutex
+	irqs  []*irqfdLine
+
+	exitRequested atomic.Bool
+
+	mu      sync.Mutex // guards the fields below
+	started bool
+	closed  bool
+	exit    Exit
+	done    chan struct{} // closed when every vCPU thread has returned
+	wg      sync.WaitGroup
+}
+
+// New opens KVM and creates a VM as described by cfg: in-kernel irqchip
+// (PIC, IOAPIC, LAPICs) and PIT, guest memory split around the MMIO hole,
+// and cfg.CPUs vCPUs with their CPUID set and their LAPIC LINT0 wired to
+// ExtINT and LINT1 to NMI. On error everything created is released.
+func New(cfg Config) (_ *VM, err error) {
+	if cfg.CPUs < 1 || cfg.CPUs > MaxVCPUs {
+		return nil, fmt.Errorf("vmm: %d vCPUs requested, must be 1..%d", cfg.CPUs, MaxVCPUs)
+	}
+	if cfg.MemoryBytes == 0 || cfg.MemoryBytes%pageSize != 0 || cfg.MemoryBytes > x86.MaxGuestMemory {
+		return nil, fmt.Errorf("vmm: memory size %d must be a non-zero multiple of 4 KiB, at most %d", cfg.MemoryBytes, x86.MaxGuestMemory)
+	}
+	hole := cfg.MMIOHoleStart
+	if hole == 0 {
+		hole = DefaultMMIOHoleStart
+	}
+	if hole%pageSize != 0 || hole > TSSAddr {
+		return nil, fmt.Errorf("vmm: MMIO hole start %#x must be 4 KiB aligned and below %#x", hole, TSSAddr)
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	policy := cfg.CPUID
+	if policy == nil {
+		policy = LinuxCPUID
+	}
+
+	v := &VM{log: log, pio: NewPIOBus(log), mmio: NewMMIOBus(log), done: make(chan struct{})}
+	defer func() {
+		if err != nil {
+			v.release()
+		}
+	}()
+
+	path := cfg.DevicePath
+	if path == "" {
+		path = kvm.DevicePath
+	}
+	if v.sys, err = kvm.OpenPath(path); err != nil {
+		return nil, err
+	}
+	v.pvm, _ = kvm.IsPVM()
+	if n, cerr := v.sys.CheckExtension(kvm.CapMaxVCPUs); cerr == nil && n > 0 && cfg.CPUs > n {
+		return nil, fmt.Errorf("vmm: %d vCPUs requested, this KVM allows %d", cfg.CPUs, n)
+	}
+	if v.kvm, err = v.sys.CreateVM(); err != nil {
+		return nil, err
+	}
+	if err = v.kvm.SetTSSAddr(TSSAddr); err != nil {
+		return nil, err
+	}
+	if err = v.kvm.SetIdentityMapAddr(IdentityMapAddr); err != nil {
+		return nil, err
+	}
+	if err = v.kvm.CreateIRQChip(); err != nil {
+		return nil, err
+	}
+	if err = v.kvm.CreatePIT2(); err != nil {
+		return nil, err
+	}
+	if v.mem, err = NewMemory(Layout(cfg.MemoryBytes, hole)); err != nil {
+		return nil, err
+	}
+	for slot, r := range v.mem.regions {
+		if err = v.kvm.SetUserMemoryRegion(kvm.UserspaceMemoryRegion{
+			Slot: uint32(slot), GuestPhysAddr: r.GPA, MemorySize: r.Size, UserspaceAddr: hostAddress(r.host),
+		}); err != nil {
+			return nil, err
+		}
+	}
+	supported, err := v.sys.GetSupportedCPUID()
+	if err != nil {
+		return nil, err
+	}
+	tscDeadline, _ := v.sys.CheckExtension(kvm.CapTSCDeadlineTimer)
+	msrs := bootMSRs()
+	for i := 0; i < cfg.CPUs; i++ {
+		c, cerr := v.kvm.CreateVCPU(i)
+		if cerr != nil {
+			return nil, cerr
+		}
+		v.vcpus = append(v.vcpus, &vcpuThread{index: i, vcpu: c})
+		entries, perr := policy(supported, CPUIDContext{CPU: i, CPUs: cfg.CPUs, PVM: v.pvm, TSCDeadlineTimer: tscDeadline > 0})
+		if perr != nil {
+			return nil, fmt.Errorf("CPUID policy for vCPU %d: %w", i, perr)
+		}
+		if err = c.SetCPUID2(entries); err != nil {
+			return nil, err
+		}
+		if err = c.SetMSRs(msrs); err != nil {
+			return nil, err
+		}
+		if err = setLINT(c); err != nil {
+			return nil, err
+		}
+	}
+	return v, nil
+}
+
+// Memory returns guest RAM.
+func (v *VM) Memory() *Memory { return v.mem }
+
+// PIO returns the port-I/O bus.
+func (v *VM) PIO() *Bus { return v.pio }
+
+// MMIO returns the MMIO bus.
+func (v *VM) MMIO() *Bus { return v.mmio }
+
+// NumVCPUs returns the number of vCPUs.
+func (v *VM) NumVCPUs() int { return len(v.vcpus) }
+
+// VCPU returns vCPU i, to set its registers, special registers and MSRs
+// before Start. Do not call its Run: the VM's threads do.
+func (v *VM) VCPU(i int) *kvm.VCPU {
+	if i < 0 || i >= len(v.vcpus) {
+		return nil
+	}
+	return v.vcpus[i].vcpu
+}
+
+// KVM returns the VM's KVM handle, for ioctls this package does not wrap
+// (e.g. IOEVENTFD registrations).
+func (v *VM) KVM() *kvm.VM { return v.kvm }
+
+// IsPVM reports whether the host KVM is PVM, on which a stock Linux guest
+// cannot boot (see HOST-FACTS): callers should say so rather than hang.
+func (v *VM) IsPVM() bool { return v.pvm }
+
+// IRQLine returns an edge-triggered interrupt line on GSI gsi of the
+// in-kernel irqchip (IOAPIC pins 0-23; 0-15 also reach the PICs), backed by
+// an irqfd. It stays valid until Close; afterwards Trigger returns
+// ErrIRQClosed.
+func (v *VM) IRQLine(gsi uint32) (IRQLine, error) {
+	v.mu.Lock()
+	closed := v.closed
+	v.mu.Unlock()
+	if closed {
+		return nil, ErrIRQClosed
+	}
+	l, err := newIRQFDLine(v.kvm, gsi)
+	if err != nil {
+		return nil, err
+	}
+	v.irqMu.Lock()
+	v.irqs = append(v.irqs, l)
+	v.irqMu.Unlock()
+	return l, nil
+}
+
+// LevelIRQLine returns a level-triggered line on GSI gsi (KVM_IRQ_LINE).
+func (v *VM) LevelIRQLine(gsi uint32) *LevelIRQLine {
+	return &LevelIRQLine{gsi: gsi, vm: v}
+}
+
+func (v *VM) irqLine(gsi uint32, high bool) error {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.closed {
+		return ErrIRQClosed
+	}
+	return v.kvm.IRQLine(gsi, high)
+}
+
+// Start launches one OS thread per vCPU running KVM_RUN. It may be called once.
+func (v *VM) Start() error {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.closed {
+		return errors.New("vmm: Start after Close")
+	}
+	if v.started {
+		return errors.New("vmm: VM already started")
+	}
+	v.started = true
+	v.wg.Add(len(v.vcpus))
+	for _, t := range v.vcpus {
+		go v.runVCPU(t)
+	}
+	go func() {
+		v.wg.Wait()
+		close(v.done)
+	}()
+	return nil
+}
+
+// RequestExit ends the VM with reason e, unless it is already ending (the
+// first reason wins). Every vCPU is kicked out of KVM_RUN. Safe from any
+// goroutine, including a device called on a vCPU thread (e.g. a reset port).
+// It does not wait: Wait does.
+func (v *VM) RequestExit(e Exit) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.closed || v.exitRequested.Load() {
+		return
+	}
+	v.exit = e
+	v.exitRequested.Store(true)
+	v.kickAllLocked()
+	if v.started {
+		go v.rekick()
+	}
+}
+
+// kickAllLocked kicks every vCPU; v.mu is held and the VM is not closed.
+func (v *VM) kickAllLocked() {
+	for _, t := range v.vcpus {
+		t.kick()
+	}
+}
+
+// rekick repeats the kick until every vCPU thread has returned. One kick
+// suffices by construction (immediate_exit is set before the signal); the
+// repeat is a cheap guard against a signal lost to something outside this
+// package, e.g. a program that ignores SIGURG with GODEBUG=asyncpreemptoff=1.
+func (v *VM) rekick() {
+	t := time.NewTicker(100 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-v.done:
+			return
+		case <-t.C:
+			v.mu.Lock()
+			if !v.closed {
+				v.kickAllLocked()
+			}
+			v.mu.Unlock()
+		}
+	}
+}
+
+// Done is closed when every vCPU thread has returned (after Start).
+func (v *VM) Done() <-chan struct{} { return v.done }
+
+// Wait blocks until the VM has ended and every vCPU thread has returned,
+// and says why it ended. It does not release resources: call Close (or use
+// Stop) once devices that use guest memory are stopped.
+func (v *VM) Wait() Exit {
+	v.mu.Lock()
+	started := v.started
+	v.mu.Unlock()
+	if !started {
+		return Exit{Kind: ExitError, VCPU: -1, Err: errors.New("VM never started")}
+	}
+	<-v.done
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.exit
+}
+
+// Stop ends the VM (if still running), joins its vCPU threads, and releases
+// everything (Close). It returns why the VM ended: ExitStopped unless the
+// guest had already ended it.
+func (v *VM) Stop() (Exit, error) {
+	v.RequestExit(Exit{Kind: ExitStopped, VCPU: -1})
+	e := v.Wait()
+	if !v.isStarted() {
+		e = Exit{Kind: ExitStopped, VCPU: -1}
+	}
+	return e, v.Close()
+}
+
+func (v *VM) isStarted() bool {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.started
+}
+
+// Close stops the VM if it is running, waits for its vCPU threads, then
+// closes every interrupt line, vCPU, the VM and /dev/kvm, and unmaps guest
+// memory. Idempotent. Devices must have stopped touching guest memory: a
+// Memory access after Close fails with ErrMemoryClosed.
+func (v *VM) Close() error {
+	v.RequestExit(Exit{Kind: ExitStopped, VCPU: -1})
+	if v.isStarted() {
+		<-v.done
+	}
+	v.mu.Lock()
+	if v.closed {
+		v.mu.Unlock()
+		return nil
+	}
+	v.closed = true
+	v.mu.Unlock()
+	return v.release()
+}
+
+// release frees every resource New created, in reverse order.
+func (v *VM) release() error {
+	var errs []error
+	v.irqMu.Lock()
+	for _, l := range v.irqs {
+		if err := l.close(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	v.irqs = nil
+	v.irqMu.Unlock()
+	for _, t := range v.vcpus {
+		if err := t.vcpu.Close(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if v.kvm != nil {
+		if err := v.kvm.Close(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if v.mem != nil {
+		if err := v.mem.Close(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if v.sys != nil {
+		if err := v.sys.Close(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
