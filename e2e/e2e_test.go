@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -49,9 +50,17 @@ func helperBinary(t *testing.T) string {
 	_, here, _, _ := runtime.Caller(0)
 	root := filepath.Dir(filepath.Dir(here))
 	bin := filepath.Join(t.TempDir(), "cowork-vmm")
-	cmd := exec.Command("go", "build", "-o", bin, "./cmd/cowork-vmm")
+	args := []string{"build", "-o", bin}
+	env := append(os.Environ(), "CGO_ENABLED=0")
+	if raceEnabled {
+		// Under -race the helper is built with the race detector as well, so
+		// races in the real binary fail the test (the detector needs cgo).
+		args = append(args, "-race")
+		env = append(os.Environ(), "CGO_ENABLED=1")
+	}
+	cmd := exec.Command("go", append(args, "./cmd/cowork-vmm")...)
 	cmd.Dir = root
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	cmd.Env = env
 	out, err := cmd.CombinedOutput()
 	require.NoError(t, err, "go build: %s", out)
 	return bin
@@ -102,6 +111,9 @@ func startHelper(t *testing.T, backend string) *harness {
 		if h.cmd.ProcessState == nil {
 			_ = h.cmd.Process.Kill()
 			<-h.exited
+		}
+		if strings.Contains(h.stderr.String(), "WARNING: DATA RACE") {
+			t.Error("the race detector found a data race in the helper or its agent")
 		}
 		if t.Failed() || testing.Verbose() {
 			t.Logf("helper stderr:\n%s", h.stderr.String())
@@ -302,6 +314,33 @@ exit 7
 	ev.wait("busy ready", func(protocol.Event) bool {
 		return strings.Contains(ev.outputLocked(protocol.EventStdout, "busy"), "ready")
 	})
+	// mountPath adds a mount to the running session; addApprovedOauthToken
+	// supplies the token when a spawn gives none.
+	extra := filepath.Join(host, "extra")
+	require.NoError(t, os.Mkdir(extra, 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(extra, "f"), []byte("extra file\n"), 0o644))
+	h.call("mountPath", map[string]any{"processId": "busy", "subpath": strings.TrimPrefix(extra, "/"), "mountName": "extra/deep", "mode": "ro"}, nil)
+	h.call("addApprovedOauthToken", map[string]any{"token": "approved-token"}, nil)
+	h.call("spawn", map[string]any{"id": "extra", "name": session, "command": "/bin/sh",
+		"args": []string{"-c", "cat " + mnt + "/extra/deep/f; echo token=$CLAUDE_CODE_OAUTH_TOKEN"}}, nil)
+	ev.exit("extra")
+	assert.Equal(t, "extra file\ntoken=approved-token\n", ev.output(protocol.EventStdout, "extra"))
+
+	// A dropped subscription loses nothing: what happens while no one
+	// listens is delivered, once, to the next subscription of the profile.
+	require.NoError(t, ev.stream.Close())
+	waitLog(t, h, "event subscriber disconnected")
+	h.call("spawn", map[string]any{"id": "offline", "name": session, "command": "/bin/sh", "args": []string{"-c", "echo while-unsubscribed"}}, nil)
+	waitExited(t, h.client, "offline")
+	ev = subscribe(t, h.socket, map[string]any{"userDataName": profile, "userDataRoot": profileRoot})
+	ev.exit("offline")
+	assert.Equal(t, "while-unsubscribed\n", ev.output(protocol.EventStdout, "offline"))
+	ev.mu.Lock()
+	for _, e := range ev.all {
+		assert.NotEqual(t, "extra", e.ID, "events already delivered are not repeated: %+v", e)
+	}
+	ev.mu.Unlock()
+
 	sessionsDir := filepath.Join(h.dataDir, "cowork-vmm", "sessions")
 	require.DirExists(t, filepath.Join(sessionsDir, "idle-session"))
 	var deleted struct {
@@ -371,7 +410,16 @@ exit 7
 	resp = h.oneShot("isGuestConnected", nil)
 	assert.JSONEq(t, `{"connected":false}`, string(resp.Result))
 
-	// SIGTERM: clean exit, socket removed.
+	// A later startVM boots a fresh guest; the session's files are still there.
+	h.call("startVM", map[string]any{"bundlePath": ""}, nil)
+	waitConnected(t, h.client)
+	h.call("spawn", map[string]any{"id": "again", "name": session, "command": "/bin/sh",
+		"args": []string{"-c", "cat " + mnt + "/work/out.txt; sleep 1000"}, "additionalMounts": mounts}, nil)
+	ev.wait("output after restart", func(protocol.Event) bool {
+		return strings.Contains(ev.outputLocked(protocol.EventStdout, "again"), "from-guest")
+	})
+
+	// SIGTERM with a process running: clean exit, socket removed.
 	require.NoError(t, h.cmd.Process.Signal(syscall.SIGTERM))
 	select {
 	case err := <-h.exited:
@@ -381,6 +429,33 @@ exit 7
 	}
 	_, err = os.Lstat(h.socket)
 	assert.True(t, errors.Is(err, os.ErrNotExist), "socket removed: %v", err)
+}
+
+// waitLog waits for a line of the helper's log.
+func waitLog(t *testing.T, h *harness, what string) {
+	t.Helper()
+	deadline := time.Now().Add(callTimeout)
+	for !strings.Contains(h.stderr.String(), what) {
+		require.True(t, time.Now().Before(deadline), "the helper never logged %q", what)
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// waitExited polls isProcessRunning until the process has exited.
+func waitExited(t *testing.T, c *client, id string) {
+	t.Helper()
+	deadline := time.Now().Add(callTimeout)
+	for {
+		var r struct {
+			Running bool `json:"running"`
+		}
+		c.call("isProcessRunning", map[string]any{"id": id}, &r)
+		if !r.Running {
+			return
+		}
+		require.True(t, time.Now().Before(deadline), "%s never exited", id)
+		time.Sleep(20 * time.Millisecond)
+	}
 }
 
 func waitConnected(t *testing.T, c *client) {
@@ -399,4 +474,77 @@ func waitConnected(t *testing.T, c *client) {
 		}
 		time.Sleep(100 * time.Millisecond) // the client polls a few times a second
 	}
+}
+
+// TestGuestDeath kills the process backend's sandbox from outside: the
+// helper must report it (fatal error, exits), answer isGuestConnected
+// truthfully, and boot again on the next startVM.
+func TestGuestDeath(t *testing.T) {
+	backend := os.Getenv("COWORK_VMM_E2E_BACKEND")
+	if backend != "" && backend != "process" {
+		t.Skip("kills the process backend's sandbox; other backends need their own way to crash a guest")
+	}
+	skipWithoutUserNamespaces(t)
+	h := startHelper(t, "process")
+	pipe, err := protocol.DialPipe(t.Context(), h.socket)
+	require.NoError(t, err)
+	defer pipe.Close()
+	h.pipe = pipe
+	h.call("configure", map[string]any{"userDataName": "p", "userDataRoot": "/r", "sessionOnly": true}, nil)
+	ev := subscribe(t, h.socket, map[string]any{"userDataName": "p", "userDataRoot": "/r"})
+	h.call("startVM", map[string]any{"bundlePath": ""}, nil)
+	waitConnected(t, h.client)
+	h.call("spawn", map[string]any{"id": "victim", "name": "s", "command": "/bin/sh", "args": []string{"-c", "echo up; sleep 1000"}}, nil)
+	ev.wait("victim up", func(protocol.Event) bool {
+		return strings.Contains(ev.outputLocked(protocol.EventStdout, "victim"), "up")
+	})
+
+	pid := sandboxPID(t, h.stderr.String())
+	require.NoError(t, syscall.Kill(pid, syscall.SIGKILL))
+
+	fatal := ev.wait("fatal error", func(e protocol.Event) bool { return e.Type == protocol.EventError && e.Fatal != nil && *e.Fatal })
+	assert.NotEmpty(t, fatal.Message)
+	exit := ev.exit("victim")
+	assert.NotEmpty(t, exit.Signal)
+	deadline := time.Now().Add(callTimeout)
+	for {
+		var r struct {
+			Running bool `json:"running"`
+		}
+		h.call("isRunning", nil, &r)
+		if !r.Running {
+			break
+		}
+		require.True(t, time.Now().Before(deadline), "isRunning stayed true after the guest died")
+		time.Sleep(50 * time.Millisecond)
+	}
+	var c struct {
+		Connected bool `json:"connected"`
+	}
+	h.call("isGuestConnected", nil, &c)
+	assert.False(t, c.Connected)
+
+	h.call("startVM", map[string]any{"bundlePath": ""}, nil)
+	waitConnected(t, h.client)
+	h.call("stopVM", nil, nil)
+}
+
+// sandboxPID finds the last sandbox pid the process backend logged.
+func sandboxPID(t *testing.T, log string) int {
+	t.Helper()
+	pid := 0
+	for _, line := range strings.Split(log, "\n") {
+		if !strings.Contains(line, "process sandbox started") {
+			continue
+		}
+		for _, field := range strings.Fields(line) {
+			if v, ok := strings.CutPrefix(field, "pid="); ok {
+				n, err := strconv.Atoi(v)
+				require.NoError(t, err)
+				pid = n
+			}
+		}
+	}
+	require.NotZero(t, pid, "no sandbox pid in the helper's log:\n%s", log)
+	return pid
 }

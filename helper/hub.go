@@ -11,7 +11,11 @@ import (
 
 // DefaultBacklog is how many recent events the hub keeps for subscribers
 // that arrive after the fact.
-const DefaultBacklog = 512
+const DefaultBacklog = 1024
+
+// MaxBacklogBytes bounds the output data the backlog holds, whatever the
+// guest sends: the oldest events are dropped first.
+const MaxBacklogBytes = 32 << 20
 
 // ErrSubscriptionClosed is returned by Subscription.Next after Close.
 var ErrSubscriptionClosed = errors.New("helper: event subscription closed")
@@ -34,7 +38,9 @@ type Hub struct {
 
 	mu       sync.Mutex
 	ring     []protocol.Event // len == capacity; ring[seq % cap]
+	first    uint64           // sequence number of the oldest event kept
 	next     uint64           // sequence number of the next event published
+	bytes    int              // len(Data) summed over the events kept
 	wake     chan struct{}    // closed and replaced on every publish
 	profiles map[profileKey]*profileCursor
 }
@@ -66,7 +72,14 @@ func NewHub(backlog int, log *slog.Logger) *Hub {
 // subscriber.
 func (h *Hub) Publish(ev protocol.Event) {
 	h.mu.Lock()
-	h.ring[h.next%uint64(len(h.ring))] = ev
+	capacity := uint64(len(h.ring))
+	for h.first < h.next && (h.next-h.first >= capacity || h.bytes+len(ev.Data) > MaxBacklogBytes) {
+		h.bytes -= len(h.ring[h.first%capacity].Data)
+		h.ring[h.first%capacity] = protocol.Event{}
+		h.first++
+	}
+	h.ring[h.next%capacity] = ev
+	h.bytes += len(ev.Data)
 	h.next++
 	close(h.wake)
 	h.wake = make(chan struct{})
@@ -74,12 +87,7 @@ func (h *Hub) Publish(ev protocol.Event) {
 }
 
 // oldest is the sequence number of the oldest event still in the ring.
-func (h *Hub) oldest() uint64 {
-	if h.next < uint64(len(h.ring)) {
-		return 0
-	}
-	return h.next - uint64(len(h.ring))
-}
+func (h *Hub) oldest() uint64 { return h.first }
 
 // Subscribe opens a subscription for one profile. See Hub for where it starts.
 func (h *Hub) Subscribe(userDataName, userDataRoot string) *Subscription {

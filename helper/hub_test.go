@@ -151,3 +151,19 @@ func TestServiceSubscribeAdapter(t *testing.T) {
 	_, err = e.s.Subscribe(context.Background(), json.RawMessage(`[`))
 	require.Error(t, err)
 }
+
+func TestHubBacklogIsBoundedInBytes(t *testing.T) {
+	h := NewHub(1024, nil)
+	chunk := string(make([]byte, 1<<20))
+	for range 100 {
+		h.Publish(protocol.Event{Type: protocol.EventStdout, ID: "p", Data: chunk})
+	}
+	h.Publish(ev(1))
+	s := h.Subscribe("p", "/r")
+	got := drain(t, s)
+	assert.LessOrEqual(t, len(got), MaxBacklogBytes>>20+1)
+	assert.Equal(t, "1", got[len(got)-1])
+	h.mu.Lock()
+	assert.LessOrEqual(t, h.bytes, MaxBacklogBytes)
+	h.mu.Unlock()
+}

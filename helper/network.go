@@ -17,22 +17,47 @@ import (
 // probeTimeout bounds one HEAD request to apiProbeURL.
 const probeTimeout = 5 * time.Second
 
-// reportNetwork publishes networkStatus and apiReachability once.
+// probeInterval is how often apiProbeURL is probed while the guest runs.
+const probeInterval = 30 * time.Second
+
+// reportNetwork publishes networkStatus and apiReachability at once, then
+// re-probes apiProbeURL (if any) every probeInterval and publishes changes,
+// until ctx (the guest's life) ends.
 func (s *Service) reportNetwork(ctx context.Context, probeURL string) {
-	reach := protocol.ReachabilityUnknown
-	if probeURL != "" {
-		reach = s.opts.ReachabilityProbe(ctx, probeURL)
+	var lastReach, lastStatus string
+	t := time.NewTicker(probeInterval)
+	defer t.Stop()
+	for {
+		reach := protocol.ReachabilityUnknown
+		if probeURL != "" {
+			reach = s.opts.ReachabilityProbe(ctx, probeURL)
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		status := protocol.NetworkConnected
+		if reach == protocol.ReachabilityProbablyUnreachable || reach == protocol.ReachabilityUnreachable {
+			status = protocol.NetworkNotConnected
+		}
+		if status != lastStatus || reach != lastReach {
+			s.log.Info("network", "status", status, "apiReachability", reach)
+		}
+		if status != lastStatus {
+			s.hub.Publish(protocol.Event{Type: protocol.EventNetworkStatus, Status: status})
+		}
+		if reach != lastReach {
+			s.hub.Publish(protocol.Event{Type: protocol.EventAPIReachability, Status: reach})
+		}
+		lastReach, lastStatus = reach, status
+		if probeURL == "" {
+			return // nothing to re-probe
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
 	}
-	if ctx.Err() != nil {
-		return
-	}
-	status := protocol.NetworkConnected
-	if reach == protocol.ReachabilityProbablyUnreachable || reach == protocol.ReachabilityUnreachable {
-		status = protocol.NetworkNotConnected
-	}
-	s.log.Info("network", "status", status, "apiReachability", reach)
-	s.hub.Publish(protocol.Event{Type: protocol.EventNetworkStatus, Status: status})
-	s.hub.Publish(protocol.Event{Type: protocol.EventAPIReachability, Status: reach})
 }
 
 // probeAPI sends one HEAD request; any HTTP answer means reachable.

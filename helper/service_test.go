@@ -5,6 +5,8 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"log/slog"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"slices"
@@ -372,10 +374,18 @@ func TestReadFile(t *testing.T) {
 	got, err := base64.StdEncoding.DecodeString(r.Content)
 	require.NoError(t, err)
 	assert.Equal(t, []byte{0, 1, 2, 0xff}, got)
-	for _, p := range []string{"/sessions/s/../t/a", "/etc/passwd", "/sessions/s", "/sessions/st/a", "relative", "/sessions/s/../../etc/passwd"} {
+	e.mustCall("readFile", map[string]any{"processName": "s", "filePath": "mnt/out/a.bin"}, &r)
+	got, _ = base64.StdEncoding.DecodeString(r.Content)
+	assert.Equal(t, []byte{0, 1, 2, 0xff}, got, "a relative path is taken in the session's home")
+	for _, p := range []string{"/sessions/s/../t/a", "/etc/passwd", "/sessions/s", "/sessions/st/a", "../t/a", "", ".", "/sessions/s/../../etc/passwd"} {
 		require.Error(t, e.call("readFile", map[string]any{"processName": "s", "filePath": p}, nil), p)
 	}
 	require.Error(t, e.call("readFile", map[string]any{"processName": "../s", "filePath": "/sessions/../s/a"}, nil))
+	// A process id where the session name belongs is mapped to its session.
+	e.spawn(map[string]any{"id": "proc-1", "name": "s", "command": "sh"})
+	e.mustCall("readFile", map[string]any{"processName": "proc-1", "filePath": "/sessions/s/mnt/out/a.bin"}, &r)
+	got, _ = base64.StdEncoding.DecodeString(r.Content)
+	assert.Equal(t, []byte{0, 1, 2, 0xff}, got)
 	require.ErrorContains(t, e.call("readFile", map[string]any{"processName": "s", "filePath": "/sessions/s/missing"}, nil), "no such file")
 }
 
@@ -491,4 +501,33 @@ func TestSplitUTF8(t *testing.T) {
 		assert.True(t, strings.HasPrefix(p, "é") || p == "")
 	}
 	assert.Equal(t, []string{"abc"}, splitUTF8("abc", 5))
+}
+
+func TestStartVMWhileTheOldGuestIsStopping(t *testing.T) {
+	e := newTestEnv(t)
+	e.start()
+	stopped := make(chan error, 1)
+	go func() { stopped <- e.call("stopVM", nil, nil) }()
+	waitFor(t, "stop begun", func() bool {
+		e.s.mu.Lock()
+		defer e.s.mu.Unlock()
+		return e.s.vm == nil || e.s.vm.stopping.Load()
+	})
+	e.start() // waits for the old guest if needed, then boots a new one
+	require.NoError(t, <-stopped)
+	var running runningResult
+	e.mustCall("isRunning", nil, &running)
+	assert.True(t, running.Running)
+	assert.Len(t, e.backend.guests, 2)
+}
+
+func TestProbeAPI(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		assert.Equal(t, http.MethodHead, r.Method)
+		w.WriteHeader(http.StatusTeapot) // any HTTP answer means reachable
+	}))
+	assert.Equal(t, protocol.ReachabilityReachable, probeAPI(t.Context(), srv.URL))
+	srv.Close()
+	assert.Equal(t, protocol.ReachabilityProbablyUnreachable, probeAPI(t.Context(), srv.URL))
+	assert.Equal(t, protocol.ReachabilityUnknown, probeAPI(t.Context(), "::not a url"))
 }

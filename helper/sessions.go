@@ -390,10 +390,16 @@ func (s *Service) mountPath(_ context.Context, p mountPathParams) (empty, error)
 }
 
 func (s *Service) readFile(_ context.Context, p readFileParams) (readFileResult, error) {
-	if err := validateSessionName(p.ProcessName); err != nil {
+	session := p.ProcessName
+	s.mu.Lock()
+	if proc := s.procs.get(session); proc != nil && !s.sessionExists(session) {
+		session = proc.session // a process id where a session name belongs
+	}
+	s.mu.Unlock()
+	if err := validateSessionName(session); err != nil {
 		return readFileResult{}, fmt.Errorf("readFile: %w", err)
 	}
-	clean, err := confineToSession(p.ProcessName, p.FilePath)
+	clean, err := confineToSession(session, p.FilePath)
 	if err != nil {
 		return readFileResult{}, fmt.Errorf("readFile: %w", err)
 	}
@@ -408,14 +414,27 @@ func (s *Service) readFile(_ context.Context, p readFileParams) (readFileResult,
 	return readFileResult{Content: base64.StdEncoding.EncodeToString(r.Content)}, nil
 }
 
-// confineToSession cleans a guest path and checks that it lies strictly
-// inside the session's home, /sessions/<name>.
+// sessionExists says whether a session directory exists on the host.
+func (s *Service) sessionExists(name string) bool {
+	if validateSessionName(name) != nil {
+		return false
+	}
+	fi, err := os.Lstat(filepath.Join(s.sessionsDir, name))
+	return err == nil && fi.IsDir()
+}
+
+// confineToSession cleans a guest path (a relative one is taken relative to
+// the session's home) and checks that it lies strictly inside the session's
+// home, /sessions/<name>.
 func confineToSession(name, guestPath string) (string, error) {
-	if !path.IsAbs(guestPath) || strings.ContainsRune(guestPath, 0) {
-		return "", fmt.Errorf("%q is not an absolute guest path", guestPath)
+	if guestPath == "" || strings.ContainsRune(guestPath, 0) {
+		return "", fmt.Errorf("%q is not a guest path", guestPath)
+	}
+	home := guestSessionDir(name)
+	if !path.IsAbs(guestPath) {
+		guestPath = home + "/" + guestPath
 	}
 	clean := path.Clean(guestPath)
-	home := guestSessionDir(name)
 	if !strings.HasPrefix(clean, home+"/") {
 		return "", fmt.Errorf("%s is outside session %s (%s)", guestPath, name, home)
 	}

@@ -31,6 +31,8 @@ const (
 	// maxEventData caps one stdout/stderr event's data; longer chunks from
 	// the agent are split so no event frame nears the 10 MiB limit.
 	maxEventData = 1 << 20
+	// maxErrorMessage caps an error event's message from the agent.
+	maxErrorMessage = 4096
 )
 
 // vmInstance is one guest from startVM until it has ended and been cleaned
@@ -42,7 +44,8 @@ type vmInstance struct {
 	cancel  context.CancelFunc
 
 	connected atomic.Bool
-	stopping  atomic.Bool
+	stopping  atomic.Bool   // stopVM asked for the end
+	ending    atomic.Bool   // the teardown has begun (stop or death)
 	ended     chan struct{} // closed when fully torn down
 
 	mu    sync.Mutex
@@ -61,11 +64,22 @@ type mountKey struct {
 	readOnly bool
 }
 
-func (s *Service) startVM(_ context.Context, p startVMParams) (empty, error) {
+func (s *Service) startVM(ctx context.Context, p startVMParams) (empty, error) {
 	s.mu.Lock()
-	if s.vm != nil {
+	for s.vm != nil {
+		old := s.vm
+		if !old.stopping.Load() && !old.ending.Load() {
+			s.mu.Unlock()
+			return nil, nil // already starting or running: nothing to do
+		}
+		// A guest on its way out: wait for it, then start a new one.
 		s.mu.Unlock()
-		return nil, nil // already starting or running: nothing to do
+		select {
+		case <-old.ended:
+		case <-ctx.Done():
+			return nil, fmt.Errorf("startVM: the previous guest is still stopping: %w", ctx.Err())
+		}
+		s.mu.Lock()
 	}
 	factory := s.opts.Backends[s.opts.Backend]
 	if factory == nil {
@@ -80,8 +94,8 @@ func (s *Service) startVM(_ context.Context, p startVMParams) (empty, error) {
 	if p.CPUCount != nil && *p.CPUCount > 0 && *p.CPUCount < 1<<16 {
 		cpus = int(*p.CPUCount)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	vm := &vmInstance{s: s, ctx: ctx, cancel: cancel, ended: make(chan struct{}), mounted: make(map[string]mountKey)}
+	vmCtx, cancel := context.WithCancel(context.Background())
+	vm := &vmInstance{s: s, ctx: vmCtx, cancel: cancel, ended: make(chan struct{}), mounted: make(map[string]mountKey)}
 	s.vm = vm
 	s.mu.Unlock()
 
@@ -99,21 +113,21 @@ func (s *Service) startVM(_ context.Context, p startVMParams) (empty, error) {
 
 	backend, err := factory()
 	if err != nil {
-		return fail(fmt.Errorf("the %s backend is unavailable: %w", s.opts.Backend, err))
+		return fail(fmt.Errorf("the %s backend is unavailable: %w%s", s.opts.Backend, err, s.fallbackHint()))
 	}
 	vm.backend = backend
 	s.log.Info("starting guest", "backend", backend.Name(), "memoryMB", mem, "cpus", cpus)
 	s.step(StepLaunchGuest, protocol.StepStarted)
-	guest, err := backend.Start(ctx, GuestConfig{MemoryMiB: mem, CPUCount: cpus, StepFunc: s.step})
+	guest, err := backend.Start(vmCtx, GuestConfig{MemoryMiB: mem, CPUCount: cpus, StepFunc: s.step})
 	s.step(StepLaunchGuest, protocol.StepCompleted)
 	if err != nil {
-		return fail(fmt.Errorf("starting the guest (%s backend): %w", backend.Name(), err))
+		return fail(fmt.Errorf("starting the guest (%s backend): %w%s", backend.Name(), err, s.fallbackHint()))
 	}
 	vm.mu.Lock()
 	vm.guest = guest
 	vm.mu.Unlock()
 	go vm.run()
-	go s.reportNetwork(ctx, p.APIProbeURL)
+	go s.reportNetwork(vmCtx, p.APIProbeURL)
 	return nil, nil
 }
 
@@ -132,6 +146,14 @@ func (s *Service) missingBackendError() error {
 			strings.Join(names, ", "))
 	}
 	return fmt.Errorf("unknown backend %q in COWORK_VMM_BACKEND; available backends: %s", s.opts.Backend, strings.Join(names, ", "))
+}
+
+// fallbackHint points a failed kvm start at the process backend.
+func (s *Service) fallbackHint() string {
+	if s.opts.Backend != BackendKVM || s.opts.Backends[BackendProcess] == nil {
+		return ""
+	}
+	return "; on a host without usable KVM, set COWORK_VMM_BACKEND=process to run guests as sandboxed host processes"
 }
 
 func (s *Service) step(step, status string) {
@@ -156,8 +178,18 @@ func (vm *vmInstance) run() {
 			}
 		case <-vm.agent.Done():
 			err = vm.agent.Err()
+			// A dying guest usually drops the connection first; its own
+			// reason (e.g. "killed") says more, if it comes soon.
+			select {
+			case <-vm.guest.Done():
+				if gerr := vm.guest.Err(); gerr != nil {
+					err = gerr
+				}
+			case <-time.After(time.Second):
+			}
 		}
 	}
+	vm.ending.Store(true)
 	vm.connected.Store(false)
 	if vm.stopping.Load() {
 		vm.shutdown()
@@ -414,7 +446,11 @@ func (s *Service) onAgentEvent(vm *vmInstance, ev protocol.Event) {
 		s.hub.Publish(out)
 	case protocol.EventError:
 		s.mu.Unlock()
-		out := protocol.Event{Type: protocol.EventError, ID: ev.ID, Message: ev.Message}
+		msg := ev.Message
+		if len(msg) > maxErrorMessage {
+			msg = splitUTF8(msg, maxErrorMessage)[0] + "…"
+		}
+		out := protocol.Event{Type: protocol.EventError, ID: ev.ID, Message: msg}
 		if ev.Fatal != nil {
 			out.Fatal = ptr(*ev.Fatal)
 		}

@@ -290,3 +290,7 @@ func RunKernel(ctx context.Context, cfg Config) (vmm.Exit, error) {
 	}
 	return e, e.AsError()
 }
+
+// InjectConsoleInput queues p as input on the serial console (what a user
+// types); it returns how many bytes fit in the UART's bounded buffer.
+func (m *Machine) InjectConsoleInput(p []byte) int { return m.uart.Inject(p) }

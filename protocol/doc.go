@@ -16,6 +16,8 @@
 //   - listen.go: Listen (socket-path and directory safety) and peer uid
 //     checks.
 //   - agent.go, agentconn.go: the helper ↔ agent channel and AgentConn.
+//   - client.go: a small client (CallOneShot, DialPipe, SubscribeEvents)
+//     speaking the contract as the desktop client does, for tests and tools.
 //
 // Unknown methods: the Server answers any name not in Methods with
 // "Unknown method: <name>" itself, without calling the Handler; a Handler

@@ -156,3 +156,50 @@ func TestRateLimiterBoundsLogLines(t *testing.T) {
 		t.Errorf("allowed %d suppressed %d", allowed, l.suppressed)
 	}
 }
+
+// FuzzBusDispatch registers random ranges and checks every access against a
+// naive model: it reaches the one device fully containing it, at the right
+// offset, or nothing.
+func FuzzBusDispatch(f *testing.F) {
+	f.Add([]byte{0x10, 4, 0x20, 8, 0x12, 1}, uint16(0x11), uint8(2))
+	f.Add([]byte{0xff, 0xff, 0, 1}, uint16(0xfffe), uint8(4))
+	f.Fuzz(func(t *testing.T, spec []byte, addr uint16, size uint8) {
+		if size == 0 || size > 8 {
+			return
+		}
+		b := NewPIOBus(quietLogger())
+		type reg struct {
+			base, size uint64
+			dev        *recorder
+		}
+		var regs []reg
+		for i := 0; i+1 < len(spec) && len(regs) < 16; i += 2 {
+			base, n := uint64(spec[i])<<8, uint64(spec[i+1])
+			d := &recorder{}
+			err := b.Register(base, n, d)
+			overlaps := n == 0
+			for _, r := range regs {
+				if base < r.base+r.size && r.base < base+n {
+					overlaps = true
+				}
+			}
+			if (err == nil) == overlaps {
+				t.Fatalf("Register(%#x, %#x): err %v, overlaps %v", base, n, err, overlaps)
+			}
+			if err == nil {
+				regs = append(regs, reg{base, n, d})
+			}
+		}
+		a := uint64(addr)
+		b.Write(a, make([]byte, size))
+		for _, r := range regs {
+			inside := a >= r.base && a+uint64(size) <= r.base+r.size
+			if got := len(r.dev.writes); got != map[bool]int{true: 1, false: 0}[inside] {
+				t.Fatalf("device [%#x,+%#x) got %d writes for [%#x,+%d)", r.base, r.size, got, a, size)
+			}
+			if inside && r.dev.writes[0].offset != a-r.base {
+				t.Fatalf("offset %#x, want %#x", r.dev.writes[0].offset, a-r.base)
+			}
+		}
+	})
+}

@@ -14,6 +14,7 @@ import (
 // adds its entry here:
 //
 //	helper.BackendKVM: func() (helper.Backend, error) { return vm.New(...) },
+//
 // agentLog receives the guest agent's log lines.
 func backendFactories(log *slog.Logger, agentLog io.Writer) map[string]helper.BackendFactory {
 	return map[string]helper.BackendFactory{

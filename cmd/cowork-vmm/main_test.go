@@ -2,7 +2,9 @@ package main
 
 import (
 	"bytes"
+	"errors"
 	"io"
+	"log/slog"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -60,12 +62,38 @@ func TestParseRunArgs(t *testing.T) {
 }
 
 func TestChooseRunBackend(t *testing.T) {
+	none := func() (helper.Backend, error) { return nil, nil }
 	t.Setenv("COWORK_VMM_BACKEND", "")
 	var note bytes.Buffer
-	assert.Equal(t, helper.BackendProcess, chooseRunBackend(map[string]helper.BackendFactory{}, &note))
+	b, fallback := chooseRunBackend(map[string]helper.BackendFactory{helper.BackendProcess: none}, &note)
+	assert.Equal(t, helper.BackendProcess, b)
+	assert.False(t, fallback)
 	assert.Contains(t, note.String(), "using the process backend")
-	t.Setenv("COWORK_VMM_BACKEND", "kvm")
+
 	note.Reset()
-	assert.Equal(t, "kvm", chooseRunBackend(map[string]helper.BackendFactory{}, &note))
+	b, fallback = chooseRunBackend(map[string]helper.BackendFactory{helper.BackendKVM: none, helper.BackendProcess: none}, &note)
+	assert.Equal(t, helper.BackendKVM, b)
+	assert.True(t, fallback, "kvm preferred, process if it cannot start")
 	assert.Empty(t, note.String())
+
+	t.Setenv("COWORK_VMM_BACKEND", "kvm")
+	b, fallback = chooseRunBackend(map[string]helper.BackendFactory{helper.BackendKVM: none, helper.BackendProcess: none}, &note)
+	assert.Equal(t, "kvm", b)
+	assert.False(t, fallback, "an explicit choice is not second-guessed")
+	assert.Empty(t, note.String())
+}
+
+func TestRunFallsBackWhenKVMCannotStart(t *testing.T) {
+	t.Setenv("COWORK_VMM_BACKEND", "")
+	t.Setenv("XDG_DATA_HOME", t.TempDir())
+	failing := func(msg string) helper.BackendFactory {
+		return func() (helper.Backend, error) { return nil, errors.New(msg) }
+	}
+	var errOut bytes.Buffer
+	code := runWith([]string{"--", "true"}, &errOut, func(*slog.Logger, io.Writer) map[string]helper.BackendFactory {
+		return map[string]helper.BackendFactory{helper.BackendKVM: failing("no /dev/kvm"), helper.BackendProcess: failing("no user namespaces")}
+	})
+	assert.Equal(t, 1, code)
+	assert.Contains(t, errOut.String(), "no /dev/kvm; using the process backend")
+	assert.Contains(t, errOut.String(), "no user namespaces", "the fallback was tried")
 }

@@ -98,6 +98,11 @@ func parseRunArgs(args []string, stderr io.Writer) (runOptions, error) {
 // runMain is `cowork-vmm run`: one command in a fresh guest, its output on
 // the terminal, its exit status ours (128+n for a signal).
 func runMain(args []string, stderr io.Writer) int {
+	return runWith(args, stderr, backendFactories)
+}
+
+// runWith is runMain with the backends to choose from (tests).
+func runWith(args []string, stderr io.Writer, backends func(*slog.Logger, io.Writer) map[string]helper.BackendFactory) int {
 	o, err := parseRunArgs(args, stderr)
 	if err != nil {
 		fmt.Fprintln(stderr, err)
@@ -111,36 +116,47 @@ func runMain(args []string, stderr io.Writer) int {
 	if o.debug {
 		agentLog = stderr
 	}
-	factories := backendFactories(log, agentLog)
-	backend := chooseRunBackend(factories, stderr)
-	svc, err := helper.New(helper.Options{Backend: backend, Backends: factories, Logger: log, LogLevel: level})
-	if err != nil {
-		fmt.Fprintln(stderr, "cowork-vmm run:", err)
-		return 1
+	factories := backends(log, agentLog)
+	backend, fallback := chooseRunBackend(factories, stderr)
+	for {
+		svc, err := helper.New(helper.Options{Backend: backend, Backends: factories, Logger: log, LogLevel: level})
+		if err != nil {
+			fmt.Fprintln(stderr, "cowork-vmm run:", err)
+			return 1
+		}
+		code, err := runInGuest(context.Background(), svc, o, os.Stdin, os.Stdout, os.Stderr)
+		var bootErr *startError
+		if errors.As(err, &bootErr) && fallback {
+			// The kvm backend was only preferred: fall back, once.
+			fmt.Fprintf(stderr, "cowork-vmm: %v; using the process backend (namespaced host processes). Set COWORK_VMM_BACKEND to choose.\n", bootErr.err)
+			backend, fallback = helper.BackendProcess, false
+			continue
+		}
+		if err != nil {
+			fmt.Fprintln(stderr, "cowork-vmm run:", err)
+		}
+		return code
 	}
-	code, err := runInGuest(context.Background(), svc, o, os.Stdin, os.Stdout, os.Stderr)
-	if err != nil {
-		fmt.Fprintln(stderr, "cowork-vmm run:", err)
-	}
-	return code
 }
 
-// chooseRunBackend honours COWORK_VMM_BACKEND; unset, it prefers kvm and
-// falls back to the process backend with a note when kvm is unavailable.
-func chooseRunBackend(factories map[string]helper.BackendFactory, stderr io.Writer) string {
+// startError is a startVM failure, which run may answer by falling back.
+type startError struct{ err error }
+
+func (e *startError) Error() string { return e.err.Error() }
+func (e *startError) Unwrap() error { return e.err }
+
+// chooseRunBackend honours COWORK_VMM_BACKEND. Unset, it prefers kvm when
+// that backend is built in (fallback then says a failed start may retry on
+// the process backend) and otherwise uses the process backend with a note.
+func chooseRunBackend(factories map[string]helper.BackendFactory, stderr io.Writer) (backend string, fallback bool) {
 	if b := os.Getenv("COWORK_VMM_BACKEND"); b != "" {
-		return b
+		return b, false
 	}
-	reason := "the kvm backend is not built yet"
-	if f := factories[helper.BackendKVM]; f != nil {
-		_, err := f()
-		if err == nil {
-			return helper.BackendKVM
-		}
-		reason = err.Error()
+	if factories[helper.BackendKVM] != nil {
+		return helper.BackendKVM, factories[helper.BackendProcess] != nil
 	}
-	fmt.Fprintf(stderr, "cowork-vmm: %s; using the process backend (namespaced host processes). Set COWORK_VMM_BACKEND to choose.\n", reason)
-	return helper.BackendProcess
+	fmt.Fprintln(stderr, "cowork-vmm: the kvm backend is not built yet; using the process backend (namespaced host processes). Set COWORK_VMM_BACKEND to choose.")
+	return helper.BackendProcess, false
 }
 
 // call runs one method on the service with Go-valued params.
@@ -184,7 +200,7 @@ func runInGuest(ctx context.Context, svc *helper.Service, o runOptions, stdin io
 	sub := svc.SubscribeProfile("cowork-vmm-run", "")
 	defer sub.Close()
 	if err := call(ctx, svc, "startVM", map[string]any{}, nil); err != nil {
-		return 1, err
+		return 1, &startError{err}
 	}
 	defer func() {
 		stopCtx, cancel := context.WithTimeout(context.Background(), stopTimeout)

@@ -158,8 +158,9 @@ func (q *Queue) fail(format string, args ...any) error {
 	return q.broken
 }
 
-// availIdx reads the driver's available index and checks that it ran at
-// most a queue's worth ahead of what we consumed.
+// pendingLocked reads the driver's available index and returns how many
+// entries wait, checking that it ran at most a queue's worth ahead of what
+// we consumed.
 func (q *Queue) pendingLocked() (uint16, error) {
 	idx, err := q.readUint16(q.layout.AvailRing + 2)
 	if err != nil {

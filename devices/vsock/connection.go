@@ -60,20 +60,6 @@ const (
 	stateClosed                      // over; at most an RST left to send
 )
 
-func (s connState) String() string {
-	switch s {
-	case stateConnecting:
-		return "connecting"
-	case stateConnected:
-		return "connected"
-	case stateClosing:
-		return "closing"
-	case stateClosed:
-		return "closed"
-	}
-	return fmt.Sprintf("state(%d)", int(s))
-}
-
 // connKey identifies a connection: the host's port and the guest's port.
 type connKey struct {
 	local uint32 // host port
@@ -201,6 +187,14 @@ func (c *Conn) handle(h *Header, data []byte) {
 	c.updatePeerCredit(h)
 	defer c.signal() // credit, data or state changed
 
+	if c.state == stateConnecting && h.Op != OpResponse && h.Op != OpCreditUpdate {
+		// Before RESPONSE the guest may only accept (or RST) our REQUEST.
+		m.log.Warn("vsock: guest sent a packet on a connection it has not accepted; resetting it",
+			"conn", c.key, "op", opName(h.Op))
+		c.terminate(errRefused, true)
+		return
+	}
+
 	switch h.Op {
 	case OpResponse:
 		if c.state != stateConnecting {
@@ -214,10 +208,6 @@ func (c *Conn) handle(h *Header, data []byte) {
 		m.log.Warn("vsock: guest sent REQUEST on an existing connection; resetting it", "conn", c.key)
 		c.terminate(errReset, true)
 	case OpRW:
-		if c.state == stateConnecting {
-			c.terminate(errRefused, true)
-			return
-		}
 		if c.hostClosed || c.peerShut&ShutdownSend != 0 {
 			// Nobody will read it: count it as consumed so the guest's
 			// credit does not stall, and drop it.
@@ -234,10 +224,8 @@ func (c *Conn) handle(h *Header, data []byte) {
 	case OpCreditUpdate:
 		// The credit was recorded above; blocked writers are woken by signal.
 	case OpCreditRequest:
-		if c.state != stateConnecting {
-			c.needCreditUpdate = true
-			m.schedule(c)
-		}
+		c.needCreditUpdate = true
+		m.schedule(c)
 	case OpShutdown:
 		c.peerShut |= h.Flags
 		if c.peerShut&ShutdownRcv != 0 {

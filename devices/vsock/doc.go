@@ -7,7 +7,11 @@
 //   - connection.go: one stream's state machine and credit-based flow control;
 //   - muxer.go: routing by (host port, guest port), listeners, caps, RSTs;
 //   - device.go: the virtio Device (rx, tx and event queues, config space);
-//   - conn.go, listener.go, addr.go, deadline.go: the host-side net API.
+//   - conn.go, listener.go, addr.go, deadline.go: the host-side net API;
+//   - ring.go, ratelog.go: the bounded byte FIFO and the rate-limited log.
+//
+// Package vsocktest plays a Linux guest's vsock stack against the device,
+// for tests here and in packages built on it.
 //
 // Everything the guest sends is hostile input: headers are copied out of guest
 // memory once and the copy is validated; a bad packet is completed with used

@@ -148,23 +148,17 @@ func (a *agent) serve(ctx context.Context) error {
 			select {
 			case frames <- body:
 			case <-a.shutdownDone:
-				readErr <- io.EOF
-				close(frames)
+				// serve has returned; nobody reads frames any more.
+				return
+			case <-ctx.Done():
 				return
 			}
 		}
 	}()
 	for {
-		var body []byte
-		var ok bool
-		select {
-		case body, ok = <-frames:
-			if !ok {
-				return <-readErr
-			}
-		case <-a.shutdownDone:
-			a.conn.Close()
-			return nil
+		body, ok := <-frames
+		if !ok {
+			return <-readErr
 		}
 		var f protocol.AgentFrame
 		if err := json.Unmarshal(body, &f); err != nil {
@@ -180,7 +174,10 @@ func (a *agent) serve(ctx context.Context) error {
 		}
 		if f.Method == protocol.AgentMethodShutdown {
 			// Served inline: nothing else is read once shutdown starts.
-			a.handleShutdown(f)
+			if a.handleShutdown(f) {
+				a.conn.Close()
+				return nil
+			}
 			continue
 		}
 		select {
@@ -198,13 +195,14 @@ func (a *agent) serve(ctx context.Context) error {
 	}
 }
 
-// handleShutdown ends every process, replies, and makes serve return.
-func (a *agent) handleShutdown(f protocol.AgentFrame) {
+// handleShutdown ends every process and replies; it reports whether the
+// shutdown happened (false: the request was invalid).
+func (a *agent) handleShutdown(f protocol.AgentFrame) bool {
 	var p protocol.ShutdownParams
-	if len(f.Params) > 0 {
+	if len(f.Params) > 0 && string(f.Params) != "null" {
 		if err := json.Unmarshal(f.Params, &p); err != nil {
 			a.reply(f.ID, nil, fmt.Errorf("invalid shutdown params: %w", err))
-			return
+			return false
 		}
 	}
 	grace := time.Duration(p.GraceMillis) * time.Millisecond
@@ -215,6 +213,7 @@ func (a *agent) handleShutdown(f protocol.AgentFrame) {
 	a.procs.terminateAll(grace)
 	a.reply(f.ID, nil, nil)
 	a.shutdownOnce.Do(func() { close(a.shutdownDone) })
+	return true
 }
 
 // handle runs one request and returns its result (nil for none).

@@ -42,7 +42,7 @@ type procOutput struct {
 
 // testClient is the helper side of the agent channel, for tests.
 type testClient struct {
-	t     *testing.T
+	t     testing.TB
 	conn  net.Conn
 	hello protocol.AgentHello
 
@@ -54,7 +54,7 @@ type testClient struct {
 	closed  bool
 }
 
-func newTestClient(t *testing.T, conn net.Conn) *testClient {
+func newTestClient(t testing.TB, conn net.Conn) *testClient {
 	c := &testClient{t: t, conn: conn, pending: map[uint64]chan protocol.AgentFrame{}, procs: map[string]*procOutput{}}
 	c.cond = sync.NewCond(&c.mu)
 	body, err := protocol.ReadFrame(conn)
@@ -70,7 +70,7 @@ func newTestClient(t *testing.T, conn net.Conn) *testClient {
 }
 
 // startAgent runs agent.Run in this process over a socketpair.
-func startAgent(t *testing.T, opts Options) *testClient {
+func startAgent(t testing.TB, opts Options) *testClient {
 	t.Helper()
 	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 	require.NoError(t, err)
@@ -90,7 +90,7 @@ func startAgent(t *testing.T, opts Options) *testClient {
 	return c
 }
 
-func fileConn(t *testing.T, fd int) net.Conn {
+func fileConn(t testing.TB, fd int) net.Conn {
 	f := os.NewFile(uintptr(fd), "socket")
 	defer f.Close()
 	c, err := net.FileConn(f)
@@ -361,10 +361,40 @@ func TestOrphansAreReaped(t *testing.T) {
 func TestExitWaitsForOutputButNotForeverForBackgroundHolders(t *testing.T) {
 	c := startAgent(t, Options{OutputDrain: 200 * time.Millisecond})
 	// The background sleep keeps stdout open; the exit still comes.
-	c.spawn("bg", "sh", "-c", "echo first; sleep 30 &")
+	c.spawn("bg", "sh", "-c", "echo first; sleep 30 & echo $! >&2")
 	p := c.waitExit("bg")
 	require.Equal(t, "first\n", p.stdout.String())
 	require.Equal(t, 0, *p.exit.ExitCode)
+	bg, err := strconv.Atoi(strings.TrimSpace(p.stderr.String()))
+	require.NoError(t, err)
+	require.NoError(t, unix.Kill(bg, unix.SIGKILL))
+}
+
+func TestOutputDrainNeverCutsFlowingOutput(t *testing.T) {
+	c := startAgent(t, Options{OutputDrain: 50 * time.Millisecond})
+	// Small enough that the process can write it all into the socket and
+	// pipe buffers and exit while the agent is blocked sending.
+	const size = 288 * 1024
+	done := filepath.Join(t.TempDir(), "done")
+	c.spawn("slow", "sh", "-c", fmt.Sprintf("sleep 0.2; head -c %d /dev/zero | tr '\\000' b; touch %s", size, done))
+	// Stall the client until the process has exited and well past
+	// OutputDrain, so the agent's sends are blocked meanwhile.
+	c.mu.Lock()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		if _, err := os.Stat(done); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			c.mu.Unlock()
+			t.Fatal("the process did not finish while the client was stalled")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	time.Sleep(300 * time.Millisecond)
+	c.mu.Unlock()
+	p := c.waitExit("slow")
+	require.Equal(t, size, p.stdout.Len())
 }
 
 func TestReadFile(t *testing.T) {
@@ -383,6 +413,13 @@ func TestReadFile(t *testing.T) {
 	fifo := filepath.Join(dir, "fifo")
 	require.NoError(t, unix.Mkfifo(fifo, 0o644))
 	require.ErrorContains(t, c.call(protocol.AgentMethodReadFile, protocol.ReadFileParams{Path: fifo}, nil), "not a regular file")
+	// Ordinary symlinks are followed; /proc magic links are not (they could
+	// reach the agent's own descriptors).
+	require.NoError(t, os.Symlink("f.bin", filepath.Join(dir, "plain-link")))
+	require.NoError(t, c.call(protocol.AgentMethodReadFile, protocol.ReadFileParams{Path: filepath.Join(dir, "plain-link")}, &res))
+	require.Equal(t, content, res.Content)
+	require.NoError(t, os.Symlink("/proc/self/root"+path, filepath.Join(dir, "magic-link")))
+	require.Error(t, c.call(protocol.AgentMethodReadFile, protocol.ReadFileParams{Path: filepath.Join(dir, "magic-link")}, nil))
 	big := filepath.Join(dir, "big")
 	require.NoError(t, os.WriteFile(big, make([]byte, protocol.MaxReadFileBytes+1), 0o644))
 	require.ErrorContains(t, c.call(protocol.AgentMethodReadFile, protocol.ReadFileParams{Path: big}, nil), "more than")

@@ -117,23 +117,27 @@ func mountKernelFilesystems(log *slog.Logger) {
 	}
 }
 
-// writeBootTimer writes the boot-timer value to its port through /dev/port
-// (pure Go cannot issue `outb`; /dev/port does it for us with CAP_SYS_RAWIO).
-// The agent writes it before mounting anything, so /dev/port is opened from a
-// devtmpfs mounted here when needed. Failure is only logged.
+// writeBootTimer tells the VMM that the guest reached userspace: one byte,
+// BootTimerValue, to port BootTimerPort, with outb after ioperm; where that
+// is refused it goes through /dev/port (CONFIG_DEVPORT). Failure is only
+// logged.
 func writeBootTimer(log *slog.Logger) {
-	if _, err := os.Stat("/dev/port"); err != nil {
+	err := writePortByte(BootTimerPort, BootTimerValue)
+	if err == nil {
+		return
+	}
+	if _, serr := os.Stat("/dev/port"); serr != nil {
 		_ = os.MkdirAll("/dev", 0o755)
 		_ = unix.Mount("devtmpfs", "/dev", "devtmpfs", unix.MS_NOSUID, "mode=0755")
 	}
-	f, err := os.OpenFile("/dev/port", os.O_WRONLY, 0)
-	if err != nil {
-		log.Warn("boot timer not written", "err", err)
+	f, ferr := os.OpenFile("/dev/port", os.O_WRONLY, 0)
+	if ferr != nil {
+		log.Warn("boot timer not written", "ioperm", err, "devport", ferr)
 		return
 	}
 	defer f.Close()
-	if _, err := f.WriteAt([]byte{BootTimerValue}, BootTimerPort); err != nil {
-		log.Warn("boot timer not written", "err", err)
+	if _, werr := f.WriteAt([]byte{BootTimerValue}, BootTimerPort); werr != nil {
+		log.Warn("boot timer not written", "ioperm", err, "devport", werr)
 	}
 }
 

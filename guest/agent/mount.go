@@ -27,7 +27,7 @@ const (
 )
 
 // ninePOptions are the 9p mount options of the VM's exports.
-const ninePOptions = "trans=virtio,version=9p2000.L,msize=262144,cache=none"
+const ninePOptions = "trans=virtio,version=9p2000.L,msize=262144"
 
 // mounter performs mounts and remembers what it mounted where.
 //

@@ -29,9 +29,17 @@ const (
 	// sent, so a process writing byte by byte does not cause one event per
 	// byte.
 	coalesceWindow = 5 * time.Millisecond
+	// coalesceEnough is the chunk size at which waiting for more output stops
+	// paying off: a fast producer's output is sent without delay.
+	coalesceEnough = 16 * 1024
 	// maxStdinPending bounds stdin bytes queued for a process that is not
 	// reading them.
 	maxStdinPending = 8 * 1024 * 1024
+	// maxDrainAfterExit bounds how long output is still forwarded after a
+	// process has exited while it keeps flowing (see waitDrained).
+	maxDrainAfterExit = time.Minute
+	// killWait bounds how long shutdown waits for exits after SIGKILL.
+	killWait = 10 * time.Second
 	// maxProcessIDLen bounds a spawn id.
 	maxProcessIDLen = 512
 )
@@ -51,7 +59,9 @@ type process struct {
 	stdin        *os.File
 
 	stdout, stderr *os.File
-	abandonOutput  atomic.Bool // stop forwarding output (drain timeout)
+	abandonOutput  atomic.Bool  // stop forwarding output (drain timeout)
+	lastOutput     atomic.Int64 // unix nanoseconds of the last output read or sent
+	sendingOutput  atomic.Int32 // pumps blocked sending an event
 }
 
 // processTable holds the running processes by spawn id and by pid.
@@ -237,17 +247,7 @@ func (t *processTable) run(p *process) {
 
 	drained := make(chan struct{})
 	go func() { streams.Wait(); close(drained) }()
-	select {
-	case <-drained:
-	case <-time.After(t.a.opts.OutputDrain):
-		// Something else (a background child) holds the pipes open: stop
-		// forwarding so the exit is reported.
-		t.a.log.Info("process exited but its output is still held open; closing it", "id", p.id)
-		p.abandonOutput.Store(true)
-		_ = p.stdout.SetReadDeadline(time.Now())
-		_ = p.stderr.SetReadDeadline(time.Now())
-		<-drained
-	}
+	t.waitDrained(p, drained)
 	closeAll(p.stdout, p.stderr)
 
 	ev := protocol.Event{Type: protocol.EventExit, ID: p.id}
@@ -276,22 +276,56 @@ func (t *processTable) run(p *process) {
 	}
 }
 
+// waitDrained waits until both output pipes reach EOF. If they stay open
+// after the process has exited (a background child holds them) and no output
+// has flowed for OutputDrain, forwarding stops so the exit can be reported.
+// Output that is still flowing is not cut, unless it goes on for
+// maxDrainAfterExit (a background child that keeps writing).
+func (t *processTable) waitDrained(p *process, drained <-chan struct{}) {
+	exited := time.Now()
+	p.lastOutput.Store(exited.UnixNano())
+	for {
+		wait := t.a.opts.OutputDrain - time.Since(time.Unix(0, p.lastOutput.Load()))
+		if p.sendingOutput.Load() > 0 {
+			wait = t.a.opts.OutputDrain
+		}
+		if wait <= 0 || time.Since(exited) > maxDrainAfterExit {
+			break
+		}
+		timer := time.NewTimer(wait)
+		select {
+		case <-drained:
+			timer.Stop()
+			return
+		case <-timer.C:
+		}
+	}
+	t.a.log.Info("process exited but its output is still held open; closing it", "id", p.id)
+	p.abandonOutput.Store(true)
+	_ = p.stdout.SetReadDeadline(time.Now())
+	_ = p.stderr.SetReadDeadline(time.Now())
+	<-drained
+}
+
 // pump streams one output pipe as UTF-8 chunks: read, briefly coalesce, send.
 func (t *processTable) pump(p *process, f *os.File, eventType string) {
 	var chunker utf8Chunker
 	buf := make([]byte, maxChunkBytes)
 	send := func(text string) {
 		if text != "" {
+			p.sendingOutput.Add(1)
 			t.a.emit(protocol.Event{Type: eventType, ID: p.id, Data: text})
+			p.lastOutput.Store(time.Now().UnixNano())
+			p.sendingOutput.Add(-1)
 		}
 	}
 	for {
 		// Block for the first bytes of a chunk.
 		n, err := f.Read(buf[:readBufferSize])
-		if err == nil {
-			// Coalesce what follows quickly, up to the chunk cap.
+		if err == nil && n < coalesceEnough {
+			// Small output: coalesce what follows quickly.
 			_ = f.SetReadDeadline(time.Now().Add(coalesceWindow))
-			for n < maxChunkBytes {
+			for n < coalesceEnough {
 				m, rerr := f.Read(buf[n:min(n+readBufferSize, maxChunkBytes)])
 				n += m
 				if rerr != nil {
@@ -302,6 +336,9 @@ func (t *processTable) pump(p *process, f *os.File, eventType string) {
 				}
 			}
 			_ = f.SetReadDeadline(time.Time{})
+		}
+		if n > 0 {
+			p.lastOutput.Store(time.Now().UnixNano())
 		}
 		send(chunker.Push(buf[:n]))
 		// abandonOutput is stored before the abandoning deadline is set, so
@@ -437,7 +474,15 @@ func (t *processTable) terminateAll(grace time.Duration) {
 		t.a.log.Info("processes still running after the grace period; sending SIGKILL", "count", t.running())
 	}
 	t.signalAll(unix.SIGKILL)
-	t.wg.Wait()
+	// A process stuck in the kernel (uninterruptible sleep) must not keep the
+	// guest from ending; its exit is then never reported.
+	all := make(chan struct{})
+	go func() { t.wg.Wait(); close(all) }()
+	select {
+	case <-all:
+	case <-time.After(killWait):
+		t.a.log.Error("processes did not die after SIGKILL; giving up on them", "count", t.running())
+	}
 }
 
 func (t *processTable) running() int {

@@ -61,6 +61,10 @@ func (m *mounter) setupInPlace(system []protocol.Mount) error {
 func (m *mounter) setupNewRoot(system []protocol.Mount) (err error) {
 	// Nothing we do may propagate back to the host's mount namespace.
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
+		if errors.Is(err, unix.EPERM) {
+			return fmt.Errorf("the sandbox may not mount (user namespaces without capabilities: on Ubuntu 23.10+ AppArmor's "+
+				"kernel.apparmor_restrict_unprivileged_userns does this; allow it or use the kvm backend): %w", err)
+		}
 		return fmt.Errorf("making the agent's mounts private (is the agent in its own mount namespace?): %w", err)
 	}
 	root, err := os.MkdirTemp("", "cowork-vmm-root-")

@@ -274,6 +274,18 @@ func TestSandboxMountsAndProcesses(t *testing.T) {
 	_, err = os.Stat(filepath.Join(ro, "new"))
 	require.ErrorIs(t, err, os.ErrNotExist)
 
+	// A mount added while a process runs (mountPath) reaches that process.
+	late := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(late, "late.txt"), []byte("late"), 0o644))
+	require.NoError(t, c.call(protocol.AgentMethodSpawn, protocol.SpawnParams{ID: "waiter", Command: "sh",
+		Args: []string{"-c", "read line; cat /sessions/s1/mnt/late/late.txt"}, Cwd: "/sessions/s1", Env: []string{"PATH=/usr/bin:/bin"}}))
+	src, err = g.Share(late, true)
+	require.NoError(t, err)
+	require.NoError(t, c.call(protocol.AgentMethodMount, protocol.MountParams{Mount: protocol.Mount{Source: src, Target: "/sessions/s1/mnt/late", ReadOnly: true}}))
+	require.NoError(t, c.call(protocol.AgentMethodStdin, protocol.StdinParams{ID: "waiter", Data: "go\n"}))
+	r = c.waitExit("waiter")
+	require.Equal(t, "late", r.stdout.String(), r.stderr.String())
+
 	// kill → exit with the signal name.
 	require.NoError(t, c.call(protocol.AgentMethodSpawn, protocol.SpawnParams{ID: "sl", Command: "sleep", Args: []string{"60"}, Cwd: "/sessions/s1", Env: []string{"PATH=/usr/bin:/bin"}}))
 	require.NoError(t, c.call(protocol.AgentMethodKill, protocol.KillParams{ID: "sl", Signal: "SIGTERM"}))

@@ -258,7 +258,7 @@ func qemuArgs(opts Options, payload, initrd string) []string {
 	return []string{
 		"-accel", accel,
 		"-M", "microvm,acpi=off",
-		"-cpu", "qemu64,+svm,+npt,+nrip-save",
+		"-cpu", "qemu64,+svm,+npt", // TCG has no nrip-save; asking only warns
 		"-m", strconv.Itoa(opts.MemMiB),
 		"-smp", strconv.Itoa(opts.CPUs),
 		"-nodefaults", "-no-user-config", "-nographic",

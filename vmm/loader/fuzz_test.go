@@ -2,6 +2,7 @@ package loader
 
 import (
 	"bytes"
+	"debug/elf"
 	"errors"
 	"flag"
 	"fmt"
@@ -82,6 +83,11 @@ func FuzzLoadKernel(f *testing.F) {
 		if err := checkKernel(k, mem); err != nil {
 			t.Fatal(err)
 		}
+		if k.Format == FormatELF {
+			if err := crossCheckELF(k, image); err != nil {
+				t.Fatal(err)
+			}
+		}
 	})
 }
 
@@ -101,6 +107,29 @@ func checkKernel(k Kernel, mem *sparseMemory) error {
 		return fmt.Errorf("command line limit %d", k.CmdlineMaxSize)
 	case k.Format == FormatBzImage && (len(k.SetupHeader) == 0 || len(k.SetupHeader) > x86.SetupHeaderMaxSize):
 		return fmt.Errorf("setup header of %d bytes", len(k.SetupHeader))
+	}
+	return nil
+}
+
+// crossCheckELF compares an accepted vmlinux with what the standard
+// library's ELF reader makes of it, when it can read it (it also checks
+// section headers, which the loader ignores).
+func crossCheckELF(k Kernel, image []byte) error {
+	f, err := elf.NewFile(bytes.NewReader(image))
+	if err != nil {
+		return nil
+	}
+	if f.Entry != k.Entry64 {
+		return fmt.Errorf("entry %#x, debug/elf says %#x", k.Entry64, f.Entry)
+	}
+	lowest, end := ^uint64(0), uint64(0)
+	for _, p := range f.Progs {
+		if p.Type == elf.PT_LOAD {
+			lowest, end = min(lowest, p.Paddr), max(end, p.Paddr+p.Memsz)
+		}
+	}
+	if lowest != k.LoadAddr || end != k.LoadEnd {
+		return fmt.Errorf("load range [%#x, %#x), debug/elf says [%#x, %#x)", k.LoadAddr, k.LoadEnd, lowest, end)
 	}
 	return nil
 }

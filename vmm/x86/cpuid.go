@@ -269,6 +269,9 @@ func CPUIDForVCPU(supported []CPUIDEntry, p CPUIDPolicy) ([]CPUIDEntry, error) {
 		features.EAX, features.EDX = kvmFeatures.EAX, kvmFeatures.EDX
 	}
 	out = append(out, features)
+	if len(out) > MaxCPUIDEntries {
+		return nil, fmt.Errorf("%w: the policy produced %d CPUID entries, more than KVM's %d", ErrBadCPUIDPolicy, len(out), MaxCPUIDEntries)
+	}
 	slices.SortStableFunc(out, func(a, b CPUIDEntry) int {
 		return cmp.Or(cmp.Compare(a.Function, b.Function), cmp.Compare(a.Index, b.Index))
 	})

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"strconv"
 	"sync"
+	"sync/atomic"
 
 	"github.com/hugelgupf/p9/linux"
 	"github.com/hugelgupf/p9/p9"
@@ -29,13 +30,58 @@ const maxDirEntries = 1 << 20
 type file struct {
 	ex *export
 
-	mu       sync.Mutex
-	fd       int    // O_PATH|O_NOFOLLOW descriptor of this node
-	parentFd int    // O_PATH descriptor of the parent directory; -1 for the export root
-	name     string // name within the parent ("" for the export root)
-	mode     uint32 // st_mode at walk time (type bits are stable)
-	openFd   int    // real descriptor after Open/Create; -1 before
-	dirents  []p9.Dirent
+	// refs counts Close-pending owners: the p9 server's own reference
+	// plus one per child whose parent this is. Descriptors are closed at 0.
+	refs atomic.Int32
+
+	mu      sync.Mutex
+	fd      int    // O_PATH|O_NOFOLLOW descriptor of this node
+	parent  *file  // the directory holding this node; nil for the export root
+	name    string // name within parent ("" for the export root)
+	mode    uint32 // st_mode at walk time (type bits are stable)
+	openFd  int    // real descriptor after Open/Create; -1 before
+	dirents []p9.Dirent
+}
+
+// newFile returns a file with one reference, taking a reference on parent
+// and on the export.
+func newFile(ex *export, fd int, parent *file, name string, mode uint32, openFd int) *file {
+	f := &file{ex: ex, fd: fd, parent: parent, name: name, mode: mode, openFd: openFd}
+	f.refs.Store(1)
+	if parent != nil {
+		parent.refs.Add(1)
+	}
+	ex.acquire()
+	return f
+}
+
+// unref drops one reference; the last one closes the descriptors.
+func (f *file) unref() {
+	if f.refs.Add(-1) != 0 {
+		return
+	}
+	f.mu.Lock()
+	for _, fd := range []*int{&f.openFd, &f.fd} {
+		if *fd >= 0 {
+			_ = unix.Close(*fd)
+			*fd = -1
+		}
+	}
+	f.dirents = nil
+	parent := f.parent
+	f.parent = nil
+	f.mu.Unlock()
+	if parent != nil {
+		parent.unref()
+	}
+	f.ex.release()
+}
+
+// parentAndName returns the current parent and name under f.mu.
+func (f *file) parentAndName() (*file, string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.parent, f.name
 }
 
 var _ p9.File = (*file)(nil)
@@ -57,7 +103,9 @@ func newRootFile(ex *export) (*file, error) {
 		_ = unix.Close(fd)
 		return nil, err
 	}
-	return &file{ex: ex, fd: fd, parentFd: -1, mode: st.Mode, openFd: -1}, nil
+	f := newFile(ex, fd, nil, "", st.Mode, -1)
+	ex.release() // newFile took its own reference; the caller's is handed over
+	return f, nil
 }
 
 // openBeneath opens one name in dirFd as an O_PATH descriptor, never
@@ -90,9 +138,6 @@ func fstat(fd int) (*unix.Stat_t, error) {
 func procPath(fd int) string { return "/proc/self/fd/" + strconv.Itoa(fd) }
 
 func dupFd(fd int) (int, error) {
-	if fd < 0 {
-		return -1, nil
-	}
 	n, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 0)
 	return n, errno(err)
 }
@@ -126,13 +171,7 @@ func (f *file) Walk(names []string) ([]p9.QID, p9.File, error) {
 		if err != nil {
 			return nil, nil, err
 		}
-		parent, err := dupFd(f.parentFd)
-		if err != nil {
-			_ = unix.Close(fd)
-			return nil, nil, err
-		}
-		f.ex.acquire()
-		return nil, &file{ex: f.ex, fd: fd, parentFd: parent, name: f.name, mode: f.mode, openFd: -1}, nil
+		return nil, newFile(f.ex, fd, f.parent, f.name, f.mode, -1), nil
 	case 1:
 	default:
 		return nil, nil, linux.EINVAL
@@ -149,14 +188,7 @@ func (f *file) Walk(names []string) ([]p9.QID, p9.File, error) {
 		_ = unix.Close(fd)
 		return nil, nil, err
 	}
-	parent, err := dupFd(f.fd)
-	if err != nil {
-		_ = unix.Close(fd)
-		return nil, nil, err
-	}
-	f.ex.acquire()
-	nf := &file{ex: f.ex, fd: fd, parentFd: parent, name: names[0], mode: st.Mode, openFd: -1}
-	return []p9.QID{qidFor(st)}, nf, nil
+	return []p9.QID{qidFor(st)}, newFile(f.ex, fd, f, names[0], st.Mode, -1), nil
 }
 
 // WalkGetAttr implements p9.File.
@@ -215,8 +247,8 @@ func (f *file) SetAttr(valid p9.SetAttrMask, attr p9.SetAttr) error {
 		if valid.Permissions || valid.Size || valid.UID || valid.GID {
 			return linux.EOPNOTSUPP
 		}
-		if valid.ATime || valid.MTime {
-			return errno(unix.UtimesNanoAt(f.parentFd, f.name, setTimes(valid, attr), unix.AT_SYMLINK_NOFOLLOW))
+		if (valid.ATime || valid.MTime) && f.parent != nil {
+			return errno(unix.UtimesNanoAt(f.parent.fd, f.name, setTimes(valid, attr), unix.AT_SYMLINK_NOFOLLOW))
 		}
 		return nil
 	}
@@ -271,21 +303,17 @@ func setTimes(valid p9.SetAttrMask, attr p9.SetAttr) []unix.Timespec {
 	return ts
 }
 
-// Close implements p9.File.
+// Close implements p9.File: the server's reference goes; the descriptors
+// stay while children still use this directory.
 func (f *file) Close() error {
 	f.mu.Lock()
-	defer f.mu.Unlock()
-	for _, fd := range []*int{&f.openFd, &f.fd, &f.parentFd} {
-		if *fd >= 0 {
-			_ = unix.Close(*fd)
-			*fd = -1
-		}
+	if f.openFd >= 0 {
+		_ = unix.Close(f.openFd)
+		f.openFd = -1
 	}
 	f.dirents = nil
-	if f.ex != nil {
-		f.ex.release()
-		f.ex = nil
-	}
+	f.mu.Unlock()
+	f.unref()
 	return nil
 }
 
@@ -437,13 +465,7 @@ func (f *file) Create(name string, flags p9.OpenFlags, perm p9.FileMode, _ p9.UI
 	}
 	st, err := fstat(pathFd)
 	if err == nil {
-		var parent int
-		parent, err = dupFd(f.fd)
-		if err == nil {
-			f.ex.acquire()
-			nf := &file{ex: f.ex, fd: pathFd, parentFd: parent, name: name, mode: st.Mode, openFd: openFd}
-			return nf, qidFor(st), 0, nil
-		}
+		return newFile(f.ex, pathFd, f, name, st.Mode, openFd), qidFor(st), 0, nil
 	}
 	_ = unix.Close(pathFd)
 	_ = unix.Close(openFd)
@@ -503,9 +525,7 @@ func (f *file) Link(target p9.File, name string) error {
 	if err != nil {
 		return err
 	}
-	t.mu.Lock()
 	tfd, tmode := t.fd, t.mode
-	t.mu.Unlock()
 	if tmode&unix.S_IFMT == unix.S_IFDIR || tmode&unix.S_IFMT == unix.S_IFLNK {
 		return linux.EPERM
 	}
@@ -546,16 +566,11 @@ func (f *file) Rename(newDir p9.File, newName string) error {
 	if err != nil {
 		return err
 	}
-	f.mu.Lock()
-	parent, name := f.parentFd, f.name
-	f.mu.Unlock()
-	if parent < 0 {
+	parent, name := f.parentAndName()
+	if parent == nil {
 		return linux.EBUSY // the export root itself
 	}
-	nd.mu.Lock()
-	ndFd := nd.fd
-	nd.mu.Unlock()
-	return errno(unix.Renameat(parent, name, ndFd, newName))
+	return errno(unix.Renameat(parent.fd, name, nd.fd, newName))
 }
 
 // RenameAt implements p9.File (Trenameat: oldName in this directory).
@@ -573,10 +588,7 @@ func (f *file) RenameAt(oldName string, newDir p9.File, newName string) error {
 	if err != nil {
 		return err
 	}
-	nd.mu.Lock()
-	ndFd := nd.fd
-	nd.mu.Unlock()
-	return errno(unix.Renameat(f.fd, oldName, ndFd, newName))
+	return errno(unix.Renameat(f.fd, oldName, nd.fd, newName))
 }
 
 // UnlinkAt implements p9.File.
@@ -703,20 +715,16 @@ func (f *file) Readlink() (string, error) {
 // Renamed implements p9.File: the server tells us our new parent and name.
 func (f *file) Renamed(newDir p9.File, newName string) {
 	nd, ok := newDir.(*file)
-	if !ok {
+	if !ok || nd.ex != f.ex {
 		return
 	}
-	nd.mu.Lock()
-	parent, err := dupFd(nd.fd)
-	nd.mu.Unlock()
-	if err != nil {
-		return
-	}
+	nd.refs.Add(1)
 	f.mu.Lock()
-	defer f.mu.Unlock()
-	if f.parentFd >= 0 {
-		_ = unix.Close(f.parentFd)
-	}
-	f.parentFd = parent
+	old := f.parent
+	f.parent = nd
 	f.name = newName
+	f.mu.Unlock()
+	if old != nil {
+		old.unref()
+	}
 }

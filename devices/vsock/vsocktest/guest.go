@@ -1,9 +1,3 @@
-// Package vsocktest plays a Linux guest's vsock stack against a
-// vsock.Device, through virtiotest's guest-side virtio driver: it posts rx
-// buffers, writes tx packets as the Linux virtio transport does (REQUEST,
-// RW, CREDIT_UPDATE, SHUTDOWN, RST), honours the host's credit and checks
-// that the host honours ours. Tests of the device and of code built on it
-// (the agent channel, egress) use it as "the guest".
 package vsocktest
 
 import (

@@ -1,0 +1,292 @@
+package p9
+
+import (
+	"encoding/binary"
+	"fmt"
+	"log/slog"
+	"runtime/debug"
+	"sync"
+
+	p9lib "github.com/hugelgupf/p9/p9"
+
+	"github.com/cowork-vmm/cowork-vmm/devices/virtio"
+)
+
+// The bridge between descriptor chains and hugelgupf/p9's server, which
+// only serves a byte stream (Server.Handle(reader, writer)).
+//
+//   - Requests: the device validates each chain's T-message, rewrites its
+//     tag to a bridge tag (unique among messages in flight, so a guest that
+//     reuses a tag cannot make the server drop a request) and queues the
+//     bytes on the feeder, the server's reader.
+//   - Replies: the server writes R-messages to the demux, one message at a
+//     time (its send mutex); the demux reads the header, finds the pending
+//     request by bridge tag, restores the guest's tag and streams the
+//     message straight into that chain's writable buffers, then completes
+//     the chain.
+//   - Concurrency: a bridge tag is a slot; there are maxInFlight of them,
+//     so the server never has more requests than that in flight.
+//
+// The server connection lives as long as the device: at reset the device
+// clunks every fid the guest held (tracked from the requests), instead of
+// ending the stream — hugelgupf/p9 v0.3.0 races when a connection ends
+// (connState.stop waits on a WaitGroup that a receive goroutine it just
+// spawned may still Add to, which panics). For the same reason Close parks
+// the server's goroutines instead of ending the stream.
+
+// pending is one request handed to the server.
+type pending struct {
+	guestTag uint16
+	queue    *virtio.Queue
+	chain    *virtio.Chain // nil for the device's own requests (clunks)
+	irq      virtio.Interrupt
+	done     chan struct{} // closed when the reply has been handled
+	capture  []byte        // the reply's first bytes (for Rversion), when set
+
+	mu       sync.Mutex // guards the fields below and writes to chain
+	orphaned bool       // the device was reset: drop the reply
+	failed   bool       // the chain could not take the reply
+}
+
+// bridge owns the server connection and the tags in flight.
+type bridge struct {
+	log  *slog.Logger
+	warn func(msg string, args ...any)
+
+	feed     chan []byte // messages for the server, in order
+	freeTags chan uint16
+
+	mu      sync.Mutex
+	pending map[uint16]*pending // by bridge tag
+	byGuest map[uint16]uint16   // guest tag → bridge tag (current generation)
+
+	demux demux
+}
+
+func newBridge(attacher p9lib.Attacher, maxInFlight int, log *slog.Logger, warn func(string, ...any)) *bridge {
+	b := &bridge{
+		log:      log,
+		warn:     warn,
+		feed:     make(chan []byte, maxInFlight),
+		freeTags: make(chan uint16, maxInFlight),
+		pending:  make(map[uint16]*pending),
+		byGuest:  make(map[uint16]uint16),
+	}
+	for t := range maxInFlight {
+		b.freeTags <- uint16(t)
+	}
+	b.demux.b = b
+	srv := p9lib.NewServer(attacher)
+	go func() {
+		defer func() {
+			if r := recover(); r != nil {
+				log.Error("virtio-9p: 9P server stopped", "panic", r, "stack", string(debug.Stack()))
+			}
+		}()
+		_ = srv.Handle(&feeder{ch: b.feed}, &b.demux)
+	}()
+	return b
+}
+
+// submit hands one message (its tag field is overwritten) to the server
+// under bridge tag, registering p to receive the reply.
+func (b *bridge) submit(tag uint16, msg []byte, p *pending) {
+	binary.LittleEndian.PutUint16(msg[5:7], tag)
+	b.mu.Lock()
+	b.pending[tag] = p
+	if p.chain != nil {
+		b.byGuest[p.guestTag] = tag
+	}
+	b.mu.Unlock()
+	b.feed <- msg // never blocks: at most maxInFlight tags exist
+}
+
+// bridgeTagFor maps a guest tag (Tflush's oldtag) to the bridge tag of a
+// request in flight, or NOTAG (which the server treats as finished).
+func (b *bridge) bridgeTagFor(guestTag uint16) uint16 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if t, ok := b.byGuest[guestTag]; ok {
+		return t
+	}
+	return noTag
+}
+
+// orphanAll marks every request in flight as belonging to a reset device:
+// their replies are dropped, their chains never touched again. When it
+// returns, no reply is being written into guest memory.
+func (b *bridge) orphanAll() {
+	b.mu.Lock()
+	all := make([]*pending, 0, len(b.pending))
+	for _, p := range b.pending {
+		all = append(all, p)
+	}
+	clear(b.byGuest)
+	b.mu.Unlock()
+	for _, p := range all {
+		p.mu.Lock()
+		p.orphaned = true
+		p.mu.Unlock()
+	}
+}
+
+// finish retires a bridge tag after its reply.
+func (b *bridge) finish(tag uint16, p *pending) {
+	b.mu.Lock()
+	delete(b.pending, tag)
+	if t, ok := b.byGuest[p.guestTag]; ok && t == tag {
+		delete(b.byGuest, p.guestTag)
+	}
+	b.mu.Unlock()
+	close(p.done)
+	b.freeTags <- tag
+}
+
+func (b *bridge) lookup(tag uint16) *pending {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.pending[tag]
+}
+
+// feeder is the server's reader: the queued messages, back to back. The
+// server reads with one goroutine at a time (its receive mutex). It never
+// reports end of stream (see above).
+type feeder struct {
+	mu  sync.Mutex
+	ch  chan []byte
+	cur []byte
+}
+
+func (f *feeder) Read(p []byte) (int, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for len(f.cur) == 0 {
+		f.cur = <-f.ch
+	}
+	n := copy(p, f.cur)
+	f.cur = f.cur[n:]
+	return n, nil
+}
+
+func (f *feeder) Close() error { return nil }
+
+// demux is the server's writer. The server writes each R-message whole,
+// under its send mutex, in one or more Write calls.
+type demux struct {
+	b *bridge
+
+	hdr       [headerSize]byte
+	hdrN      int
+	remaining uint32
+	tag       uint16
+	cur       *pending
+	written   uint32 // bytes written into the current chain
+}
+
+func (d *demux) Write(p []byte) (int, error) {
+	total := len(p)
+	for len(p) > 0 {
+		if d.hdrN < headerSize {
+			n := copy(d.hdr[d.hdrN:], p)
+			d.hdrN += n
+			p = p[n:]
+			if d.hdrN == headerSize {
+				d.begin()
+			}
+			continue
+		}
+		n := min(uint32(len(p)), d.remaining)
+		d.body(p[:n])
+		d.remaining -= n
+		p = p[n:]
+		if d.remaining == 0 {
+			d.end()
+		}
+	}
+	return total, nil
+}
+
+func (d *demux) Close() error { return nil }
+
+// begin starts a reply once its header is in.
+func (d *demux) begin() {
+	h := parseHeader(d.hdr[:])
+	d.tag = h.tag
+	d.remaining = 0
+	if h.size > headerSize {
+		d.remaining = h.size - headerSize
+	}
+	d.written = 0
+	d.cur = d.b.lookup(h.tag)
+	if d.cur == nil {
+		d.b.warn("9P server replied to an unknown tag; dropping the reply", "tag", h.tag, "type", h.typ)
+	} else if p := d.cur; p.chain != nil {
+		p.mu.Lock()
+		if !p.orphaned {
+			if h.size > p.chain.WritableLen() {
+				// The guest's reply buffers are too small: tell it so
+				// instead of truncating a reply it would misparse.
+				p.failed = true
+				d.written = d.writeChain(p, rlerror(p.guestTag, errMsgSize))
+			} else {
+				hdr := d.hdr
+				binary.LittleEndian.PutUint16(hdr[5:7], p.guestTag)
+				d.written = d.writeChain(p, hdr[:])
+			}
+		}
+		p.mu.Unlock()
+	}
+	if d.cur != nil && d.cur.capture != nil {
+		d.cur.capture = append(d.cur.capture[:0], d.hdr[:]...)
+	}
+	if d.remaining == 0 {
+		d.end()
+	}
+}
+
+func (d *demux) body(b []byte) {
+	p := d.cur
+	if p == nil {
+		return
+	}
+	if p.capture != nil && len(p.capture) < 64 {
+		p.capture = append(p.capture, b[:min(len(b), 64-len(p.capture))]...)
+	}
+	if p.chain == nil {
+		return
+	}
+	p.mu.Lock()
+	if !p.orphaned && !p.failed {
+		d.written += d.writeChain(p, b)
+	}
+	p.mu.Unlock()
+}
+
+// writeChain writes into p's chain; a short write marks the reply failed.
+func (d *demux) writeChain(p *pending, b []byte) uint32 {
+	n, err := p.chain.Writer().Write(b)
+	if err != nil || n < len(b) {
+		p.failed = true
+		d.b.warn("cannot write a 9P reply into the guest's buffers", "err", err)
+	}
+	return uint32(n)
+}
+
+// end completes the current reply.
+func (d *demux) end() {
+	p, tag := d.cur, d.tag
+	d.hdrN, d.cur = 0, nil
+	if p == nil {
+		return
+	}
+	if p.chain != nil {
+		p.mu.Lock()
+		if !p.orphaned {
+			if err := p.queue.Complete(p.chain, d.written, p.irq); err != nil {
+				p.irq.NeedsReset(fmt.Errorf("virtio-9p: completing a request: %w", err))
+			}
+		}
+		p.mu.Unlock()
+	}
+	d.b.finish(tag, p)
+}

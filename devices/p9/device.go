@@ -1,0 +1,430 @@
+package p9
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"sync"
+
+	"github.com/hugelgupf/p9/linux"
+	p9lib "github.com/hugelgupf/p9/p9"
+
+	"github.com/cowork-vmm/cowork-vmm/devices"
+	"github.com/cowork-vmm/cowork-vmm/devices/virtio"
+)
+
+// FeatureMountTag is VIRTIO_9P_MOUNT_TAG: the config space holds the tag.
+const FeatureMountTag uint64 = 1 << 0
+
+// Defaults for Options.
+const (
+	DefaultQueueSize   = 128
+	DefaultMaxInFlight = 64
+	DefaultMaxFids     = 4096
+	// DefaultMaxMessageSize is the largest msize the device lets a guest
+	// negotiate (Linux asks for 512 KiB on virtio by default).
+	DefaultMaxMessageSize = 512 << 10
+	// MaxTagLen bounds the mount tag (the config space is u16 length + tag).
+	MaxTagLen = 255
+)
+
+const errMsgSize = linux.EMSGSIZE
+
+// Options configure a Device. Tag and Attacher are required.
+type Options struct {
+	// Tag is the mount tag the guest names: mount -t 9p -o trans=virtio TAG.
+	Tag string
+	// Attacher serves the attach names (typically *fs.Exports).
+	Attacher p9lib.Attacher
+	// Logger for guest misbehaviour (rate-limited) and lifecycle; nil =
+	// slog.Default().
+	Logger *slog.Logger
+	// QueueSize is the request queue's maximum size (power of two).
+	QueueSize uint16
+	// MaxInFlight bounds the requests the server handles at once; further
+	// chains wait in the ring.
+	MaxInFlight int
+	// MaxFids bounds the fids the guest may hold (each costs host
+	// descriptors); a request that would exceed it fails with ENFILE.
+	MaxFids int
+	// MaxMessageSize caps the msize a guest may negotiate (Tversion's msize
+	// is lowered to it), and so the memory one request can hold:
+	// MaxInFlight × MaxMessageSize in all. At most 4 MiB (the server's limit).
+	MaxMessageSize uint32
+}
+
+// Device is a virtio-9p device (virtio id 9) serving one 9P2000.L
+// connection per activation through hugelgupf/p9. See bridge.go for how
+// chains reach the server. It implements virtio.Device.
+type Device struct {
+	log     *slog.Logger
+	limiter devices.LogLimiter
+	config  []byte
+	opts    Options
+	bridge  *bridge
+
+	// fids the guest holds on the server, tracked so that a reset can
+	// clunk them; guarded by fidMu. msize is the negotiated message size
+	// (the server's limit), guarded by the worker (single goroutine).
+	fidMu sync.Mutex
+	fids  map[uint32]struct{}
+	msize uint32
+
+	mu      sync.Mutex
+	wake    chan struct{}
+	stop    chan struct{}
+	done    chan struct{}
+	active  bool
+	cleanup chan struct{} // closed when the last reset's clunks are answered
+}
+
+// New returns an inactive device.
+func New(opts Options) (*Device, error) {
+	if opts.Tag == "" || len(opts.Tag) > MaxTagLen {
+		return nil, fmt.Errorf("virtio-9p: mount tag %q must be 1..%d bytes", opts.Tag, MaxTagLen)
+	}
+	if opts.Attacher == nil {
+		return nil, errors.New("virtio-9p: no Attacher")
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	if opts.QueueSize == 0 {
+		opts.QueueSize = DefaultQueueSize
+	}
+	if opts.QueueSize&(opts.QueueSize-1) != 0 || opts.QueueSize > virtio.MaxQueueSize {
+		return nil, fmt.Errorf("virtio-9p: queue size %d is not a power of two ≤ %d", opts.QueueSize, virtio.MaxQueueSize)
+	}
+	if opts.MaxInFlight <= 0 {
+		opts.MaxInFlight = DefaultMaxInFlight
+	}
+	opts.MaxInFlight = min(opts.MaxInFlight, noTag) // bridge tags stay below NOTAG
+	if opts.MaxFids <= 0 {
+		opts.MaxFids = DefaultMaxFids
+	}
+	if opts.MaxMessageSize == 0 {
+		opts.MaxMessageSize = DefaultMaxMessageSize
+	}
+	opts.MaxMessageSize = min(max(opts.MaxMessageSize, minMessageSize), maxServerMessage)
+	d := &Device{
+		log:   opts.Logger.With("device", "virtio-9p", "tag", opts.Tag),
+		opts:  opts,
+		fids:  make(map[uint32]struct{}),
+		msize: opts.MaxMessageSize,
+	}
+	d.config = make([]byte, 2+len(opts.Tag))
+	binary.LittleEndian.PutUint16(d.config, uint16(len(opts.Tag)))
+	copy(d.config[2:], opts.Tag)
+	d.cleanup = make(chan struct{})
+	close(d.cleanup)
+	d.bridge = newBridge(opts.Attacher, opts.MaxInFlight, d.log, d.warn)
+	return d, nil
+}
+
+// Type implements virtio.Device.
+func (d *Device) Type() uint32 { return virtio.DeviceType9P }
+
+// Features implements virtio.Device.
+func (d *Device) Features() uint64 { return FeatureMountTag }
+
+// QueueMaxSizes implements virtio.Device: one request queue.
+func (d *Device) QueueMaxSizes() []uint16 { return []uint16{d.opts.QueueSize} }
+
+// ReadConfig implements virtio.Device: u16 tag length, then the tag.
+func (d *Device) ReadConfig(offset uint64, data []byte) {
+	if offset >= uint64(len(d.config)) {
+		return
+	}
+	copy(data, d.config[offset:])
+}
+
+// WriteConfig implements virtio.Device: the config space is read-only.
+func (d *Device) WriteConfig(uint64, []byte) {}
+
+// Activate implements virtio.Device.
+func (d *Device) Activate(_ virtio.GuestMemory, irq virtio.Interrupt, queues []*virtio.Queue, _ uint64) error {
+	if len(queues) != 1 || queues[0] == nil {
+		return errors.New("virtio-9p: the driver did not enable the request queue")
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.active {
+		return errors.New("virtio-9p: activated twice without a reset")
+	}
+	d.wake = make(chan struct{}, 1)
+	d.stop = make(chan struct{})
+	d.done = make(chan struct{})
+	d.active = true
+	go d.serve(queues[0], irq, d.wake, d.stop, d.done, d.cleanup)
+	return nil
+}
+
+// Notify implements virtio.Device: it wakes the worker.
+func (d *Device) Notify(int) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if !d.active {
+		return
+	}
+	select {
+	case d.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Reset implements virtio.Device. It stops the worker, disowns the
+// requests in flight (their replies are dropped, their chains never
+// touched again) and clunks, in the background, every fid the guest held;
+// the next activation waits for those clunks before serving.
+func (d *Device) Reset() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if !d.active {
+		return
+	}
+	close(d.stop)
+	<-d.done
+	d.active = false
+	d.bridge.orphanAll()
+
+	d.fidMu.Lock()
+	fids := make([]uint32, 0, len(d.fids))
+	for f := range d.fids {
+		fids = append(fids, f)
+	}
+	clear(d.fids)
+	d.fidMu.Unlock()
+	cleanup := make(chan struct{})
+	d.cleanup = cleanup
+	go func() {
+		defer close(cleanup)
+		for _, fid := range fids {
+			d.sendInternal(tclunk(0, fid))
+		}
+	}()
+}
+
+// Close resets the device and waits for its clean-up. The server's
+// goroutines stay parked (see bridge.go); the Attacher's files are closed.
+func (d *Device) Close() {
+	d.Reset()
+	d.mu.Lock()
+	cleanup := d.cleanup
+	d.mu.Unlock()
+	<-cleanup
+}
+
+// sendInternal sends a request of the device's own and waits for the
+// reply, which is dropped.
+func (d *Device) sendInternal(msg []byte) {
+	tag := <-d.bridge.freeTags
+	p := &pending{done: make(chan struct{})}
+	d.bridge.submit(tag, msg, p)
+	<-p.done
+}
+
+func (d *Device) serve(q *virtio.Queue, irq virtio.Interrupt, wake, stop, done, cleanup chan struct{}) {
+	defer close(done)
+	select {
+	case <-cleanup:
+	case <-stop:
+		return
+	}
+	for {
+		if !d.drain(q, irq, stop) {
+			return
+		}
+		select {
+		case <-wake:
+		case <-stop:
+			return
+		}
+	}
+}
+
+// drain serves every available chain; false means stop (queue broken or
+// reset).
+func (d *Device) drain(q *virtio.Queue, irq virtio.Interrupt, stop chan struct{}) bool {
+	for {
+		chain, err := q.Pop()
+		var chainErr *virtio.ChainError
+		switch {
+		case errors.As(err, &chainErr):
+			d.warn("refused a request chain", "err", err)
+			if q.NeedsInterrupt() {
+				irq.SignalUsed()
+			}
+			continue
+		case err != nil:
+			irq.NeedsReset(err)
+			return false
+		case chain == nil:
+			return true
+		}
+		if !d.handle(q, irq, chain, stop) {
+			return false
+		}
+	}
+}
+
+// complete finishes a chain the device answers itself.
+func (d *Device) complete(q *virtio.Queue, irq virtio.Interrupt, chain *virtio.Chain, reply []byte) bool {
+	var n int
+	if reply != nil && uint32(len(reply)) <= chain.WritableLen() {
+		n, _ = chain.Writer().Write(reply)
+	}
+	if err := q.Complete(chain, uint32(n), irq); err != nil {
+		irq.NeedsReset(fmt.Errorf("virtio-9p: completing a request: %w", err))
+		return false
+	}
+	return true
+}
+
+// handle validates one chain's T-message and answers it or passes it on.
+func (d *Device) handle(q *virtio.Queue, irq virtio.Interrupt, chain *virtio.Chain, stop chan struct{}) bool {
+	if chain.ReadableLen() < headerSize || chain.WritableLen() < rlerrorSize {
+		d.warn("request chain too small for a 9P message and its reply",
+			"readable", chain.ReadableLen(), "writable", chain.WritableLen())
+		return d.complete(q, irq, chain, nil)
+	}
+	var hb [headerSize]byte
+	if _, err := io.ReadFull(chain.Reader(), hb[:]); err != nil {
+		d.warn("cannot read a 9P header", "err", err)
+		return d.complete(q, irq, chain, nil)
+	}
+	h := parseHeader(hb[:])
+	if h.size < headerSize || h.size > chain.ReadableLen() {
+		d.warn("9P message size disagrees with its buffers", "size", h.size, "readable", chain.ReadableLen())
+		return d.complete(q, irq, chain, rlerror(h.tag, linux.EINVAL))
+	}
+	if h.size > d.msize {
+		d.warn("9P message larger than the negotiated msize", "size", h.size, "msize", d.msize)
+		return d.complete(q, irq, chain, rlerror(h.tag, errMsgSize))
+	}
+	msg := make([]byte, h.size)
+	copy(msg, hb[:])
+	if _, err := io.ReadFull(chain.Reader(), msg[headerSize:]); err != nil {
+		d.warn("cannot read a 9P message", "err", err)
+		return d.complete(q, irq, chain, rlerror(h.tag, linux.EIO))
+	}
+	body := msg[headerSize:]
+	if err := checkBody(h.typ, body); err != nil {
+		var errno linux.Errno
+		if !errors.As(err, &errno) {
+			d.warn("malformed 9P message", "err", err)
+			errno = linux.EINVAL
+		}
+		return d.complete(q, irq, chain, rlerror(h.tag, errno))
+	}
+
+	// Messages the device answers itself (see the package doc).
+	switch h.typ {
+	case msgTxattrwalk:
+		if xattrwalkName(body) != "" {
+			return d.complete(q, irq, chain, rlerror(h.tag, linux.ENODATA))
+		}
+		return d.complete(q, irq, chain, rlerror(h.tag, linux.EOPNOTSUPP))
+	case msgTxattrcreate:
+		return d.complete(q, irq, chain, rlerror(h.tag, linux.EOPNOTSUPP))
+	case msgTgetlock:
+		return d.complete(q, irq, chain, rgetlockNoConflict(h.tag, body))
+	case msgTversion:
+		requested := u32(body, 0)
+		if requested < minMessageSize {
+			// The server would adopt it and then refuse every message,
+			// Tversion included: the guest could never recover.
+			return d.complete(q, irq, chain, rlerror(h.tag, linux.EINVAL))
+		}
+		binary.LittleEndian.PutUint32(body[0:4], min(requested, d.opts.MaxMessageSize))
+	}
+	if errno := d.trackFids(h.typ, body); errno != 0 {
+		return d.complete(q, irq, chain, rlerror(h.tag, errno))
+	}
+
+	var tag uint16
+	select {
+	case tag = <-d.bridge.freeTags:
+	case <-stop:
+		// Reset while waiting for a slot: the chain is abandoned with
+		// the rest of the queue's state.
+		return false
+	}
+	if h.typ == msgTflush {
+		binary.LittleEndian.PutUint16(body[0:2], d.bridge.bridgeTagFor(binary.LittleEndian.Uint16(body[0:2])))
+	}
+	p := &pending{guestTag: h.tag, queue: q, chain: chain, irq: irq, done: make(chan struct{})}
+	if h.typ == msgTversion {
+		p.capture = make([]byte, 0, 64)
+	}
+	d.bridge.submit(tag, msg, p)
+	if h.typ == msgTversion {
+		// Tversion is a barrier: learn the server's new limit before
+		// passing on anything that depends on it.
+		select {
+		case <-p.done:
+			d.noteVersion(body, p.capture)
+		case <-stop:
+			return false
+		}
+	}
+	return true
+}
+
+// noteVersion records the msize the server adopted.
+func (d *Device) noteVersion(tbody, reply []byte) {
+	// Rversion: header, msize[4], version[s]; msize 0 / "unknown" = refused.
+	if len(reply) < headerSize+4 || reply[4] != msgRversion {
+		return
+	}
+	m := u32(reply, headerSize)
+	if m == 0 {
+		return
+	}
+	if m < minMessageSize {
+		d.warn("guest negotiated a tiny msize", "msize", m)
+	}
+	d.msize = min(m, maxServerMessage, u32(tbody, 0))
+}
+
+// trackFids records the fids a request creates and forgets the ones it
+// releases; it refuses (ENFILE) a new fid beyond MaxFids.
+func (d *Device) trackFids(typ uint8, body []byte) linux.Errno {
+	d.fidMu.Lock()
+	defer d.fidMu.Unlock()
+	switch typ {
+	case msgTattach:
+		return d.addFid(u32(body, 0))
+	case msgTwalk, msgTwalkgetattr:
+		if newFid := u32(body, 4); newFid != u32(body, 0) {
+			return d.addFid(newFid)
+		}
+	case msgTclunk, msgTremove:
+		delete(d.fids, u32(body, 0)) // released whatever the outcome
+	}
+	return 0
+}
+
+func (d *Device) addFid(fid uint32) linux.Errno {
+	if fid == noFid {
+		return linux.EINVAL
+	}
+	if _, ok := d.fids[fid]; !ok && len(d.fids) >= d.opts.MaxFids {
+		d.warn("guest holds too many fids", "limit", d.opts.MaxFids)
+		return linux.ENFILE
+	}
+	d.fids[fid] = struct{}{}
+	return 0
+}
+
+func (d *Device) warn(msg string, args ...any) {
+	if ok, suppressed := d.limiter.Allow(); ok {
+		if suppressed > 0 {
+			args = append(args, "suppressed", suppressed)
+		}
+		d.log.Warn("virtio-9p: "+msg, args...)
+	}
+}
+
+var _ virtio.Device = (*Device)(nil)

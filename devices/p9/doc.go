@@ -1,0 +1,27 @@
+// Package p9 is the virtio-9p device (virtio id 9): one request queue whose
+// chains each carry one 9P2000.L T-message (in the readable buffers) and
+// receive its R-message (in the writable buffers), served by a
+// github.com/hugelgupf/p9 server over the exports of package p9/fs.
+//
+// The guest is hostile. Every message is copied out of guest memory once
+// and checked before the server sees it: its size against its buffers and
+// the negotiated msize, its body against the layout the server will decode
+// (msg.go). A bad message is answered with Rlerror (EINVAL, EMSGSIZE,
+// EOPNOTSUPP), a chain too small to answer completes with length 0, and the
+// device keeps serving. Requests run concurrently, at most MaxInFlight at
+// once, each under a tag of the device's own (bridge.go); fids are bounded
+// by MaxFids and the msize a guest may negotiate by MaxMessageSize, so a
+// guest holds at most MaxInFlight × MaxMessageSize bytes of host memory.
+//
+// Answered by the device itself, because hugelgupf/p9 answers them wrongly
+// for the Linux client: Txattrwalk (ENODATA for a name, EOPNOTSUPP for the
+// list), Txattrcreate (EOPNOTSUPP) and Tgetlock (no conflicting lock: the
+// guest kernel already arbitrates locks among guest processes; Tlock
+// succeeds in package fs for the same reason).
+//
+// Linux gives each virtio-9p device to one mount at a time (a second mount
+// of the same tag fails with EBUSY), so one device serves every export by
+// mounting the attach root once (aname "") and bind-mounting
+// <root>/<export name> where each export belongs; or mounting one export
+// by aname when only one is needed.
+package p9

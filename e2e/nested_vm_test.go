@@ -1,0 +1,115 @@
+package e2e
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/cowork-vmm/cowork-vmm/guest/kernel"
+	"github.com/cowork-vmm/cowork-vmm/internal/nested"
+	"github.com/cowork-vmm/cowork-vmm/protocol"
+	"github.com/cowork-vmm/cowork-vmm/vmm/kvm"
+)
+
+// TestNestedKVMClientFlow runs the client-flow test (TestClientFlow) and the
+// boot figure (TestStartToConnected) against the kvm backend inside the
+// nested harness (qemu TCG with nested SVM gives a real /dev/kvm): the same
+// test as for the process backend, with COWORK_VMM_E2E_BACKEND=kvm, a
+// static cowork-vmm built here and our guest kernel. It fails if they fail
+// there and skips when the harness or a guest kernel is unavailable, or
+// when /dev/kvm exists here (run them directly with
+// COWORK_VMM_E2E_BACKEND=kvm; this also stops recursion in the harness).
+func TestNestedKVMClientFlow(t *testing.T) {
+	if _, err := os.Stat(kvm.DevicePath); err == nil {
+		t.Skipf("%s exists here: run TestClientFlow with COWORK_VMM_E2E_BACKEND=kvm directly", kvm.DevicePath)
+	}
+	if testing.Short() {
+		t.Skip("boots a qemu guest and VMs inside it; skipped in -short mode")
+	}
+	if err := nested.Available(); err != nil {
+		t.Skipf("nested harness unavailable: %v", err)
+	}
+	vmlinux, err := kernel.Find(kernel.Guest)
+	if err != nil {
+		t.Skipf("no guest kernel: %v", err)
+	}
+	_, here, _, _ := runtime.Caller(0)
+	root := filepath.Dir(filepath.Dir(here))
+	bin := filepath.Join(t.TempDir(), "cowork-vmm")
+	build := exec.Command("go", "build", "-trimpath", "-o", bin, "./cmd/cowork-vmm")
+	build.Dir = root
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	out, err := build.CombinedOutput()
+	require.NoError(t, err, "go build: %s", out)
+
+	nested.RunGoTestWith(t, nested.GoTest{
+		Pkg:   "github.com/cowork-vmm/cowork-vmm/e2e",
+		Run:   "^(TestClientFlow|TestStartToConnected)$",
+		Files: map[string]string{"vmlinux": vmlinux, "cowork-vmm": bin},
+		Env: []string{
+			"COWORK_VMM_E2E_BACKEND=kvm",
+			"COWORK_VMM_E2E_BIN=/payload/cowork-vmm",
+			"COWORK_VMM_KERNEL=/payload/vmlinux",
+		},
+		CPUs:    2,
+		MemMiB:  3072,
+		Timeout: 15 * time.Minute,
+	})
+}
+
+// TestStartToConnected measures what the desktop client waits for at boot:
+// from the startVM call to the first isGuestConnected that answers true,
+// polled every 10 ms, over several boots (COWORK_VMM_E2E_BOOTS, default 5),
+// and logs the median. It runs against COWORK_VMM_E2E_BACKEND like
+// TestClientFlow; it asserts only that every boot connects.
+func TestStartToConnected(t *testing.T) {
+	backend := os.Getenv("COWORK_VMM_E2E_BACKEND")
+	if backend == "" {
+		backend = "process"
+	}
+	if backend == "process" {
+		skipWithoutUserNamespaces(t)
+	}
+	boots := 5
+	if n, err := strconv.Atoi(os.Getenv("COWORK_VMM_E2E_BOOTS")); err == nil && n > 0 {
+		boots = n
+	}
+	h := startHelper(t, backend)
+	pipe, err := protocol.DialPipe(t.Context(), h.socket)
+	require.NoError(t, err)
+	defer pipe.Close()
+	h.pipe = pipe
+	h.call("configure", map[string]any{"userDataName": "boot-figure", "userDataRoot": "/home/e2e/.config/Claude", "sessionOnly": true}, nil)
+
+	var times []time.Duration
+	for i := range boots {
+		start := time.Now()
+		h.call("startVM", map[string]any{"bundlePath": filepath.Join(t.TempDir(), "bundle"), "memoryGB": 1.0, "cpuCount": 1}, nil)
+		deadline := start.Add(3 * time.Minute)
+		for {
+			var r struct {
+				Connected bool `json:"connected"`
+			}
+			h.call("isGuestConnected", nil, &r)
+			if r.Connected {
+				break
+			}
+			require.True(t, time.Now().Before(deadline), "boot %d: the guest never connected", i)
+			time.Sleep(10 * time.Millisecond)
+		}
+		elapsed := time.Since(start)
+		times = append(times, elapsed)
+		t.Logf("boot %d: startVM → isGuestConnected true in %v", i, elapsed)
+		h.call("stopVM", nil, nil)
+	}
+	slices.Sort(times)
+	t.Logf("BOOTFIGURE backend=%s startVM_to_connected median=%v min=%v max=%v n=%d",
+		backend, times[len(times)/2], times[0], times[len(times)-1], len(times))
+}

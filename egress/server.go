@@ -1,0 +1,349 @@
+package egress
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/cowork-vmm/cowork-vmm/egress/splice"
+	"github.com/cowork-vmm/cowork-vmm/protocol"
+)
+
+// Defaults of Config's limits.
+const (
+	DefaultMaxConns         = 256
+	DefaultHandshakeTimeout = 10 * time.Second
+	DefaultDialTimeout      = 15 * time.Second
+	DefaultIdleTimeout      = 10 * time.Minute
+)
+
+// BlockedPrefix starts the error of every refusal by policy; the guest proxy
+// shows it to the process.
+const BlockedPrefix = "blocked-by-allowlist"
+
+// Resolver resolves a host name; *net.Resolver implements it.
+type Resolver interface {
+	LookupNetIP(ctx context.Context, network, host string) ([]netip.Addr, error)
+}
+
+// Dialer opens TCP connections; *net.Dialer implements it.
+type Dialer interface {
+	DialContext(ctx context.Context, network, address string) (net.Conn, error)
+}
+
+// Config configures a Server. Only Lookup is required.
+type Config struct {
+	// Lookup returns the policy of a spawn if its token is right
+	// (Registry.Lookup). Unknown spawns are refused.
+	Lookup func(spawnID, token string) (Policy, bool)
+	// Resolver defaults to net.DefaultResolver. Tests inject one that maps
+	// test names to 127.0.0.1.
+	Resolver Resolver
+	// Dialer defaults to a net.Dialer.
+	Dialer Dialer
+	// AllowAddr says whether a resolved (or literal) address may be dialled,
+	// whatever the policy; default DefaultAllowAddr (no loopback, link-local,
+	// multicast or unspecified: the guest must not reach the host's own
+	// services or the cloud metadata address). Tests allow loopback.
+	AllowAddr func(netip.Addr) bool
+	Logger    *slog.Logger
+	// MaxConns bounds concurrent connections (handshaking or spliced);
+	// beyond it a connection is refused at once.
+	MaxConns         int
+	HandshakeTimeout time.Duration // reading the request frame
+	DialTimeout      time.Duration // resolving and connecting
+	IdleTimeout      time.Duration // a spliced pair with no traffic either way
+}
+
+// DefaultAllowAddr refuses addresses that would reach the host itself, its
+// link (including 169.254.169.254) or nothing sensible.
+func DefaultAllowAddr(a netip.Addr) bool {
+	a = a.Unmap()
+	return a.IsValid() && !a.IsLoopback() && !a.IsUnspecified() && !a.IsLinkLocalUnicast() &&
+		!a.IsLinkLocalMulticast() && !a.IsInterfaceLocalMulticast() && !a.IsMulticast() &&
+		a != netip.AddrFrom4([4]byte{255, 255, 255, 255})
+}
+
+// Server serves egress connections from the guest proxy (one
+// protocol.EgressRequest per connection, see protocol/egress.go).
+type Server struct {
+	cfg   Config
+	log   *slog.Logger
+	slots chan struct{}
+	warn  *rateLimiter
+
+	mu        sync.Mutex
+	conns     map[net.Conn]struct{}
+	listeners map[net.Listener]struct{}
+	closed    bool
+	wg        sync.WaitGroup
+}
+
+// NewServer returns a server; cfg.Lookup must be set.
+func NewServer(cfg Config) *Server {
+	if cfg.Resolver == nil {
+		cfg.Resolver = net.DefaultResolver
+	}
+	if cfg.Dialer == nil {
+		cfg.Dialer = &net.Dialer{KeepAlive: 30 * time.Second}
+	}
+	if cfg.AllowAddr == nil {
+		cfg.AllowAddr = DefaultAllowAddr
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.MaxConns <= 0 {
+		cfg.MaxConns = DefaultMaxConns
+	}
+	if cfg.HandshakeTimeout <= 0 {
+		cfg.HandshakeTimeout = DefaultHandshakeTimeout
+	}
+	if cfg.DialTimeout <= 0 {
+		cfg.DialTimeout = DefaultDialTimeout
+	}
+	if cfg.IdleTimeout <= 0 {
+		cfg.IdleTimeout = DefaultIdleTimeout
+	}
+	if cfg.Lookup == nil {
+		cfg.Lookup = func(string, string) (Policy, bool) { return Policy{}, false }
+	}
+	return &Server{
+		cfg:       cfg,
+		log:       cfg.Logger,
+		slots:     make(chan struct{}, cfg.MaxConns),
+		warn:      newRateLimiter(time.Second, 20),
+		conns:     map[net.Conn]struct{}{},
+		listeners: map[net.Listener]struct{}{},
+	}
+}
+
+// Serve accepts connections from l until l fails or Close is called, and
+// handles each in its own goroutine. It returns nil after Close.
+func (s *Server) Serve(ctx context.Context, l net.Listener) error {
+	stop := context.AfterFunc(ctx, func() { l.Close() })
+	defer stop()
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		l.Close()
+		return nil
+	}
+	s.listeners[l] = struct{}{}
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		delete(s.listeners, l)
+		s.mu.Unlock()
+	}()
+	for {
+		conn, err := l.Accept()
+		if err != nil {
+			if s.isClosed() || ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
+				return nil
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				continue
+			}
+			return fmt.Errorf("egress: accepting a guest connection: %w", err)
+		}
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			s.HandleConn(ctx, conn)
+		}()
+	}
+}
+
+// HandleConn serves one connection and closes it. It returns when the
+// connection ends (after splicing, for an allowed target).
+func (s *Server) HandleConn(ctx context.Context, conn net.Conn) {
+	defer conn.Close()
+	select {
+	case s.slots <- struct{}{}:
+		defer func() { <-s.slots }()
+	default:
+		s.warnf("egress refused: too many connections", "limit", s.cfg.MaxConns)
+		_ = protocol.WriteEgressReply(conn, protocol.EgressReply{Error: fmt.Sprintf("the helper already carries %d connections for this guest; try again later", s.cfg.MaxConns)})
+		return
+	}
+	if !s.track(conn) {
+		return
+	}
+	defer s.untrack(conn)
+
+	_ = conn.SetDeadline(time.Now().Add(s.cfg.HandshakeTimeout))
+	req, err := protocol.ReadEgressRequest(conn)
+	if err != nil {
+		s.warnf("egress: bad request from the guest", "err", err)
+		if errors.Is(err, protocol.ErrEgressFrame) {
+			_ = protocol.WriteEgressReply(conn, protocol.EgressReply{Error: err.Error()})
+		}
+		return
+	}
+	upstream, rep := s.open(ctx, req)
+	if err := protocol.WriteEgressReply(conn, rep); err != nil || !rep.OK {
+		if upstream != nil {
+			upstream.Close()
+		}
+		return
+	}
+	_ = conn.SetDeadline(time.Time{})
+	s.log.Debug("egress connected", "spawn", req.SpawnID, "host", req.Host, "port", req.Port)
+	splice.Pair(conn, nil, upstream, s.cfg.IdleTimeout)
+}
+
+// open checks the policy and dials; on refusal it returns the reply only.
+func (s *Server) open(ctx context.Context, req protocol.EgressRequest) (net.Conn, protocol.EgressReply) {
+	policy, ok := s.cfg.Lookup(req.SpawnID, req.Token)
+	if !ok {
+		s.warnf("egress refused: unknown spawn or wrong token", "spawn", req.SpawnID, "host", req.Host)
+		return nil, protocol.EgressReply{Error: fmt.Sprintf("spawn %q has no egress registered (it ended, or the token is wrong)", req.SpawnID)}
+	}
+	if !policy.Allows(req.Host) {
+		s.warnf("egress blocked by allowedDomains", "spawn", req.SpawnID, "host", req.Host, "port", req.Port)
+		return nil, protocol.EgressReply{Blocked: true, Error: BlockedPrefix + ": " + req.Host}
+	}
+	conn, err := s.dial(ctx, req.Host, req.Port)
+	if err != nil {
+		s.warnf("egress dial failed", "spawn", req.SpawnID, "host", req.Host, "port", req.Port, "err", err)
+		return nil, protocol.EgressReply{Error: err.Error()}
+	}
+	return conn, protocol.EgressReply{OK: true}
+}
+
+// DialContext resolves and dials like a guest connection would, without a
+// spawn policy but with AllowAddr: the helper's own apiReachability probe
+// uses it so that it takes the guest's path out
+// (http.Transport{DialContext: srv.DialContext}).
+func (s *Server) DialContext(ctx context.Context, network, address string) (net.Conn, error) {
+	if network != "tcp" && network != "tcp4" && network != "tcp6" {
+		return nil, fmt.Errorf("egress: only TCP is carried, not %s", network)
+	}
+	host, portText, err := net.SplitHostPort(address)
+	if err != nil {
+		return nil, fmt.Errorf("egress: %w", err)
+	}
+	port, err := strconv.Atoi(portText)
+	if err != nil || port < 1 || port > 65535 {
+		return nil, fmt.Errorf("egress: bad port in %q", address)
+	}
+	return s.dial(ctx, host, port)
+}
+
+// dial resolves host (unless it is an IP literal), drops addresses AllowAddr
+// refuses, and tries the rest in order until one connects.
+func (s *Server) dial(ctx context.Context, host string, port int) (net.Conn, error) {
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.DialTimeout)
+	defer cancel()
+	var addrs []netip.Addr
+	if addr, ok := parseIPLiteral(host); ok {
+		addrs = []netip.Addr{addr}
+	} else {
+		if !validHostName(normaliseName(host)) {
+			return nil, fmt.Errorf("%q is not a valid host name", host)
+		}
+		found, err := s.cfg.Resolver.LookupNetIP(ctx, "ip", normaliseName(host))
+		if err != nil {
+			return nil, fmt.Errorf("resolving %s: %w", host, err)
+		}
+		addrs = found
+	}
+	var lastErr error
+	tried := 0
+	for _, addr := range addrs {
+		addr = addr.Unmap()
+		if !s.cfg.AllowAddr(addr) {
+			continue
+		}
+		tried++
+		conn, err := s.cfg.Dialer.DialContext(ctx, "tcp", netip.AddrPortFrom(addr, uint16(port)).String())
+		if err == nil {
+			return conn, nil
+		}
+		lastErr = err
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	if tried == 0 {
+		return nil, fmt.Errorf("%s resolves only to addresses the guest may not reach (loopback, link-local, multicast)", host)
+	}
+	return nil, fmt.Errorf("connecting to %s port %d: %w", host, port, lastErr)
+}
+
+// Close closes the listeners given to Serve, ends every connection, waits
+// for Serve's handlers, and makes later connections fail.
+func (s *Server) Close() error {
+	s.mu.Lock()
+	s.closed = true
+	for l := range s.listeners {
+		l.Close()
+	}
+	for c := range s.conns {
+		c.Close()
+	}
+	s.mu.Unlock()
+	s.wg.Wait()
+	return nil
+}
+
+func (s *Server) isClosed() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.closed
+}
+
+func (s *Server) track(c net.Conn) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return false
+	}
+	s.conns[c] = struct{}{}
+	return true
+}
+
+func (s *Server) untrack(c net.Conn) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.conns, c)
+}
+
+// warnf logs at warning level unless the guest is flooding us.
+func (s *Server) warnf(msg string, args ...any) {
+	if s.warn.allow() {
+		s.log.Warn(msg, args...)
+	}
+}
+
+// rateLimiter lets burst events through per period.
+type rateLimiter struct {
+	mu     sync.Mutex
+	period time.Duration
+	burst  int
+	start  time.Time
+	count  int
+}
+
+func newRateLimiter(period time.Duration, burst int) *rateLimiter {
+	return &rateLimiter{period: period, burst: burst}
+}
+
+func (r *rateLimiter) allow() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	now := time.Now()
+	if now.Sub(r.start) >= r.period {
+		r.start, r.count = now, 0
+	}
+	r.count++
+	return r.count <= r.burst
+}

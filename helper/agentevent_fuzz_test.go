@@ -1,0 +1,72 @@
+package helper
+
+import (
+	"context"
+	"encoding/json"
+	"testing"
+
+	"github.com/cowork-vmm/cowork-vmm/protocol"
+)
+
+// FuzzAgentEvent feeds arbitrary agent events (the guest is hostile) to the
+// helper: it must never panic, and only events of a process the helper
+// spawned in that guest, of the four process types, reach subscribers.
+func FuzzAgentEvent(f *testing.F) {
+	for _, s := range []string{
+		`{"type":"stdout","id":"p","data":"hi"}`,
+		`{"type":"exit","id":"p","exitCode":300}`,
+		`{"type":"exit","id":"p","signal":"SIGBOGUS"}`,
+		`{"type":"exit","id":"p","exitCode":-1,"oomKillCount":2}`,
+		`{"type":"error","id":"p","message":"m","fatal":true}`,
+		`{"type":"request","id":"p","method":"x"}`,
+		`{"type":"stdout","id":"other","data":"x"}`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, raw []byte) {
+		var ev protocol.Event
+		if json.Unmarshal(raw, &ev) != nil {
+			return
+		}
+		s, err := New(Options{DataDir: t.TempDir(), Backlog: 16})
+		if err != nil {
+			t.Fatal(err)
+		}
+		vm := &vmInstance{s: s}
+		s.procs.add(&process{id: "p", session: "s", vm: vm, running: true})
+		sub := s.SubscribeProfile("x", "y")
+		s.onAgentEvent(vm, ev)
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		for {
+			out, err := sub.Next(ctx)
+			if err != nil {
+				break
+			}
+			if out.ID != "p" {
+				t.Fatalf("event for %q published", out.ID)
+			}
+			switch out.Type {
+			case protocol.EventStdout, protocol.EventStderr, protocol.EventError:
+			case protocol.EventExit:
+				if (out.ExitCode == nil) == (out.Signal == "") {
+					t.Fatalf("exit must carry exactly one of exitCode and signal: %+v", out)
+				}
+				if out.ExitCode != nil && (*out.ExitCode < 0 || *out.ExitCode > 255) {
+					t.Fatalf("exit code out of range: %d", *out.ExitCode)
+				}
+				if _, ok := SignalNumber(out.Signal); out.Signal != "" && !ok {
+					t.Fatalf("unknown signal %q published", out.Signal)
+				}
+			default:
+				t.Fatalf("event type %q published", out.Type)
+			}
+			if len(out.Message) > maxErrorMessage+len("…") {
+				t.Fatalf("message of %d bytes", len(out.Message))
+			}
+			if len(out.Data) > maxEventData {
+				t.Fatalf("data of %d bytes in one event", len(out.Data))
+			}
+		}
+	})
+}

@@ -1,0 +1,202 @@
+package vm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+
+	"github.com/cowork-vmm/cowork-vmm/helper"
+	"github.com/cowork-vmm/cowork-vmm/machine"
+	"github.com/cowork-vmm/cowork-vmm/protocol"
+	"github.com/cowork-vmm/cowork-vmm/vmm/kvm"
+)
+
+// Name is the backend's name (helper.BackendKVM).
+const Name = helper.BackendKVM
+
+// GuestCID is the guest's vsock context id (the host is CID 2).
+const GuestCID = 3
+
+// MountTag is the virtio-9p mount tag every export is reached through; the
+// attach name (aname) selects the export.
+const MountTag = "cowork"
+
+// Startup steps the backend reports through GuestConfig.StepFunc, in order.
+// Each is "started" then "completed" ("failed" when the guest died first).
+const (
+	StepCreateVM     = "vm_create"     // kernel located, initramfs built, VM and devices created
+	StepLoadKernel   = "kernel_load"   // kernel and initramfs in guest memory, vCPUs started
+	StepGuestBoot    = "guest_boot"    // the guest kernel boots until the agent writes the boot timer
+	StepAgentConnect = "agent_connect" // the agent dials the helper over vsock
+	stepFailed       = "failed"
+)
+
+// fallbackHint ends every "this host cannot run the VM" error.
+const fallbackHint = "set COWORK_VMM_BACKEND=process to run guests as sandboxed host processes instead (no VM isolation)"
+
+// ExportsRoot is where the agent mounts the 9p attach root, once, at
+// setup; every share is then a bind mount of ExportsRoot/<attach name>.
+// Linux lets one mount at a time use a virtio-9p device (a second mount of
+// the tag fails with EBUSY), so exports are not mounted by aname one by
+// one.
+const ExportsRoot = "/.cowork-exports"
+
+// Options configure the backend. The zero value finds everything itself.
+type Options struct {
+	// Kernel overrides the guest kernel (a vmlinux path); empty means
+	// $COWORK_VMM_KERNEL, then the embedded kernel, then one beside the
+	// executable, then the build cache.
+	Kernel string
+	// Executable is the binary put in the initramfs as /init; default
+	// os.Executable(). It must be a static build of cowork-vmm
+	// (CGO_ENABLED=0): it runs the agent when it is PID 1.
+	Executable string
+	// CompressInitramfs gzips the initramfs (see buildInitramfs).
+	CompressInitramfs bool
+	// Cmdline is appended to the machine's kernel command line.
+	Cmdline string
+	// GuestDebug turns on the agent's debug log (cowork.debug on the
+	// kernel command line); the log goes to the serial console.
+	GuestDebug bool
+	// Console, when set, also receives every line of the guest's serial
+	// console (the agent logs there; the kernel is quiet unless it fails),
+	// as the process backend's agent log goes to its Stderr.
+	Console io.Writer
+	// KVMDevice overrides /dev/kvm.
+	KVMDevice string
+	// Logger receives the backend's log and, at debug level, the guest's
+	// console; nil discards.
+	Logger *slog.Logger
+}
+
+// Backend starts micro-VM guests. It implements helper.Backend.
+type Backend struct {
+	opts Options
+	log  *slog.Logger
+
+	// Host facts, replaceable in tests.
+	detectPVM  func() (bool, string)
+	hostLimits func() hostLimits
+	kernels    func(executable string) kernelSources
+}
+
+var _ helper.Backend = (*Backend)(nil)
+
+// New returns the kvm backend. It does not touch KVM: Start checks the host.
+func New(opts Options) *Backend {
+	log := opts.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Backend{
+		opts:       opts,
+		log:        log,
+		detectPVM:  kvm.IsPVM,
+		hostLimits: currentHostLimits,
+		kernels:    func(exe string) kernelSources { return defaultKernelSources(opts.Kernel, exe) },
+	}
+}
+
+// Name implements helper.Backend.
+func (b *Backend) Name() string { return Name }
+
+// Start implements helper.Backend: it checks that this host's KVM can boot
+// Linux, locates the kernel, builds the initramfs, creates the VM with its
+// devices and starts it. It returns once the vCPUs run; boot progress is
+// reported through cfg.StepFunc and Guest.Agent waits for the agent.
+func (b *Backend) Start(ctx context.Context, cfg helper.GuestConfig) (helper.Guest, error) {
+	step := cfg.StepFunc
+	if step == nil {
+		step = func(string, string) {}
+	}
+	if err := b.preflight(); err != nil {
+		return nil, err
+	}
+	memMiB, cpus, err := sizing(cfg.MemoryMiB, cfg.CPUCount, b.hostLimits())
+	if err != nil {
+		return nil, err
+	}
+	step(StepCreateVM, protocol.StepStarted)
+	g, err := b.create(memMiB, cpus)
+	if err != nil {
+		step(StepCreateVM, stepFailed)
+		return nil, err
+	}
+	step(StepCreateVM, protocol.StepCompleted)
+	if err := ctx.Err(); err != nil {
+		_ = g.Stop(context.Background())
+		return nil, fmt.Errorf("kvm backend: start cancelled: %w", err)
+	}
+	step(StepLoadKernel, protocol.StepStarted)
+	if err := g.m.Start(); err != nil {
+		step(StepLoadKernel, stepFailed)
+		_ = g.Stop(context.Background())
+		return nil, fmt.Errorf("kvm backend: booting the guest kernel (%s): %w", g.kernelFrom, err)
+	}
+	step(StepLoadKernel, protocol.StepCompleted)
+	g.run(step)
+	b.log.Info("VM started", "memoryMiB", memMiB, "cpus", cpus, "kernel", g.kernelFrom)
+	return g, nil
+}
+
+// preflight refuses hosts whose KVM cannot boot Linux, before any work.
+func (b *Backend) preflight() error {
+	if pvm, why := b.detectPVM(); pvm {
+		return fmt.Errorf("this host's KVM cannot boot a Linux guest (%s): it is a paravirtual KVM (PVM) inside another VM, "+
+			"whose instruction emulator fails on what a Linux kernel runs at boot; use a host with hardware virtualisation "+
+			"(VT-x/AMD-V, or nested virtualisation enabled), or %s", why, fallbackHint)
+	}
+	return nil
+}
+
+// create locates the kernel, builds the initramfs and assembles the VM
+// with its devices, not yet running.
+func (b *Backend) create(memMiB, cpus int) (*guest, error) {
+	exe := b.opts.Executable
+	if exe == "" {
+		var err error
+		if exe, err = os.Executable(); err != nil {
+			return nil, fmt.Errorf("kvm backend: finding the helper's own executable (the guest's /init): %w", err)
+		}
+	}
+	k, err := locateKernel(b.kernels(exe))
+	if err != nil {
+		return nil, fmt.Errorf("kvm backend: %w", err)
+	}
+	initrd, err := buildInitramfs(exe, b.opts.CompressInitramfs)
+	if err != nil {
+		return nil, fmt.Errorf("kvm backend: %w", err)
+	}
+	cmdline := b.opts.Cmdline
+	if b.opts.GuestDebug {
+		cmdline += " cowork.debug"
+	}
+	con := newConsole(b.log, b.opts.Console)
+	m, err := machine.New(machine.Config{
+		Kernel:      k.path,
+		KernelImage: k.image,
+		InitrdImage: initrd,
+		Cmdline:     cmdline,
+		MemMiB:      memMiB,
+		CPUs:        cpus,
+		Console:     con,
+		Logger:      b.log,
+		KVMDevice:   b.opts.KVMDevice,
+	})
+	if err != nil {
+		if errors.Is(err, machine.ErrPVM) || errors.Is(err, kvm.ErrNoKVM) || errors.Is(err, kvm.ErrKVMPermission) {
+			return nil, fmt.Errorf("kvm backend: %w; or %s", err, fallbackHint)
+		}
+		return nil, fmt.Errorf("kvm backend: creating the VM: %w", err)
+	}
+	g := newGuestState(con, b.log)
+	if err := g.attachDevices(m); err != nil {
+		_ = g.Stop(context.Background())
+		return nil, fmt.Errorf("kvm backend: %w", err)
+	}
+	g.kernelFrom = k.from
+	return g, nil
+}

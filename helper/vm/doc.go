@@ -1,0 +1,15 @@
+// Package vm is the helper's "kvm" backend: each guest is a micro-VM on our
+// own VMM (package machine) booting the cowork-vmm guest kernel with an
+// initramfs made at start from the helper's own executable, so the agent
+// that runs as the guest's /init is always the helper's own build.
+//
+// It owns what makes a machine a Cowork guest: finding the kernel (override,
+// embedded, beside the executable, the build cache), building the
+// initramfs, sizing (defaults and host limits), the devices (virtio-vsock
+// with the guest at CID 3, one virtio-9p device whose attach names are the
+// exports Share registers, virtio-rng), the agent's vsock connection, boot
+// progress steps, the serial console (debug log plus a tail kept for error
+// messages), and turning the VM's end into Done/Err. It refuses fast, with
+// the process-backend hint, on hosts whose KVM cannot boot Linux (PVM) or
+// that have no usable /dev/kvm.
+package vm

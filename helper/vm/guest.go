@@ -1,0 +1,307 @@
+package vm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"path/filepath"
+	"strconv"
+	"sync"
+
+	"github.com/cowork-vmm/cowork-vmm/devices/p9"
+	"github.com/cowork-vmm/cowork-vmm/devices/p9/fs"
+	"github.com/cowork-vmm/cowork-vmm/devices/rng"
+	"github.com/cowork-vmm/cowork-vmm/devices/vsock"
+	"github.com/cowork-vmm/cowork-vmm/helper"
+	"github.com/cowork-vmm/cowork-vmm/machine"
+	"github.com/cowork-vmm/cowork-vmm/protocol"
+	"github.com/cowork-vmm/cowork-vmm/vmm"
+)
+
+// guest is one micro-VM. It implements helper.Guest.
+type guest struct {
+	m          *machine.Machine // nil in tests of the parts that need no VM
+	con        *console
+	log        *slog.Logger
+	kernelFrom string
+
+	listener net.Listener
+	exports  *fs.Exports // nil until the 9p device is attached
+	nineP    *p9.Device
+
+	accepted  chan acceptResult // the agent's connection (capacity 1)
+	connected chan struct{}     // closed when the agent has connected
+
+	mu         sync.Mutex
+	agentTaken bool
+	nextExport int
+	err        error
+
+	done     chan struct{} // closed when the VM has ended and err is set
+	stopOnce sync.Once
+	stopErr  error
+}
+
+type acceptResult struct {
+	conn net.Conn
+	err  error
+}
+
+var (
+	_ helper.Guest         = (*guest)(nil)
+	_ helper.SetupAdjuster = (*guest)(nil)
+)
+
+func newGuestState(con *console, log *slog.Logger) *guest {
+	return &guest{
+		con: con, log: log,
+		accepted:  make(chan acceptResult, 1),
+		connected: make(chan struct{}),
+		done:      make(chan struct{}),
+	}
+}
+
+// attachDevices attaches virtio-vsock (listening on the agent's port),
+// virtio-9p (serving the exports Share registers) and virtio-rng to m.
+func (g *guest) attachDevices(m *machine.Machine) (err error) {
+	g.m = m
+	vs, err := vsock.New(vsock.Config{GuestCID: GuestCID, Logger: g.log})
+	if err != nil {
+		return fmt.Errorf("creating the vsock device: %w", err)
+	}
+	if _, err := m.AddVirtioMMIO(vs); err != nil {
+		return fmt.Errorf("attaching the vsock device: %w", err)
+	}
+	if g.listener, err = vs.Listen(protocol.AgentVSockPort); err != nil {
+		return fmt.Errorf("listening for the guest agent on vsock port %d: %w", protocol.AgentVSockPort, err)
+	}
+	exports := fs.NewExports(g.log)
+	dev, err := p9.New(p9.Options{Tag: MountTag, Attacher: exports, Logger: g.log})
+	if err != nil {
+		return fmt.Errorf("creating the 9p device: %w", err)
+	}
+	if _, err := m.AddVirtioMMIO(dev); err != nil {
+		return fmt.Errorf("attaching the 9p device: %w", err)
+	}
+	g.exports, g.nineP = exports, dev
+	if _, err := m.AddVirtioMMIO(rng.New(g.log)); err != nil {
+		return fmt.Errorf("attaching the rng device: %w", err)
+	}
+	return nil
+}
+
+// run starts the goroutines of a started VM: the agent's accept, the boot
+// step reports and the watch for the VM's end.
+func (g *guest) run(step func(string, string)) {
+	step(StepGuestBoot, protocol.StepStarted)
+	go g.accept()
+	go g.reportSteps(step)
+	go g.watch()
+}
+
+// accept waits for the agent's one connection.
+func (g *guest) accept() {
+	conn, err := g.listener.Accept()
+	if err == nil {
+		// One agent per VM: later dials to the port are refused.
+		g.listener.Close()
+		close(g.connected)
+	}
+	g.accepted <- acceptResult{conn, err}
+}
+
+// reportSteps reports guest_boot (until the agent writes the boot timer)
+// and agent_connect (until it has connected).
+func (g *guest) reportSteps(step func(string, string)) {
+	select {
+	case <-g.m.BootTimerDone():
+		step(StepGuestBoot, protocol.StepCompleted)
+	case <-g.connected: // the boot timer write was lost; the agent runs
+		step(StepGuestBoot, protocol.StepCompleted)
+	case <-g.done:
+		step(StepGuestBoot, stepFailed)
+		return
+	}
+	step(StepAgentConnect, protocol.StepStarted)
+	select {
+	case <-g.connected:
+		step(StepAgentConnect, protocol.StepCompleted)
+	case <-g.done:
+		step(StepAgentConnect, stepFailed)
+	}
+}
+
+// watch waits for the VM's end and records why.
+func (g *guest) watch() {
+	<-g.m.Done()
+	exit := g.m.Wait()
+	agentConnected := isClosed(g.connected)
+	err := exitError(exit, agentConnected, g.con.Panicked(), g.con.Tail())
+	if err != nil {
+		g.log.Error("VM ended", "exit", exit.Kind.String(), "err", err)
+	} else {
+		g.log.Info("VM ended", "exit", exit.Kind.String())
+	}
+	g.mu.Lock()
+	g.err = err
+	g.mu.Unlock()
+	g.listener.Close() // a pending Accept returns
+	close(g.done)
+}
+
+func isClosed(c <-chan struct{}) bool {
+	select {
+	case <-c:
+		return true
+	default:
+		return false
+	}
+}
+
+// exitError turns the VM's end into Err's value: nil for a stop by the
+// host, or for a guest reset or power-off after its agent connected (the
+// agent powers off by resetting the machine) without a kernel panic on the
+// console; otherwise an error with the reason and the console's last lines.
+func exitError(exit vmm.Exit, agentConnected, panicked bool, tail string) error {
+	var err error
+	switch {
+	case exit.Kind == vmm.ExitStopped:
+		return nil
+	case panicked:
+		err = fmt.Errorf("the guest kernel panicked (%s)", exit.Kind)
+	case exit.Clean() && agentConnected:
+		return nil
+	case exit.Clean():
+		err = fmt.Errorf("the guest %s before its agent connected (did the guest kernel fail to boot, or /init fail to start?)", exit.Kind)
+	default:
+		err = fmt.Errorf("the VM failed: %w", exit.AsError())
+	}
+	if tail != "" {
+		err = fmt.Errorf("%w; the guest console's last lines:\n%s", err, tail)
+	}
+	return err
+}
+
+// Agent implements helper.Guest: it waits for the agent's vsock connection.
+func (g *guest) Agent(ctx context.Context) (io.ReadWriteCloser, error) {
+	g.mu.Lock()
+	if g.agentTaken {
+		g.mu.Unlock()
+		return nil, errors.New("kvm backend: the agent connection was already handed out")
+	}
+	g.agentTaken = true
+	g.mu.Unlock()
+	select {
+	case r := <-g.accepted:
+		if r.err != nil {
+			select {
+			case <-g.done:
+				return nil, fmt.Errorf("kvm backend: the VM ended before its agent connected: %w", g.Err())
+			default:
+			}
+			return nil, fmt.Errorf("kvm backend: waiting for the agent's vsock connection: %w", r.err)
+		}
+		return r.conn, nil
+	case <-g.done:
+		err := g.Err()
+		if err == nil {
+			err = errors.New("the VM stopped")
+		}
+		return nil, fmt.Errorf("kvm backend: the VM ended before its agent connected: %w", err)
+	case <-ctx.Done():
+		return nil, fmt.Errorf("kvm backend: waiting for the guest agent: %w", ctx.Err())
+	}
+}
+
+// Share implements helper.Guest: it registers hostPath as a 9p export under
+// a fresh attach name, which the guest reaches as ExportsRoot/<name> (see
+// AdjustSetup); the agent bind-mounts it. Read-only is enforced by the host
+// (the export) and again by the agent (a read-only bind).
+func (g *guest) Share(hostPath string, readOnly bool) (protocol.MountSource, error) {
+	if !filepath.IsAbs(hostPath) || filepath.Clean(hostPath) != hostPath {
+		return protocol.MountSource{}, fmt.Errorf("kvm backend: share path %q must be absolute and clean", hostPath)
+	}
+	if g.exports == nil {
+		return protocol.MountSource{}, errors.New("kvm backend: this VM has no 9p device to share host directories through")
+	}
+	g.mu.Lock()
+	g.nextExport++
+	name := "e" + strconv.Itoa(g.nextExport)
+	g.mu.Unlock()
+	if err := g.exports.Add(name, hostPath, readOnly); err != nil {
+		return protocol.MountSource{}, fmt.Errorf("kvm backend: sharing %s: %w", hostPath, err)
+	}
+	return protocol.MountSource{Kind: "bind", Path: ExportsRoot + "/" + name}, nil
+}
+
+// AdjustSetup implements helper.SetupAdjuster: before the system
+// directories, the agent mounts the 9p attach root at ExportsRoot (the one
+// mount the device allows), through which every share is reached.
+func (g *guest) AdjustSetup(p *protocol.SetupParams) {
+	p.NewRoot = false
+	root := protocol.Mount{Source: protocol.MountSource{Kind: "9p", Tag: MountTag}, Target: ExportsRoot}
+	p.System = append([]protocol.Mount{root}, p.System...)
+}
+
+// Done implements helper.Guest.
+func (g *guest) Done() <-chan struct{} { return g.done }
+
+// Err implements helper.Guest.
+func (g *guest) Err() error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.err
+}
+
+// Stop implements helper.Guest: it ends the VM if it still runs (after the
+// agent's shutdown it normally has reset itself already), releases the VM,
+// its devices and exports, and closes an agent connection never handed out.
+func (g *guest) Stop(ctx context.Context) error {
+	g.stopOnce.Do(func() {
+		stopped := make(chan error, 1)
+		go func() {
+			var errs []error
+			if g.m != nil {
+				if _, err := g.m.Stop(); err != nil {
+					errs = append(errs, err)
+				}
+			}
+			if g.listener != nil {
+				g.listener.Close()
+			}
+			if g.nineP != nil {
+				g.nineP.Close() // after the machine's reset: its clunks are answered
+			}
+			if g.exports != nil {
+				g.exports.Close()
+			}
+			stopped <- errors.Join(errs...)
+		}()
+		select {
+		case err := <-stopped:
+			g.stopErr = err
+		case <-ctx.Done():
+			g.stopErr = fmt.Errorf("kvm backend: stopping the VM: %w", ctx.Err())
+			return
+		}
+		g.mu.Lock()
+		taken := g.agentTaken
+		g.mu.Unlock()
+		if !taken {
+			select {
+			case r := <-g.accepted:
+				if r.conn != nil {
+					r.conn.Close()
+				}
+			default:
+			}
+		}
+	})
+	if g.stopErr != nil {
+		return g.stopErr
+	}
+	return nil
+}

@@ -1,0 +1,206 @@
+package vm
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/cowork-vmm/cowork-vmm/devices/p9/fs"
+	"github.com/cowork-vmm/cowork-vmm/helper"
+	"github.com/cowork-vmm/cowork-vmm/protocol"
+	"github.com/cowork-vmm/cowork-vmm/vmm"
+)
+
+func quiet() *slog.Logger { return slog.New(slog.DiscardHandler) }
+
+// testGuest is a guest without a machine, for the parts that need none.
+func testGuest(t *testing.T) *guest {
+	g := newGuestState(newConsole(quiet(), nil), quiet())
+	g.exports = fs.NewExports(quiet())
+	t.Cleanup(g.exports.Close)
+	return g
+}
+
+func TestShareRegistersExports(t *testing.T) {
+	g := testGuest(t)
+	ro, rw := t.TempDir(), t.TempDir()
+	a, err := g.Share(ro, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := g.Share(rw, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.Kind != "bind" || !strings.HasPrefix(a.Path, ExportsRoot+"/") || a == b {
+		t.Fatalf("sources %+v, %+v: want distinct binds under %s", a, b, ExportsRoot)
+	}
+	names := g.exports.Names()
+	want := []string{filepath.Base(a.Path), filepath.Base(b.Path)}
+	slices.Sort(want)
+	if !slices.Equal(names, want) {
+		t.Errorf("exports %v, want %v", names, want)
+	}
+	// The same directory shared twice gets two names (two mounts may differ in mode).
+	c, err := g.Share(ro, false)
+	if err != nil || c == a {
+		t.Errorf("second share of %s: %+v, %v", ro, c, err)
+	}
+}
+
+func TestShareRefusesBadPaths(t *testing.T) {
+	g := testGuest(t)
+	for _, p := range []string{"relative/dir", "/a/../b", "/a/", ""} {
+		if _, err := g.Share(p, true); err == nil {
+			t.Errorf("Share(%q) accepted", p)
+		}
+	}
+	if _, err := g.Share(filepath.Join(t.TempDir(), "missing"), true); err == nil {
+		t.Error("Share of a missing directory accepted")
+	}
+	if len(g.exports.Names()) != 0 {
+		t.Errorf("refused shares left exports: %v", g.exports.Names())
+	}
+	var noDevice guest
+	if _, err := noDevice.Share(t.TempDir(), true); err == nil {
+		t.Error("Share without a 9p device accepted")
+	}
+}
+
+func TestAdjustSetupMountsTheExportsRootFirst(t *testing.T) {
+	g := testGuest(t)
+	sys := protocol.Mount{Source: protocol.MountSource{Kind: "bind", Path: ExportsRoot + "/e1"}, Target: "/usr", ReadOnly: true}
+	p := protocol.SetupParams{NewRoot: true, System: []protocol.Mount{sys}}
+	var adj helper.SetupAdjuster = g
+	adj.AdjustSetup(&p)
+	if p.NewRoot {
+		t.Error("NewRoot left on: the VM's initramfs is already a throwaway root")
+	}
+	if len(p.System) != 2 || p.System[1] != sys {
+		t.Fatalf("system mounts %+v", p.System)
+	}
+	root := p.System[0]
+	if root.Source.Kind != "9p" || root.Source.Tag != MountTag || root.Source.Aname != "" || root.Target != ExportsRoot {
+		t.Errorf("first mount %+v: want the 9p attach root at %s", root, ExportsRoot)
+	}
+}
+
+func TestPreflightRefusesPVM(t *testing.T) {
+	b := New(Options{Logger: quiet()})
+	b.detectPVM = func() (bool, string) { return true, "the kvm_pvm module is loaded" }
+	kernelsLooked := false
+	b.kernels = func(string) kernelSources { kernelsLooked = true; return kernelSources{} }
+	_, err := b.Start(context.Background(), helper.GuestConfig{})
+	if err == nil {
+		t.Fatal("Start on a PVM host succeeded")
+	}
+	for _, want := range []string{"PVM", "kvm_pvm", "COWORK_VMM_BACKEND=process"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error lacks %q: %v", want, err)
+		}
+	}
+	if kernelsLooked {
+		t.Error("Start did work before refusing the host")
+	}
+}
+
+func TestStartWithoutKernelSaysHowToGetOne(t *testing.T) {
+	b := New(Options{Logger: quiet(), Executable: "/bin/true"})
+	b.detectPVM = func() (bool, string) { return false, "" }
+	b.kernels = func(exe string) kernelSources {
+		return kernelSources{executable: filepath.Join(t.TempDir(), "cowork-vmm"),
+			cache: func() (string, error) { return "", errors.New("no guest kernel built") }}
+	}
+	var steps []string
+	_, err := b.Start(context.Background(), helper.GuestConfig{StepFunc: func(s, st string) { steps = append(steps, s+":"+st) }})
+	if err == nil || !strings.Contains(err.Error(), "make kernel") {
+		t.Fatalf("err = %v, want the make kernel hint", err)
+	}
+	if !slices.Equal(steps, []string{StepCreateVM + ":started", StepCreateVM + ":failed"}) {
+		t.Errorf("steps %v", steps)
+	}
+}
+
+func TestExitError(t *testing.T) {
+	tail := "[ 1.0] some line"
+	for _, tc := range []struct {
+		name      string
+		exit      vmm.Exit
+		connected bool
+		panicked  bool
+		want      string // "" = nil
+	}{
+		{"stopped by the host", vmm.Exit{Kind: vmm.ExitStopped}, false, false, ""},
+		{"agent powered off", vmm.Exit{Kind: vmm.ExitReset}, true, false, ""},
+		{"reset before the agent", vmm.Exit{Kind: vmm.ExitReset}, false, false, "before its agent connected"},
+		{"panic reboot", vmm.Exit{Kind: vmm.ExitReset}, true, true, "panicked"},
+		{"triple fault", vmm.Exit{Kind: vmm.ExitTripleFault, VCPU: 0}, true, false, "triple fault"},
+		{"internal error", vmm.Exit{Kind: vmm.ExitInternalError, VCPU: 1, Detail: "emulation failure"}, true, false, "emulation failure"},
+	} {
+		err := exitError(tc.exit, tc.connected, tc.panicked, tail)
+		if tc.want == "" {
+			if err != nil {
+				t.Errorf("%s: %v, want nil", tc.name, err)
+			}
+			continue
+		}
+		if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), tail) {
+			t.Errorf("%s: %v, want %q and the console tail", tc.name, err, tc.want)
+		}
+	}
+}
+
+func TestAgentHandsOutTheConnectionOnce(t *testing.T) {
+	g := testGuest(t)
+	host, guestEnd := net.Pipe()
+	defer guestEnd.Close()
+	g.accepted <- acceptResult{conn: host}
+	conn, err := g.Agent(context.Background())
+	if err != nil || conn != host {
+		t.Fatalf("Agent = %v, %v", conn, err)
+	}
+	if _, err := g.Agent(context.Background()); err == nil {
+		t.Error("second Agent call succeeded")
+	}
+	conn.Close()
+}
+
+func TestAgentFailsWhenTheVMDies(t *testing.T) {
+	g := testGuest(t)
+	g.err = errors.New("the VM failed: triple fault")
+	close(g.done)
+	_, err := g.Agent(context.Background())
+	if err == nil || !strings.Contains(err.Error(), "triple fault") {
+		t.Errorf("Agent after death: %v", err)
+	}
+}
+
+func TestAgentHonoursContext(t *testing.T) {
+	g := testGuest(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := g.Agent(ctx); !errors.Is(err, context.Canceled) {
+		t.Errorf("Agent with a cancelled context: %v", err)
+	}
+}
+
+func TestStopWithoutMachineClosesExports(t *testing.T) {
+	g := testGuest(t)
+	if _, err := g.Share(t.TempDir(), true); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.Stop(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.Stop(context.Background()); err != nil {
+		t.Fatal("second Stop:", err)
+	}
+	if n := g.exports.Names(); len(n) != 0 {
+		t.Errorf("exports after Stop: %v", n)
+	}
+}

@@ -1,0 +1,256 @@
+package vm
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/cowork-vmm/cowork-vmm/helper"
+	"github.com/cowork-vmm/cowork-vmm/protocol"
+	"github.com/cowork-vmm/cowork-vmm/vmm/kvm"
+)
+
+// TestBinEnv names a static cowork-vmm binary for the KVM tests: the
+// guest's /init (the test binary itself is not an agent).
+const TestBinEnv = "COWORK_VMM_TEST_BIN"
+
+// requireKVMBoot skips unless a real Linux guest can boot here: /dev/kvm,
+// not PVM, a guest kernel and a cowork-vmm binary.
+func requireKVMBoot(t *testing.T) string {
+	t.Helper()
+	if _, err := os.Stat(kvm.DevicePath); err != nil {
+		t.Skipf("needs %s (%v); runs inside the nested KVM harness (TestNestedKVMBackend)", kvm.DevicePath, err)
+	}
+	if pvm, why := kvm.IsPVM(); pvm {
+		t.Skipf("this KVM cannot boot Linux: %s", why)
+	}
+	bin := os.Getenv(TestBinEnv)
+	if bin == "" {
+		t.Skipf("set %s to a static cowork-vmm binary (the guest's /init)", TestBinEnv)
+	}
+	if _, err := locateKernel(defaultKernelSources("", bin)); err != nil {
+		t.Skipf("no guest kernel: %v", err)
+	}
+	return bin
+}
+
+// testLogWriter sends log lines to t.Log.
+type testLogWriter struct {
+	mu sync.Mutex
+	t  *testing.T
+}
+
+func (w *testLogWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.t.Log(strings.TrimRight(string(p), "\n"))
+	return len(p), nil
+}
+
+// agentConn is a minimal helper side of the agent channel.
+type agentConn struct {
+	t      *testing.T
+	conn   io.ReadWriteCloser
+	nextID uint64
+	events []protocol.Event
+}
+
+func (a *agentConn) read() protocol.AgentFrame {
+	a.t.Helper()
+	body, err := protocol.ReadFrame(a.conn)
+	if err != nil {
+		a.t.Fatalf("reading from the agent: %v", err)
+	}
+	var f protocol.AgentFrame
+	if err := json.Unmarshal(body, &f); err != nil {
+		a.t.Fatalf("agent frame %q: %v", body, err)
+	}
+	return f
+}
+
+func (a *agentConn) call(method string, params any) error {
+	a.t.Helper()
+	a.nextID++
+	raw, err := json.Marshal(params)
+	if err != nil {
+		a.t.Fatal(err)
+	}
+	req := protocol.AgentFrame{Kind: protocol.AgentKindRequest, ID: a.nextID, Method: method, Params: raw}
+	if err := protocol.WriteJSON(a.conn, req); err != nil {
+		a.t.Fatalf("%s: %v", method, err)
+	}
+	for {
+		f := a.read()
+		switch {
+		case f.Kind == protocol.AgentKindEvent && f.Event != nil:
+			a.events = append(a.events, *f.Event)
+		case f.Kind == protocol.AgentKindReply && f.ID == a.nextID:
+			if f.Error != "" {
+				return errors.New(f.Error)
+			}
+			return nil
+		}
+	}
+}
+
+// waitExit reads events until process id exits and returns its stdout.
+func (a *agentConn) waitExit(id string) (string, protocol.Event) {
+	a.t.Helper()
+	var stdout strings.Builder
+	for i := 0; ; i++ {
+		for i >= len(a.events) {
+			if f := a.read(); f.Kind == protocol.AgentKindEvent && f.Event != nil {
+				a.events = append(a.events, *f.Event)
+			}
+		}
+		ev := a.events[i]
+		if ev.ID != id {
+			continue
+		}
+		switch ev.Type {
+		case protocol.EventStdout:
+			stdout.WriteString(ev.Data)
+		case protocol.EventExit:
+			return stdout.String(), ev
+		case protocol.EventError:
+			a.t.Fatalf("process %s: %s", id, ev.Message)
+		}
+	}
+}
+
+// A real guest boots, its agent connects over vsock, the host's system
+// directories and a session directory are mounted over 9p, a spawned shell
+// reads and writes through the mount, and the agent's shutdown ends the VM
+// cleanly. Repeated to report the start-to-connected figure.
+func TestKVMBootAgentMountsAndShutdown(t *testing.T) {
+	bin := requireKVMBoot(t)
+	log := slog.New(slog.NewTextHandler(&testLogWriter{t: t}, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	b := New(Options{Executable: bin, Logger: log})
+	var connectTimes []time.Duration
+	for round := range 3 {
+		start := time.Now()
+		var stepsMu sync.Mutex
+		var steps []string
+		g, err := b.Start(t.Context(), helper.GuestConfig{MemoryMiB: 512, CPUCount: 2, StepFunc: func(step, status string) {
+			stepsMu.Lock()
+			steps = append(steps, step+":"+status)
+			stepsMu.Unlock()
+		}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
+		conn, err := g.Agent(ctx)
+		cancel()
+		if err != nil {
+			g.Stop(context.Background())
+			t.Fatalf("round %d: %v", round, err)
+		}
+		a := &agentConn{t: t, conn: conn}
+		hello := a.read()
+		connected := time.Since(start)
+		connectTimes = append(connectTimes, connected)
+		if hello.Kind != protocol.AgentKindHello || hello.Hello == nil || hello.Hello.PID != 1 {
+			t.Fatalf("first frame %+v: want the agent's hello from PID 1", hello)
+		}
+		t.Logf("round %d: start → agent hello in %v (kernel %s)", round, connected, hello.Hello.Kernel)
+
+		if round == 0 {
+			exerciseGuest(t, g, a)
+		}
+		if err := a.call(protocol.AgentMethodShutdown, protocol.ShutdownParams{GraceMillis: 1000}); err != nil {
+			t.Fatalf("shutdown: %v", err)
+		}
+		select {
+		case <-g.Done():
+		case <-time.After(time.Minute):
+			t.Fatal("the VM did not end after the agent's shutdown")
+		}
+		if err := g.Err(); err != nil {
+			t.Errorf("round %d: the VM ended with %v, want a clean end", round, err)
+		}
+		conn.Close()
+		if err := g.Stop(context.Background()); err != nil {
+			t.Errorf("Stop: %v", err)
+		}
+		stepsMu.Lock()
+		for _, want := range []string{StepCreateVM, StepLoadKernel, StepGuestBoot, StepAgentConnect} {
+			if !slices.Contains(steps, want+":started") || !slices.Contains(steps, want+":completed") {
+				t.Errorf("steps %v lack %s started/completed", steps, want)
+			}
+		}
+		stepsMu.Unlock()
+	}
+	slices.Sort(connectTimes)
+	t.Logf("KVMFIGURE start_to_agent_hello median=%v all=%v", connectTimes[len(connectTimes)/2], connectTimes)
+}
+
+// exerciseGuest sets the guest's root up over 9p and runs a shell that
+// reads and writes a shared directory.
+func exerciseGuest(t *testing.T, g helper.Guest, a *agentConn) {
+	t.Helper()
+	setup := protocol.SetupParams{Hostname: "cowork"}
+	for _, dir := range helper.DefaultSystemDirs {
+		if _, err := os.Stat(dir); err != nil {
+			continue
+		}
+		src, err := g.Share(dir, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		setup.System = append(setup.System, protocol.Mount{Source: src, Target: dir, ReadOnly: true})
+	}
+	g.(helper.SetupAdjuster).AdjustSetup(&setup)
+	if err := a.call(protocol.AgentMethodSetup, setup); err != nil {
+		t.Fatalf("setup: %v", err)
+	}
+	host := t.TempDir()
+	if err := os.WriteFile(filepath.Join(host, "in.txt"), []byte("from the host\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	src, err := g.Share(host, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.call(protocol.AgentMethodMount, protocol.MountParams{Mount: protocol.Mount{Source: src, Target: "/sessions/t/mnt/work"}}); err != nil {
+		t.Fatalf("mount: %v", err)
+	}
+	roSrc, err := g.Share(host, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.call(protocol.AgentMethodMount, protocol.MountParams{Mount: protocol.Mount{Source: roSrc, Target: "/sessions/t/mnt/ro", ReadOnly: true}}); err != nil {
+		t.Fatalf("mount ro: %v", err)
+	}
+	script := `cat /sessions/t/mnt/work/in.txt; echo "from the guest" > /sessions/t/mnt/work/out.txt; ` +
+		`if echo x > /sessions/t/mnt/ro/nope 2>/dev/null; then echo ro-writable; else echo ro-refused; fi; uname -r`
+	spawn := protocol.SpawnParams{ID: "p1", Command: "/bin/sh", Args: []string{"-c", script}, Cwd: "/sessions/t",
+		Env: []string{"PATH=/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin"}}
+	if err := a.call(protocol.AgentMethodSpawn, spawn); err != nil {
+		t.Fatalf("spawn: %v", err)
+	}
+	out, exit := a.waitExit("p1")
+	if exit.ExitCode == nil || *exit.ExitCode != 0 {
+		t.Errorf("shell exit %+v, output %q", exit, out)
+	}
+	if !strings.Contains(out, "from the host") || !strings.Contains(out, "ro-refused") {
+		t.Errorf("shell output %q: want the host file and a refused read-only write", out)
+	}
+	got, err := os.ReadFile(filepath.Join(host, "out.txt"))
+	if err != nil || string(got) != "from the guest\n" {
+		t.Errorf("host sees %q, %v; want the guest's write", got, err)
+	}
+	if _, err := os.Stat(filepath.Join(host, "nope")); err == nil {
+		t.Error("a write through the read-only mount reached the host")
+	}
+	t.Logf("guest shell said: %s", strings.TrimSpace(out))
+}
