@@ -40,14 +40,18 @@ func TestNestedKVMClientFlow(t *testing.T) {
 	if err != nil {
 		t.Skipf("no guest kernel: %v", err)
 	}
-	_, here, _, _ := runtime.Caller(0)
-	root := filepath.Dir(filepath.Dir(here))
-	bin := filepath.Join(t.TempDir(), "cowork-vmm")
-	build := exec.Command("go", "build", "-trimpath", "-o", bin, "./cmd/cowork-vmm")
-	build.Dir = root
-	build.Env = append(os.Environ(), "CGO_ENABLED=0")
-	out, err := build.CombinedOutput()
-	require.NoError(t, err, "go build: %s", out)
+	// COWORK_VMM_E2E_BIN here names a binary to test instead of building
+	// one (e.g. `make build`'s, with its embedded kernel); it must be static.
+	bin := os.Getenv("COWORK_VMM_E2E_BIN")
+	if bin == "" {
+		_, here, _, _ := runtime.Caller(0)
+		bin = filepath.Join(t.TempDir(), "cowork-vmm")
+		build := exec.Command("go", "build", "-trimpath", "-o", bin, "./cmd/cowork-vmm")
+		build.Dir = filepath.Dir(filepath.Dir(here))
+		build.Env = append(os.Environ(), "CGO_ENABLED=0")
+		out, err := build.CombinedOutput()
+		require.NoError(t, err, "go build: %s", out)
+	}
 
 	nested.RunGoTestWith(t, nested.GoTest{
 		Pkg:   "github.com/cowork-vmm/cowork-vmm/e2e",

@@ -231,7 +231,9 @@ func (s *Service) Subscribe(_ context.Context, params json.RawMessage) (*protoco
 	s.log.Info("event subscriber connected", "profile", p.UserDataName)
 	ctx, cancel := context.WithCancel(context.Background())
 	events := make(chan protocol.Event)
+	producerDone := make(chan struct{})
 	go func() {
+		defer close(producerDone)
 		for {
 			ev, err := sub.Next(ctx)
 			if err != nil {
@@ -247,6 +249,9 @@ func (s *Service) Subscribe(_ context.Context, params json.RawMessage) (*protoco
 	}()
 	return &protocol.Subscription{Events: events, Cancel: func() {
 		cancel()
+		// Let the producer acknowledge an event it has just handed over
+		// before the subscription closes, or it would be sent again.
+		<-producerDone
 		sub.Close()
 		s.log.Info("event subscriber disconnected", "profile", p.UserDataName)
 	}}, nil

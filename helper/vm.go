@@ -148,12 +148,16 @@ func (s *Service) missingBackendError() error {
 	return fmt.Errorf("unknown backend %q in COWORK_VMM_BACKEND; available backends: %s", s.opts.Backend, strings.Join(names, ", "))
 }
 
+// ProcessFallbackHint ends a failed kvm start's error when the process
+// backend is available.
+const ProcessFallbackHint = "; on a host without usable KVM, set COWORK_VMM_BACKEND=process to run guests as sandboxed host processes"
+
 // fallbackHint points a failed kvm start at the process backend.
 func (s *Service) fallbackHint() string {
 	if s.opts.Backend != BackendKVM || s.opts.Backends[BackendProcess] == nil {
 		return ""
 	}
-	return "; on a host without usable KVM, set COWORK_VMM_BACKEND=process to run guests as sandboxed host processes"
+	return ProcessFallbackHint
 }
 
 func (s *Service) step(step, status string) {

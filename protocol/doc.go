@@ -16,6 +16,8 @@
 //   - listen.go: Listen (socket-path and directory safety) and peer uid
 //     checks.
 //   - agent.go, agentconn.go: the helper ↔ agent channel and AgentConn.
+//   - egress.go: the egress channel's request/reply frames (guest proxy ↔
+//     helper), added by the egress work.
 //   - client.go: a small client (CallOneShot, DialPipe, SubscribeEvents)
 //     speaking the contract as the desktop client does, for tests and tools.
 //

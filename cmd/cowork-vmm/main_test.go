@@ -94,6 +94,6 @@ func TestRunFallsBackWhenKVMCannotStart(t *testing.T) {
 		return map[string]helper.BackendFactory{helper.BackendKVM: failing("no /dev/kvm"), helper.BackendProcess: failing("no user namespaces")}
 	})
 	assert.Equal(t, 1, code)
-	assert.Contains(t, errOut.String(), "no /dev/kvm; using the process backend")
+	assert.Contains(t, errOut.String(), "cowork-vmm: startVM: the kvm backend is unavailable: no /dev/kvm; using the process backend")
 	assert.Contains(t, errOut.String(), "no user namespaces", "the fallback was tried")
 }

@@ -110,7 +110,8 @@ func runWith(args []string, stderr io.Writer, backends func(*slog.Logger, io.Wri
 	}
 	log, level := newLogger(stderr, o.debug)
 	if !o.debug {
-		level.Set(slog.LevelWarn) // the command's output is the point
+		// The command's output is the point; run reports failures itself.
+		level.Set(slog.LevelError + 4)
 	}
 	agentLog := io.Discard // the command's output is the point
 	if o.debug {
@@ -128,7 +129,8 @@ func runWith(args []string, stderr io.Writer, backends func(*slog.Logger, io.Wri
 		var bootErr *startError
 		if errors.As(err, &bootErr) && fallback {
 			// The kvm backend was only preferred: fall back, once.
-			fmt.Fprintf(stderr, "cowork-vmm: %v; using the process backend (namespaced host processes). Set COWORK_VMM_BACKEND to choose.\n", bootErr.err)
+			reason := strings.TrimSuffix(bootErr.Error(), helper.ProcessFallbackHint)
+			fmt.Fprintf(stderr, "cowork-vmm: %s; using the process backend (namespaced host processes). Set COWORK_VMM_BACKEND to choose.\n", reason)
 			backend, fallback = helper.BackendProcess, false
 			continue
 		}

@@ -457,6 +457,9 @@ func TestMountValidation(t *testing.T) {
 		{Source: protocol.MountSource{Kind: "bind", Path: "/tmp"}, Target: "/a/../b"},
 		{Source: protocol.MountSource{Kind: "bind", Path: "/tmp"}, Target: "/"},
 		{Source: protocol.MountSource{Kind: "9p", Tag: "t", Aname: "x,ro=0"}, Target: "/x"},
+		{Source: protocol.MountSource{Kind: "9p", Tag: "t", Aname: "../x"}, Target: "/x"},
+		{Source: protocol.MountSource{Kind: "9p", Tag: "t", Aname: ".."}, Target: "/x"},
+		{Source: protocol.MountSource{Kind: "9p", Tag: "t"}, Target: "/x"},
 		{Source: protocol.MountSource{Kind: "nfs"}, Target: "/x"},
 		{Source: protocol.MountSource{Kind: "bind", Path: "/tmp"}, Target: "/x", SourceFile: "../etc/shadow"},
 	} {

@@ -47,13 +47,45 @@ type mounter struct {
 	log *slog.Logger
 
 	mu       sync.Mutex
-	hostRoot *os.File                  // O_PATH fd of the host root after a NewRoot setup
-	mounts   map[string]protocol.Mount // by target
-	setupRan bool
+	hostRoot *os.File // O_PATH fd of the host root after a NewRoot setup
+	// ninePRoots holds, per virtio-9p tag, an O_PATH descriptor of that
+	// device's attach root. Linux lets a virtio-9p device be mounted only
+	// once (a second mount of the tag fails with EBUSY), so each tag is
+	// mounted once, detached from the tree (only this descriptor keeps it),
+	// and every export (a child of the attach root, named by its aname) is
+	// bind-mounted out of it.
+	ninePRoots map[string]*os.File
+	mounts     map[string]protocol.Mount // by target
+	setupRan   bool
 }
 
 func newMounter(log *slog.Logger) *mounter {
-	return &mounter{log: log, mounts: make(map[string]protocol.Mount)}
+	return &mounter{log: log, mounts: make(map[string]protocol.Mount), ninePRoots: make(map[string]*os.File)}
+}
+
+// ninePRoot returns the attach root of the virtio-9p device with this tag,
+// mounting it on first use. The caller holds m.mu.
+func (m *mounter) ninePRoot(tag string) (*os.File, error) {
+	if f, ok := m.ninePRoots[tag]; ok {
+		return f, nil
+	}
+	stage, err := makeStagingDir()
+	if err != nil {
+		return nil, err
+	}
+	defer os.Remove(stage)
+	if err := unix.Mount(tag, stage, "9p", unix.MS_NOSUID|unix.MS_NODEV, ninePOptions); err != nil {
+		return nil, fmt.Errorf("mounting the 9p device %q: %w", tag, err)
+	}
+	fd, err := unix.Open(stage, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	// Detach the mount from the tree either way: the descriptor keeps it.
+	_ = unix.Unmount(stage, unix.MNT_DETACH)
+	if err != nil {
+		return nil, fmt.Errorf("opening the 9p device %q: %w", tag, err)
+	}
+	f := os.NewFile(uintptr(fd), "9p:"+tag)
+	m.ninePRoots[tag] = f
+	return f, nil
 }
 
 func (m *mounter) close() {
@@ -62,6 +94,10 @@ func (m *mounter) close() {
 	if m.hostRoot != nil {
 		m.hostRoot.Close()
 		m.hostRoot = nil
+	}
+	for tag, f := range m.ninePRoots {
+		f.Close()
+		delete(m.ninePRoots, tag)
 	}
 }
 
@@ -118,15 +154,12 @@ func (m *mounter) mountAt(mt protocol.Mount, target string) error {
 		defer closeSrc()
 		return bindMount(src, pinned, target, mt.ReadOnly, mt.Source.Path)
 	case "9p":
-		var flags uintptr
-		if mt.ReadOnly {
-			flags |= unix.MS_RDONLY
+		root, err := m.ninePRoot(mt.Source.Tag)
+		if err != nil {
+			return err
 		}
-		opts := ninePOptions + ",aname=" + mt.Source.Aname
-		if err := unix.Mount(mt.Source.Tag, pinned, "9p", flags, opts); err != nil {
-			return fmt.Errorf("mounting 9p export %s (aname %q) at %s: %w", mt.Source.Tag, mt.Source.Aname, target, err)
-		}
-		return nil
+		src := fmt.Sprintf("/proc/self/fd/%d/%s", root.Fd(), mt.Source.Aname)
+		return bindMount(src, pinned, target, mt.ReadOnly, mt.Source.Tag+":"+mt.Source.Aname)
 	case "tmpfs":
 		var flags uintptr = unix.MS_NOSUID | unix.MS_NODEV
 		if mt.ReadOnly {
@@ -423,6 +456,9 @@ func validateMount(mt protocol.Mount) error {
 		}
 		if mt.Source.Tag == "" {
 			return errors.New("a 9p mount needs a tag")
+		}
+		if a := mt.Source.Aname; a == "" || a == "." || a == ".." || strings.ContainsRune(a, '/') {
+			return fmt.Errorf("9p aname %q must name one export (a single path component)", a)
 		}
 	case "tmpfs":
 		if mt.SourceFile != "" {

@@ -14,7 +14,7 @@ import (
 // target outside the agent's reserved paths, with a safe source.
 func FuzzMountParams(f *testing.F) {
 	f.Add([]byte(`{"mount":{"source":{"kind":"bind","path":"/home/u/p"},"target":"/sessions/s/mnt/p","readOnly":true}}`))
-	f.Add([]byte(`{"mount":{"source":{"kind":"9p","tag":"cowork","aname":"s1/home"},"target":"/sessions/s1"}}`))
+	f.Add([]byte(`{"mount":{"source":{"kind":"9p","tag":"cowork","aname":"s1-home"},"target":"/sessions/s1"}}`))
 	f.Add([]byte(`{"mount":{"source":{"kind":"bind","path":"/sdk/1.0"},"sourceFile":"claude","target":"/usr/local/bin/claude"}}`))
 	f.Add([]byte(`{"mount":{"source":{"kind":"tmpfs"},"target":"/.host/x"}}`))
 	f.Fuzz(func(t *testing.T, raw []byte) {
@@ -37,7 +37,7 @@ func FuzzMountParams(f *testing.F) {
 		if strings.Contains(mt.SourceFile, "..") && strings.Split(mt.SourceFile, "/")[0] == ".." {
 			t.Fatalf("accepted escaping sourceFile %q", mt.SourceFile)
 		}
-		if mt.Source.Kind == "9p" && strings.ContainsAny(mt.Source.Tag+mt.Source.Aname, ",\x00") {
+		if mt.Source.Kind == "9p" && (strings.ContainsAny(mt.Source.Tag+mt.Source.Aname, ",\x00") || strings.ContainsRune(mt.Source.Aname, '/') || mt.Source.Aname == "..") {
 			t.Fatalf("accepted 9p option injection %+v", mt.Source)
 		}
 		if _, err := json.Marshal(mt); err != nil {

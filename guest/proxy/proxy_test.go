@@ -11,6 +11,7 @@ import (
 	"net/netip"
 	"net/url"
 	"os"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -122,7 +123,7 @@ func setup(t *testing.T, allowed []string, transport string) *env {
 		TLSClientConfig:   tlsConfig,
 		DisableKeepAlives: true,
 	}}
-	port := func(s *httptest.Server) string { return s.Listener.Addr().(*net.TCPAddr).AddrPort().String()[len("127.0.0.1:"):] }
+	port := func(s *httptest.Server) string { return strconv.Itoa(s.Listener.Addr().(*net.TCPAddr).Port) }
 	return &env{
 		proxy:    p,
 		client:   client,

@@ -148,8 +148,8 @@ func (g *guest) watch() {
 	g.mu.Lock()
 	g.err = err
 	g.mu.Unlock()
-	g.listener.Close() // a pending Accept returns
 	close(g.done)
+	g.listener.Close() // a pending Accept returns, after done says why
 }
 
 func isClosed(c <-chan struct{}) bool {

@@ -1,8 +1,11 @@
 package nested
 
 import (
+	"compress/gzip"
 	"context"
+	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -92,4 +95,38 @@ func TestNestedHello(t *testing.T) {
 	written, err := os.ReadFile(filepath.Join(payload, "result"))
 	require.NoError(t, err, "the payload directory is shared read-write")
 	require.Equal(t, "written\n", string(written))
+}
+
+func TestQemuArgsFollowTheRecipe(t *testing.T) {
+	opts := Options{MemMiB: 1024, CPUs: 2, Kernel: "/k/vmlinux"}
+	args := strings.Join(qemuArgs(opts, "/p", "/i.cpio.gz"), " ")
+	for _, want := range []string{
+		"-accel tcg,thread=multi", "-M microvm,acpi=off", "+svm,+npt", "-m 1024", "-smp 2",
+		"-kernel /k/vmlinux", "-initrd /i.cpio.gz", "reboot=t panic=-1", "-no-reboot",
+		"path=/,security_model=none,readonly=on", "mount_tag=" + job.HostRootTag,
+		"path=/p,security_model=none", "mount_tag=" + job.PayloadTag,
+	} {
+		require.Contains(t, args, want)
+	}
+	require.Contains(t, strings.Join(qemuArgs(Options{CPUs: 1}, "/p", "/i"), " "), "-accel tcg ")
+}
+
+func TestBuildOuterInitramfs(t *testing.T) {
+	if _, err := exec.LookPath("go"); err != nil {
+		t.Skip("no go tool")
+	}
+	work := t.TempDir()
+	initrd := filepath.Join(work, "outer.cpio.gz")
+	j := job.Job{Token: "tok3n", Cmd: []string{"true"}, Dir: "/payload", Timeout: time.Minute}
+	require.NoError(t, buildOuterInitramfs(context.Background(), work, initrd, j))
+	f, err := os.Open(initrd)
+	require.NoError(t, err)
+	defer f.Close()
+	zr, err := gzip.NewReader(f)
+	require.NoError(t, err)
+	archive, err := io.ReadAll(zr)
+	require.NoError(t, err)
+	for _, name := range []string{"init\x00", "dev/console\x00", "job.json\x00", `"token":"tok3n"`, "\x7fELF"} {
+		require.Contains(t, string(archive), name)
+	}
 }

@@ -247,3 +247,48 @@ func directWalk(t *testing.T, x *Exports, names ...string) p9.File {
 	t.Cleanup(func() { _ = cur.Close() })
 	return cur
 }
+
+func TestSpecialFilesAndXattrs(t *testing.T) {
+	h := newHarness(t)
+	dir := h.export(t, "rw", false, map[string]string{"f": "x"})
+	root := directWalk(t, h.exports, "rw")
+
+	_, err := root.Mknod("fifo", p9.FileMode(unix.S_IFIFO|0o644), 0, 0, p9.NoUID, p9.NoGID)
+	require.NoError(t, err)
+	st, err := os.Lstat(filepath.Join(dir, "fifo"))
+	require.NoError(t, err)
+	assert.Equal(t, os.ModeNamedPipe, st.Mode().Type())
+	_, err = root.Mknod("dev", p9.FileMode(unix.S_IFCHR|0o644), 1, 3, p9.NoUID, p9.NoGID)
+	assert.ErrorIs(t, err, linux.EPERM, "no device nodes")
+
+	// A FIFO is never opened on the host (it would block the server).
+	_, fifo, err := root.Walk([]string{"fifo"})
+	require.NoError(t, err)
+	defer fifo.Close()
+	_, _, err = fifo.Open(p9.ReadOnly)
+	assert.ErrorIs(t, err, linux.EPERM)
+
+	qids, f, valid, attr, err := root.WalkGetAttr([]string{"f"})
+	require.NoError(t, err)
+	defer f.Close()
+	require.Len(t, qids, 1)
+	assert.True(t, valid.Size)
+	assert.Equal(t, uint64(1), attr.Size)
+
+	_, err = f.GetXattr("user.x")
+	assert.ErrorIs(t, err, linux.ENODATA)
+	names, err := f.ListXattrs()
+	require.NoError(t, err)
+	assert.Empty(t, names)
+	assert.ErrorIs(t, f.SetXattr("user.x", []byte("v"), 0), linux.EOPNOTSUPP)
+	assert.ErrorIs(t, f.RemoveXattr("user.x"), linux.EOPNOTSUPP)
+
+	_, err = f.ReadAt(make([]byte, 1), 0)
+	assert.ErrorIs(t, err, linux.EBADF, "read before open")
+	assert.NoError(t, f.FSync(), "fsync of an unopened fid is a no-op")
+
+	// Cross-export link refused.
+	h.export(t, "other", false, nil)
+	other := directWalk(t, h.exports, "other")
+	assert.ErrorIs(t, other.Link(f, "l"), linux.EXDEV)
+}

@@ -1,0 +1,17 @@
+// Package doctor is `cowork-vmm doctor`: it checks what this host can run
+// and says, for each finding, what a user can do about it.
+//
+// It owns the checks (KVM device, access, API and capabilities, whether this
+// KVM can boot Linux at all, the guest kernel and its version, the socket's
+// runtime directory, user namespaces for the process backend, free disk for
+// sessions, an optional trial boot), the separate view of what Claude
+// Desktop's support gate checks before it starts any helper, the verdict
+// (which backends work, exit status) and the two renderings: aligned text
+// for a terminal and JSON with stable field names.
+//
+// Every host probe goes through Host, a struct of functions, so tests run
+// the checks against faked hosts. The KVM probe calls package vmm/kvm, the
+// PVM detection kvm.IsPVM, the kernel locations guest/kernel and
+// guest/kernel/embedded, the data directory helper.DefaultDataDir, and the
+// trial boot the helper/vm and helper/process backends themselves.
+package doctor

@@ -1,0 +1,272 @@
+package doctor
+
+import (
+	"context"
+	"debug/buildinfo"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"os/exec"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/cowork-vmm/cowork-vmm/guest/kernel"
+	"github.com/cowork-vmm/cowork-vmm/guest/kernel/embedded"
+	"github.com/cowork-vmm/cowork-vmm/helper"
+	"github.com/cowork-vmm/cowork-vmm/vmm/kvm"
+)
+
+// Host is every probe doctor makes of the machine, as functions so that
+// tests can fake a host: no /dev/kvm, no permission, PVM, a world-writable
+// runtime directory, no kernel, no user namespaces. RealHost probes this
+// machine; a nil field is filled from RealHost.
+type Host struct {
+	Getenv func(key string) string
+	Getuid func() int
+	Getgid func() int
+	// Stat follows symlinks; Lstat does not. Ownership is read from
+	// FileInfo.Sys() as a *syscall.Stat_t.
+	Stat  func(path string) (fs.FileInfo, error)
+	Lstat func(path string) (fs.FileInfo, error)
+	// ReadFile reads small files (/proc, /sys).
+	ReadFile func(path string) ([]byte, error)
+	// Open reads large files as a stream (kernel images, binaries).
+	Open func(path string) (io.ReadCloser, error)
+	// Access is access(2): mode is a mask of unix.R_OK, unix.W_OK, unix.X_OK.
+	Access   func(path string, mode uint32) error
+	LookPath func(file string) (string, error)
+	// FreeBytes is the space available to an unprivileged user on the
+	// filesystem holding path (statfs f_bavail × f_bsize).
+	FreeBytes  func(path string) (uint64, error)
+	Executable func() (string, error)
+	// DataDir is the helper's data directory (helper.DefaultDataDir).
+	DataDir func() (string, error)
+	// KernelCache is the path of the latest `make kernel` guest vmlinux
+	// (kernel.Find(kernel.Guest)); its error says how to build one.
+	KernelCache func() (string, error)
+	// EmbeddedKernel is the kernel compiled into this binary
+	// (embedded.Kernel); embedded.ErrNotEmbedded when there is none.
+	EmbeddedKernel func() ([]byte, error)
+	// DetectPVM says whether this host's KVM is PVM (kvm.IsPVM).
+	DetectPVM func() (pvm bool, reason string)
+	// ProbeKVM opens the KVM device at path and reads its API version and
+	// capabilities.
+	ProbeKVM func(path string) KVMProbe
+	// ProbeUserNS starts a short-lived child in the namespaces the process
+	// backend uses; nil means it worked.
+	ProbeUserNS func(ctx context.Context) error
+	// TrialBoot starts a guest on backend ("kvm" or "process"), waits for
+	// its agent's hello and stops it.
+	TrialBoot func(ctx context.Context, backend string) (BootResult, error)
+	// BuildInfo reads the Go module path and version embedded in the
+	// binary at path (debug/buildinfo), without running it.
+	BuildInfo func(path string) (modulePath, version string, err error)
+}
+
+// KVMProbe is what opening the KVM device found.
+type KVMProbe struct {
+	// OpenErr is the error opening the device read-write; nil if it opened.
+	// It wraps kvm.ErrNoKVM or kvm.ErrKVMPermission when those apply.
+	OpenErr error
+	// APIVersion is KVM_GET_API_VERSION's answer (0 if not read).
+	APIVersion int
+	// Capabilities maps each capability the VMM requires
+	// (kvm.RequiredCapabilities) to whether this KVM has it; nil if not read.
+	Capabilities map[string]bool
+	// CapabilitiesErr is kvm's error when the capabilities could not be
+	// read or some are missing (it names each missing one).
+	CapabilitiesErr error
+}
+
+// BootResult is a trial boot's outcome.
+type BootResult struct {
+	// Elapsed runs from Start to the agent's hello.
+	Elapsed time.Duration
+	// Kernel is the guest's kernel release as the agent reported it.
+	Kernel string
+}
+
+// RealHost probes this machine.
+func RealHost() Host {
+	return Host{
+		Getenv:         os.Getenv,
+		Getuid:         os.Getuid,
+		Getgid:         os.Getgid,
+		Stat:           os.Stat,
+		Lstat:          os.Lstat,
+		ReadFile:       os.ReadFile,
+		Open:           func(p string) (io.ReadCloser, error) { return os.Open(p) },
+		Access:         unix.Access,
+		LookPath:       exec.LookPath,
+		FreeBytes:      freeBytes,
+		Executable:     os.Executable,
+		DataDir:        helper.DefaultDataDir,
+		KernelCache:    func() (string, error) { return kernel.Find(kernel.Guest) },
+		EmbeddedKernel: embedded.Kernel,
+		DetectPVM:      kvm.IsPVM,
+		ProbeKVM:       probeKVM,
+		ProbeUserNS:    probeUserNS,
+		TrialBoot:      trialBoot,
+		BuildInfo:      readBuildInfo,
+	}
+}
+
+// withDefaults fills h's nil fields from RealHost.
+func (h Host) withDefaults() Host {
+	r := RealHost()
+	fill := func(dst, src any) {}
+	_ = fill
+	if h.Getenv == nil {
+		h.Getenv = r.Getenv
+	}
+	if h.Getuid == nil {
+		h.Getuid = r.Getuid
+	}
+	if h.Getgid == nil {
+		h.Getgid = r.Getgid
+	}
+	if h.Stat == nil {
+		h.Stat = r.Stat
+	}
+	if h.Lstat == nil {
+		h.Lstat = r.Lstat
+	}
+	if h.ReadFile == nil {
+		h.ReadFile = r.ReadFile
+	}
+	if h.Open == nil {
+		h.Open = r.Open
+	}
+	if h.Access == nil {
+		h.Access = r.Access
+	}
+	if h.LookPath == nil {
+		h.LookPath = r.LookPath
+	}
+	if h.FreeBytes == nil {
+		h.FreeBytes = r.FreeBytes
+	}
+	if h.Executable == nil {
+		h.Executable = r.Executable
+	}
+	if h.DataDir == nil {
+		h.DataDir = r.DataDir
+	}
+	if h.KernelCache == nil {
+		h.KernelCache = r.KernelCache
+	}
+	if h.EmbeddedKernel == nil {
+		h.EmbeddedKernel = r.EmbeddedKernel
+	}
+	if h.DetectPVM == nil {
+		h.DetectPVM = r.DetectPVM
+	}
+	if h.ProbeKVM == nil {
+		h.ProbeKVM = r.ProbeKVM
+	}
+	if h.ProbeUserNS == nil {
+		h.ProbeUserNS = r.ProbeUserNS
+	}
+	if h.TrialBoot == nil {
+		h.TrialBoot = r.TrialBoot
+	}
+	if h.BuildInfo == nil {
+		h.BuildInfo = r.BuildInfo
+	}
+	return h
+}
+
+func freeBytes(path string) (uint64, error) {
+	var st unix.Statfs_t
+	if err := unix.Statfs(path, &st); err != nil {
+		return 0, fmt.Errorf("statfs %s: %w", path, err)
+	}
+	return st.Bavail * uint64(st.Bsize), nil
+}
+
+// ioctlKVMGetAPIVersion is _IO(KVMIO, 0x00). Package kvm has it unexported
+// and offers the version only through OpenPath, which also fails on missing
+// capabilities; doctor reads the version on its own to tell the two apart.
+const ioctlKVMGetAPIVersion = 0xAE00
+
+// probeKVM opens the KVM device the way the VMM does (kvm.OpenPath) and
+// reports the API version and each required capability separately.
+func probeKVM(path string) KVMProbe {
+	fd, err := unix.Open(path, unix.O_RDWR|unix.O_CLOEXEC, 0)
+	if err != nil {
+		// kvm.OpenPath fails the same way and its error names the fix.
+		if _, kerr := kvm.OpenPath(path); kerr != nil {
+			return KVMProbe{OpenErr: kerr}
+		}
+		return KVMProbe{OpenErr: fmt.Errorf("open %s: %w", path, err)}
+	}
+	version, verr := unix.IoctlRetInt(fd, ioctlKVMGetAPIVersion)
+	unix.Close(fd)
+	if verr != nil {
+		return KVMProbe{APIVersion: 0, CapabilitiesErr: fmt.Errorf("KVM_GET_API_VERSION on %s: %w", path, verr)}
+	}
+	p := KVMProbe{APIVersion: version}
+	if version != kvm.APIVersion {
+		return p
+	}
+	sys, err := kvm.OpenPath(path)
+	if err != nil {
+		// The version is right, so kvm's error is about capabilities and
+		// names every missing one.
+		p.CapabilitiesErr = err
+		return p
+	}
+	defer sys.Close()
+	p.Capabilities = make(map[string]bool, len(kvm.RequiredCapabilities))
+	for _, c := range kvm.RequiredCapabilities {
+		n, err := sys.CheckExtension(c)
+		if err != nil {
+			p.CapabilitiesErr = fmt.Errorf("KVM_CHECK_EXTENSION %s: %w", c, err)
+			return p
+		}
+		p.Capabilities[c.String()] = n > 0
+	}
+	return p
+}
+
+// userNSProbeTimeout bounds the user-namespace probe's child.
+const userNSProbeTimeout = 10 * time.Second
+
+// probeUserNS runs /bin/true in the namespaces the process backend creates
+// (user, mount, PID, UTS, IPC), with our uid and gid mapped to root the same
+// way, so a failure here is the failure the backend would meet.
+func probeUserNS(ctx context.Context) error {
+	trueBin := "/bin/true"
+	if _, err := os.Stat(trueBin); err != nil {
+		trueBin = "/usr/bin/true"
+	}
+	ctx, cancel := context.WithTimeout(ctx, userNSProbeTimeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, trueBin)
+	cmd.SysProcAttr = &syscall.SysProcAttr{
+		Cloneflags:                 unix.CLONE_NEWUSER | unix.CLONE_NEWNS | unix.CLONE_NEWPID | unix.CLONE_NEWUTS | unix.CLONE_NEWIPC,
+		UidMappings:                []syscall.SysProcIDMap{{ContainerID: 0, HostID: os.Getuid(), Size: 1}},
+		GidMappings:                []syscall.SysProcIDMap{{ContainerID: 0, HostID: os.Getgid(), Size: 1}},
+		GidMappingsEnableSetgroups: false,
+		Pdeathsig:                  unix.SIGKILL,
+	}
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("starting %s in new user/mount/PID/UTS/IPC namespaces: %w", trueBin, err)
+	}
+	return nil
+}
+
+func readBuildInfo(path string) (string, string, error) {
+	bi, err := buildinfo.ReadFile(path)
+	if err != nil {
+		return "", "", err
+	}
+	return bi.Main.Path, bi.Main.Version, nil
+}
+
+// errNotGoBinary is what a fake BuildInfo may return for non-Go binaries.
+var errNotGoBinary = errors.New("not a Go binary")

@@ -1,0 +1,45 @@
+package proxy
+
+import (
+	"context"
+	"fmt"
+	"net"
+
+	"github.com/mdlayher/vsock"
+
+	"github.com/cowork-vmm/cowork-vmm/protocol"
+)
+
+// hostCID is the host's vsock context id, seen from the guest.
+const hostCID = 2
+
+// VSockDialer reaches the helper's egress service in the VM: a vsock stream
+// to host port protocol.EgressVSockPort.
+type VSockDialer struct{}
+
+// DialHost implements HostDialer.
+func (VSockDialer) DialHost(ctx context.Context) (net.Conn, error) {
+	type result struct {
+		conn net.Conn
+		err  error
+	}
+	done := make(chan result, 1)
+	go func() {
+		c, err := vsock.Dial(hostCID, protocol.EgressVSockPort, nil)
+		done <- result{c, err}
+	}()
+	select {
+	case r := <-done:
+		if r.err != nil {
+			return nil, fmt.Errorf("dialling the helper over vsock port %d: %w", protocol.EgressVSockPort, r.err)
+		}
+		return r.conn, nil
+	case <-ctx.Done():
+		go func() {
+			if r := <-done; r.conn != nil {
+				r.conn.Close()
+			}
+		}()
+		return nil, ctx.Err()
+	}
+}
