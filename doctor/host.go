@@ -3,7 +3,6 @@ package doctor
 import (
 	"context"
 	"debug/buildinfo"
-	"errors"
 	"fmt"
 	"io"
 	"io/fs"
@@ -74,6 +73,8 @@ type KVMProbe struct {
 	OpenErr error
 	// APIVersion is KVM_GET_API_VERSION's answer (0 if not read).
 	APIVersion int
+	// APIErr is the error reading the API version.
+	APIErr error
 	// Capabilities maps each capability the VMM requires
 	// (kvm.RequiredCapabilities) to whether this KVM has it; nil if not read.
 	Capabilities map[string]bool
@@ -118,8 +119,6 @@ func RealHost() Host {
 // withDefaults fills h's nil fields from RealHost.
 func (h Host) withDefaults() Host {
 	r := RealHost()
-	fill := func(dst, src any) {}
-	_ = fill
 	if h.Getenv == nil {
 		h.Getenv = r.Getenv
 	}
@@ -207,7 +206,7 @@ func probeKVM(path string) KVMProbe {
 	version, verr := unix.IoctlRetInt(fd, ioctlKVMGetAPIVersion)
 	unix.Close(fd)
 	if verr != nil {
-		return KVMProbe{APIVersion: 0, CapabilitiesErr: fmt.Errorf("KVM_GET_API_VERSION on %s: %w", path, verr)}
+		return KVMProbe{APIErr: fmt.Errorf("KVM_GET_API_VERSION on %s: %w", path, verr)}
 	}
 	p := KVMProbe{APIVersion: version}
 	if version != kvm.APIVersion {
@@ -267,6 +266,3 @@ func readBuildInfo(path string) (string, string, error) {
 	}
 	return bi.Main.Path, bi.Main.Version, nil
 }
-
-// errNotGoBinary is what a fake BuildInfo may return for non-Go binaries.
-var errNotGoBinary = errors.New("not a Go binary")

@@ -77,6 +77,9 @@ type Server struct {
 	log   *slog.Logger
 	slots chan struct{}
 	warn  *rateLimiter
+	// ctx ends with Close, cutting short resolutions and dials.
+	ctx    context.Context
+	cancel context.CancelFunc
 
 	mu        sync.Mutex
 	conns     map[net.Conn]struct{}
@@ -114,7 +117,10 @@ func NewServer(cfg Config) *Server {
 	if cfg.Lookup == nil {
 		cfg.Lookup = func(string, string) (Policy, bool) { return Policy{}, false }
 	}
+	ctx, cancel := context.WithCancel(context.Background())
 	return &Server{
+		ctx:       ctx,
+		cancel:    cancel,
 		cfg:       cfg,
 		log:       cfg.Logger,
 		slots:     make(chan struct{}, cfg.MaxConns),
@@ -188,7 +194,15 @@ func (s *Server) HandleConn(ctx context.Context, conn net.Conn) {
 		}
 		return
 	}
+	// The dial has its own timeout; the reply must not inherit the
+	// request's deadline.
+	_ = conn.SetDeadline(time.Time{})
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stop := context.AfterFunc(s.ctx, cancel)
+	defer stop()
 	upstream, rep := s.open(ctx, req)
+	_ = conn.SetWriteDeadline(time.Now().Add(s.cfg.HandshakeTimeout))
 	if err := protocol.WriteEgressReply(conn, rep); err != nil || !rep.OK {
 		if upstream != nil {
 			upstream.Close()
@@ -282,6 +296,7 @@ func (s *Server) dial(ctx context.Context, host string, port int) (net.Conn, err
 // Close closes the listeners given to Serve, ends every connection, waits
 // for Serve's handlers, and makes later connections fail.
 func (s *Server) Close() error {
+	s.cancel()
 	s.mu.Lock()
 	s.closed = true
 	for l := range s.listeners {

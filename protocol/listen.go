@@ -73,19 +73,29 @@ func Listen(path string, logger *slog.Logger) (*SocketListener, error) {
 		return nil, err
 	}
 
-	// Bind with a restrictive umask-independent sequence: bind, then chmod
-	// 0600 before anyone could rely on it (the parent is already 0700, so
-	// no other uid can reach the socket between the two).
-	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	// Bind and listen under a temporary name in the same directory, make it
+	// 0600, then rename it into place: the socket appears at path only once
+	// it accepts connections with its final mode. (Between bind and listen a
+	// connect would get ECONNREFUSED, which the desktop client takes as a
+	// dead helper and answers by respawning it.) rename replaces, never
+	// follows, whatever a racing process may have put at path.
+	tmp := filepath.Join(filepath.Dir(path), fmt.Sprintf(".%s.%d.tmp", filepath.Base(path), os.Getpid()))
+	_ = os.Remove(tmp) // a leftover of a crashed earlier run with our pid
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: tmp, Net: "unix"})
 	if err != nil {
 		return nil, fmt.Errorf("protocol: bind %s: %w", path, err)
 	}
 	// We remove the file ourselves (only if it is still ours).
 	ln.SetUnlinkOnClose(false)
-	if err := os.Chmod(path, 0o600); err != nil {
+	if err := os.Chmod(tmp, 0o600); err != nil {
 		_ = ln.Close()
-		_ = os.Remove(path)
+		_ = os.Remove(tmp)
 		return nil, fmt.Errorf("protocol: chmod 0600 %s: %w", path, err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		_ = ln.Close()
+		_ = os.Remove(tmp)
+		return nil, fmt.Errorf("protocol: move socket into place at %s: %w", path, err)
 	}
 	var st unix.Stat_t
 	if err := unix.Lstat(path, &st); err != nil {

@@ -63,6 +63,9 @@ type Proxy struct {
 	log   *slog.Logger
 	l     net.Listener
 	slots chan struct{}
+	// ctx ends with Close, cutting short dials and handshakes with the host.
+	ctx    context.Context
+	cancel context.CancelFunc
 
 	mu     sync.Mutex
 	conns  map[net.Conn]struct{}
@@ -100,12 +103,15 @@ func New(cfg Config) (*Proxy, error) {
 			return nil, fmt.Errorf("proxy: listening on guest loopback for spawn %s: %w", cfg.SpawnID, err)
 		}
 	}
+	ctx, cancel := context.WithCancel(context.Background())
 	p := &Proxy{
-		cfg:   cfg,
-		log:   cfg.Logger.With("spawn", cfg.SpawnID),
-		l:     l,
-		slots: make(chan struct{}, cfg.MaxConns),
-		conns: map[net.Conn]struct{}{},
+		ctx:    ctx,
+		cancel: cancel,
+		cfg:    cfg,
+		log:    cfg.Logger.With("spawn", cfg.SpawnID),
+		l:      l,
+		slots:  make(chan struct{}, cfg.MaxConns),
+		conns:  map[net.Conn]struct{}{},
 	}
 	p.wg.Add(1)
 	go p.serve()
@@ -149,6 +155,7 @@ func MergeEnv(env []string, proxyURL string) []string {
 
 // Close stops listening, ends every connection and waits for them.
 func (p *Proxy) Close() error {
+	p.cancel()
 	p.mu.Lock()
 	p.closed = true
 	err := p.l.Close()
@@ -226,7 +233,9 @@ func (p *Proxy) handle(conn net.Conn) {
 		}
 		return
 	}
+	// From here the client is bounded by idleness, not by the header limit.
 	limit.lift()
+	limit.r = &idleConn{Conn: conn, idle: p.cfg.IdleTimeout}
 	_ = conn.SetReadDeadline(time.Time{})
 
 	up, ok := p.open(conn, t)
@@ -247,7 +256,7 @@ func (p *Proxy) handle(conn net.Conn) {
 // open asks the helper for a connection to t and answers the client itself
 // when that fails.
 func (p *Proxy) open(conn net.Conn, t target) (net.Conn, bool) {
-	ctx, cancel := context.WithTimeout(context.Background(), p.cfg.HandshakeTimeout)
+	ctx, cancel := context.WithTimeout(p.ctx, p.cfg.HandshakeTimeout)
 	defer cancel()
 	up, err := p.cfg.Dial.DialHost(ctx)
 	if err != nil {
@@ -257,7 +266,9 @@ func (p *Proxy) open(conn net.Conn, t target) (net.Conn, bool) {
 	}
 	deadline, _ := ctx.Deadline()
 	_ = up.SetDeadline(deadline)
+	stop := context.AfterFunc(ctx, func() { up.SetDeadline(time.Unix(1, 0)) }) // Close cuts the handshake short
 	rep, err := p.handshake(up, t)
+	stop()
 	if err != nil {
 		up.Close()
 		writeError(conn, http.StatusBadGateway, "", "the helper's egress service failed: "+err.Error())

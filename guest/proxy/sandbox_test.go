@@ -52,6 +52,9 @@ func runAgent() int {
 		fmt.Println("agent: control socket:", err)
 		return 1
 	}
+	// Read before any thread entered a new namespace (the namespace's
+	// thread may be the main one, which /proc/self shows).
+	agentNS, _ := os.Readlink("/proc/thread-self/ns/net")
 	p, err := proxy.NewNamespaced(proxy.Config{SpawnID: "spawn-1", Token: os.Getenv(tokenEnv), Dial: &fdpass.Dialer{Conn: c.(*net.UnixConn)}})
 	if err != nil {
 		fmt.Println("agent:", err)
@@ -60,7 +63,6 @@ func runAgent() int {
 	defer p.Close()
 	exe, _ := os.Executable()
 	cmd := exec.Command(exe)
-	agentNS, _ := os.Readlink("/proc/self/ns/net")
 	cmd.Env = proxy.MergeEnv(append(os.Environ(), roleEnv+"=process", "PROXY_TEST_AGENT_NETNS="+agentNS), p.URL())
 	cmd.Stdout = os.Stdout
 	cmd.Stderr = os.Stdout

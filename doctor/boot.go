@@ -1,0 +1,132 @@
+package doctor
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/cowork-vmm/cowork-vmm/helper"
+	"github.com/cowork-vmm/cowork-vmm/helper/process"
+	"github.com/cowork-vmm/cowork-vmm/helper/vm"
+	"github.com/cowork-vmm/cowork-vmm/protocol"
+)
+
+// trialBootTimeout bounds one trial boot: a real KVM host boots in about a
+// second; the nested test harness in about ten.
+const trialBootTimeout = 90 * time.Second
+
+// trialBootMemoryMiB keeps the trial guest small.
+const trialBootMemoryMiB = 512
+
+// trialBoot starts a guest on backend with the helper's own backends,
+// waits for the agent's hello and stops the guest.
+func trialBoot(ctx context.Context, backend string) (BootResult, error) {
+	var b helper.Backend
+	switch backend {
+	case BackendKVM:
+		b = vm.New(vm.Options{})
+	case BackendProcess:
+		b = process.New(process.Options{Stderr: io.Discard})
+	default:
+		return BootResult{}, fmt.Errorf("unknown backend %q", backend)
+	}
+	ctx, cancel := context.WithTimeout(ctx, trialBootTimeout)
+	defer cancel()
+	start := time.Now()
+	g, err := b.Start(ctx, helper.GuestConfig{MemoryMiB: trialBootMemoryMiB, CPUCount: 1})
+	if err != nil {
+		return BootResult{}, err
+	}
+	defer func() {
+		stopCtx, stopCancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer stopCancel()
+		_ = g.Stop(stopCtx)
+	}()
+	conn, err := g.Agent(ctx)
+	if err != nil {
+		return BootResult{}, fmt.Errorf("waiting for the guest agent: %w", err)
+	}
+	defer conn.Close()
+	hello, err := readHello(ctx, conn)
+	if err != nil {
+		return BootResult{}, err
+	}
+	return BootResult{Elapsed: time.Since(start), Kernel: hello.Kernel}, nil
+}
+
+// readHello reads the agent's first frame, which must be its hello.
+func readHello(ctx context.Context, conn io.ReadWriteCloser) (protocol.AgentHello, error) {
+	type result struct {
+		frame protocol.AgentFrame
+		err   error
+	}
+	done := make(chan result, 1)
+	go func() {
+		body, err := protocol.ReadFrame(conn)
+		if err != nil {
+			done <- result{err: fmt.Errorf("reading the agent's hello: %w", err)}
+			return
+		}
+		var f protocol.AgentFrame
+		if err := json.Unmarshal(body, &f); err != nil {
+			done <- result{err: fmt.Errorf("the agent's first frame is not JSON: %w", err)}
+			return
+		}
+		done <- result{frame: f}
+	}()
+	select {
+	case <-ctx.Done():
+		conn.Close() // unblocks the reader
+		return protocol.AgentHello{}, fmt.Errorf("waiting for the agent's hello: %w", ctx.Err())
+	case res := <-done:
+		if res.err != nil {
+			return protocol.AgentHello{}, res.err
+		}
+		if res.frame.Kind != protocol.AgentKindHello || res.frame.Hello == nil {
+			return protocol.AgentHello{}, fmt.Errorf("the agent's first frame is %q, not hello", res.frame.Kind)
+		}
+		return *res.frame.Hello, nil
+	}
+}
+
+// bootChecks runs the trial boots (--boot) of the backends that passed
+// their checks, or records why each was not run.
+func (r *runner) bootChecks(kvmReady, processReady bool) (kvmBooted, processBooted bool) {
+	kvmBooted = r.bootCheck(CheckBootKVM, "Trial boot (kvm)", BackendKVM, kvmReady, "the kvm backend cannot work here (see above)")
+	processBooted = r.bootCheck(CheckBootProcess, "Trial boot (process)", BackendProcess, processReady, "the process backend cannot work here (see above)")
+	return kvmBooted, processBooted
+}
+
+// bootCheck returns false only when a boot was tried and failed.
+func (r *runner) bootCheck(id, title, backend string, ready bool, notReady string) bool {
+	c := Check{ID: id, Group: GroupCoworkVMM, Title: title}
+	defer func() { r.add(c) }()
+	switch {
+	case !r.opts.Boot:
+		c.Status = StatusSkip
+		c.Detail = "not requested: run `cowork-vmm doctor --boot` to boot a guest and time it"
+		return true
+	case !ready:
+		c.Status = StatusSkip
+		c.Detail = "not run: " + notReady
+		return true
+	}
+	res, err := r.h.TrialBoot(r.ctx, backend)
+	if err != nil {
+		c.Status = StatusFail
+		c.Detail = "the guest did not come up: " + err.Error()
+		c.Fix = "run `cowork-vmm run --debug -- true` to see the guest's log"
+		if backend == BackendKVM {
+			c.Fix += "; meanwhile " + processHint
+		}
+		return false
+	}
+	c.Status = StatusOK
+	c.Detail = fmt.Sprintf("guest agent said hello after %.2f s", res.Elapsed.Seconds())
+	if res.Kernel != "" {
+		c.Detail += " (guest kernel " + res.Kernel + ")"
+	}
+	return true
+}

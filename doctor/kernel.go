@@ -1,0 +1,212 @@
+package doctor
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"path/filepath"
+	"strings"
+
+	"github.com/cowork-vmm/cowork-vmm/guest/kernel/embedded"
+)
+
+// kernelEnv overrides where the guest kernel comes from (helper/vm.KernelEnv;
+// repeated here so doctor does not need the VM backend to explain a kernel).
+const kernelEnv = "COWORK_VMM_KERNEL"
+
+// besideExecutable are the kernel names helper/vm looks for next to the
+// executable (its list is unexported; keep the two in step).
+var besideExecutable = []string{"vmlinux", "cowork-vmm-vmlinux"}
+
+const kernelFix = "build it: `make kernel` in the cowork-vmm repository (needs apt packages linux-source-6.1 bc flex bison libelf-dev libssl-dev cpio; ~5 min), " +
+	"then `make build` embeds it in the binary; or set " + kernelEnv + " to a vmlinux built from guest/kernel/guest.fragment"
+
+// kernelChecks locates the guest kernel as the kvm backend does (override,
+// embedded, beside the executable, the build cache) and reads its version.
+func (r *runner) kernelCheck() bool {
+	h := r.h
+	c := Check{ID: CheckKernel, Group: GroupCoworkVMM, Title: "Guest kernel"}
+	defer func() { r.add(c) }()
+
+	found := func(from string, version string, verr error) bool {
+		switch {
+		case verr != nil:
+			c.Status = StatusWarn
+			c.Detail = fmt.Sprintf("%s, but reading its version failed: %v", from, verr)
+			c.Fix = "check that it is the vmlinux of a Linux kernel; " + kernelFix
+		case version == "":
+			c.Status = StatusWarn
+			c.Detail = from + ", but it carries no Linux version string: is it a Linux kernel?"
+			c.Fix = kernelFix
+		default:
+			c.Status = StatusOK
+			c.Detail = fmt.Sprintf("Linux %s, %s", version, from)
+		}
+		return c.Status != StatusFail
+	}
+
+	if p := h.Getenv(kernelEnv); p != "" {
+		info, err := h.Stat(p)
+		switch {
+		case err != nil:
+			c.Status = StatusFail
+			c.Detail = fmt.Sprintf("%s=%s: %v", kernelEnv, p, err)
+			c.Fix = "point " + kernelEnv + " at an existing vmlinux, or unset it to use the embedded or built kernel"
+			return false
+		case !info.Mode().IsRegular():
+			c.Status = StatusFail
+			c.Detail = fmt.Sprintf("%s=%s is not a regular file", kernelEnv, p)
+			c.Fix = "point " + kernelEnv + " at a vmlinux file, or unset it"
+			return false
+		}
+		v, err := r.fileKernelVersion(p)
+		return found("from "+kernelEnv+"="+p, v, err)
+	}
+
+	var tried []string
+	img, err := h.EmbeddedKernel()
+	switch {
+	case err == nil:
+		v, verr := kernelVersion(bytes.NewReader(img))
+		return found("embedded in this binary", v, verr)
+	case errors.Is(err, embedded.ErrNotEmbedded):
+		tried = append(tried, "not embedded in this binary")
+	default:
+		c.Status = StatusFail
+		c.Detail = fmt.Sprintf("the kernel embedded in this binary is damaged: %v", err)
+		c.Fix = "rebuild the binary (`make build`) or set " + kernelEnv
+		return false
+	}
+
+	if exe, err := h.Executable(); err == nil {
+		dir := filepath.Dir(exe)
+		for _, name := range besideExecutable {
+			p := filepath.Join(dir, name)
+			info, err := h.Stat(p)
+			if err != nil {
+				tried = append(tried, "no "+p)
+				continue
+			}
+			if !info.Mode().IsRegular() {
+				c.Status = StatusFail
+				c.Detail = p + " is not a regular file"
+				c.Fix = "remove or replace " + p
+				return false
+			}
+			v, verr := r.fileKernelVersion(p)
+			return found("beside the executable: "+p, v, verr)
+		}
+	}
+
+	p, err := h.KernelCache()
+	if err == nil {
+		v, verr := r.fileKernelVersion(p)
+		return found("in the build cache: "+p, v, verr)
+	}
+	tried = append(tried, "none in the build cache")
+	c.Status = StatusFail
+	c.Detail = "no guest kernel found (" + strings.Join(tried, "; ") + ")"
+	c.Fix = kernelFix
+	return false
+}
+
+func (r *runner) fileKernelVersion(path string) (string, error) {
+	f, err := r.h.Open(path)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	return kernelVersion(f)
+}
+
+// Bounds on reading a kernel image for its version.
+const (
+	maxKernelScan    = 512 << 20 // a vmlinux is ~17 MiB; stop long after
+	kernelScanChunk  = 1 << 20
+	maxVersionLength = 200
+)
+
+var linuxVersionMarker = []byte("Linux version ")
+
+// kernelVersion finds the release in a kernel image: from a bzImage's setup
+// header (its kernel_version pointer), else the "Linux version X" banner
+// that every vmlinux carries. "" with a nil error means none was found.
+func kernelVersion(r io.Reader) (string, error) {
+	head := make([]byte, 0x10000)
+	n, err := io.ReadFull(r, head)
+	if err != nil && !errors.Is(err, io.ErrUnexpectedEOF) && !errors.Is(err, io.EOF) {
+		return "", err
+	}
+	head = head[:n]
+	if v := bzImageVersion(head); v != "" {
+		return v, nil
+	}
+	// Scan for the banner, keeping an overlap so a marker split across
+	// chunks is still seen, and the string after it complete.
+	overlap := len(linuxVersionMarker) + maxVersionLength
+	buf := head
+	total := len(head)
+	chunk := make([]byte, kernelScanChunk)
+	for {
+		if i := bytes.Index(buf, linuxVersionMarker); i >= 0 && len(buf)-i >= overlap {
+			return versionToken(buf[i+len(linuxVersionMarker):]), nil
+		}
+		if total >= maxKernelScan {
+			return "", nil
+		}
+		m, err := r.Read(chunk)
+		total += m
+		if m > 0 {
+			if len(buf) > overlap {
+				buf = append(buf[:0:0], buf[len(buf)-overlap:]...)
+			}
+			buf = append(buf, chunk[:m]...)
+		}
+		if errors.Is(err, io.EOF) || (err == nil && m == 0) {
+			if i := bytes.Index(buf, linuxVersionMarker); i >= 0 {
+				return versionToken(buf[i+len(linuxVersionMarker):]), nil
+			}
+			return "", nil
+		}
+		if err != nil {
+			return "", err
+		}
+	}
+}
+
+// bzImageVersion reads the version string a bzImage's setup header points
+// at ("6.1.0 (user@host) #1 …"), or "".
+func bzImageVersion(head []byte) string {
+	const (
+		hdrMagicOff = 0x202
+		versionOff  = 0x20e
+	)
+	if len(head) < versionOff+2 || string(head[hdrMagicOff:hdrMagicOff+4]) != "HdrS" {
+		return ""
+	}
+	ptr := int(binary.LittleEndian.Uint16(head[versionOff:]))
+	if ptr == 0 {
+		return ""
+	}
+	at := ptr + 0x200
+	if at >= len(head) {
+		return ""
+	}
+	return versionToken(head[at:])
+}
+
+// versionToken is the release: printable bytes up to the first space,
+// NUL or newline, at most maxVersionLength.
+func versionToken(b []byte) string {
+	end := 0
+	for end < len(b) && end < maxVersionLength {
+		ch := b[end]
+		if ch <= ' ' || ch >= 0x7f {
+			break
+		}
+		end++
+	}
+	return string(b[:end])
+}

@@ -1,0 +1,261 @@
+package doctor
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"slices"
+	"strings"
+	"syscall"
+
+	"github.com/cowork-vmm/cowork-vmm/vmm/kvm"
+)
+
+// Paths doctor looks at for KVM.
+const (
+	kvmMiscDir   = "/sys/class/misc/kvm" // present when KVM registered /dev/kvm
+	pvmModuleDir = "/sys/module/kvm_pvm"
+	cpuinfoPath  = "/proc/cpuinfo"
+)
+
+const processHint = "use COWORK_VMM_BACKEND=process (guests run as namespaced host processes, no VM isolation)"
+
+const kvmGroupFix = "add yourself to the kvm group: sudo usermod -aG kvm $USER, then log out and back in (check with `id -nG`); " +
+	`or give the kvm group access with a udev rule: echo 'KERNEL=="kvm", GROUP="kvm", MODE="0660"' | sudo tee /etc/udev/rules.d/65-kvm.rules && sudo udevadm control --reload && sudo udevadm trigger`
+
+// kvmFacts is what the KVM checks learn, for the verdict and later checks.
+type kvmFacts struct {
+	devicePresent bool
+	accessOK      bool
+	apiOK         bool
+	capsOK        bool
+	linuxOK       bool // this KVM can boot a Linux guest
+	pvm           bool
+	pvmReason     string
+}
+
+// works says whether everything KVM-side lets the kvm backend run.
+func (f kvmFacts) works() bool {
+	return f.devicePresent && f.accessOK && f.apiOK && f.capsOK && f.linuxOK
+}
+
+// cpuVirt reads the first "flags" line of /proc/cpuinfo: which of vmx/svm
+// the CPU shows ("" for neither) and whether the flags could be read.
+func cpuVirt(cpuinfo []byte) (flag string, known bool) {
+	for line := range strings.SplitSeq(string(cpuinfo), "\n") {
+		if !strings.HasPrefix(line, "flags") {
+			continue
+		}
+		fields := strings.Fields(line)
+		for _, f := range []string{"vmx", "svm"} {
+			if slices.Contains(fields, f) {
+				return f, true
+			}
+		}
+		return "", true
+	}
+	return "", false
+}
+
+func (r *runner) kvmChecks() kvmFacts {
+	var f kvmFacts
+	h := r.h
+	f.pvm, f.pvmReason = h.DetectPVM()
+	cpuinfo, _ := h.ReadFile(cpuinfoPath)
+	virtFlag, virtKnown := cpuVirt(cpuinfo)
+	_, pvmErr := h.Stat(pvmModuleDir)
+	pvmModule := pvmErr == nil
+
+	// /dev/kvm present.
+	dev := Check{ID: CheckKVMDevice, Group: GroupCoworkVMM, Title: "KVM device"}
+	info, err := h.Stat(kvm.DevicePath)
+	switch {
+	case err != nil && errors.Is(err, fs.ErrNotExist):
+		dev.Status = StatusFail
+		dev.Detail, dev.Fix = r.noKVMDevice(pvmModule, virtFlag, virtKnown)
+	case err != nil:
+		dev.Status = StatusFail
+		dev.Detail = fmt.Sprintf("cannot look at %s: %v", kvm.DevicePath, err)
+		dev.Fix = "run doctor as the user who runs Claude Desktop; " + processHint
+	case info.Mode()&fs.ModeCharDevice == 0:
+		dev.Status = StatusFail
+		dev.Detail = fmt.Sprintf("%s exists but is not a character device (%v)", kvm.DevicePath, info.Mode())
+		dev.Fix = fmt.Sprintf("remove it (sudo rm %s) and reload KVM (sudo modprobe -r kvm_intel kvm_amd; sudo modprobe kvm_intel or kvm_amd)", kvm.DevicePath)
+	default:
+		f.devicePresent = true
+		dev.Status = StatusOK
+		dev.Detail = fmt.Sprintf("%s exists (%v%s)", kvm.DevicePath, info.Mode().Perm(), ownerString(info))
+	}
+	r.add(dev)
+
+	// Openable read-write by us, API version, capabilities.
+	access := Check{ID: CheckKVMAccess, Group: GroupCoworkVMM, Title: "KVM access"}
+	api := Check{ID: CheckKVMAPI, Group: GroupCoworkVMM, Title: "KVM API version"}
+	caps := Check{ID: CheckKVMCaps, Group: GroupCoworkVMM, Title: "KVM capabilities"}
+	if !f.devicePresent {
+		skipAll("no KVM device (see above)", &access, &api, &caps)
+	} else {
+		p := h.ProbeKVM(kvm.DevicePath)
+		switch {
+		case p.OpenErr != nil && errors.Is(p.OpenErr, kvm.ErrKVMPermission):
+			access.Status = StatusFail
+			access.Detail = fmt.Sprintf("%s exists but uid %d may not open it read-write", kvm.DevicePath, h.Getuid())
+			access.Fix = kvmGroupFix
+		case p.OpenErr != nil && errors.Is(p.OpenErr, kvm.ErrNoKVM):
+			access.Status = StatusFail
+			access.Detail = fmt.Sprintf("%s exists but no KVM answers behind it: %v", kvm.DevicePath, p.OpenErr)
+			access.Fix = "load the KVM module: sudo modprobe kvm_intel (Intel) or sudo modprobe kvm_amd (AMD); or " + processHint
+		case p.OpenErr != nil:
+			access.Status = StatusFail
+			access.Detail = p.OpenErr.Error()
+			access.Fix = processHint
+		default:
+			f.accessOK = true
+			access.Status = StatusOK
+			access.Detail = fmt.Sprintf("uid %d opens %s read-write", h.Getuid(), kvm.DevicePath)
+		}
+		if !f.accessOK {
+			skipAll("cannot open the KVM device", &api, &caps)
+		} else {
+			switch {
+			case p.APIErr != nil:
+				api.Status = StatusFail
+				api.Detail = p.APIErr.Error()
+				api.Fix = processHint
+			case p.APIVersion != kvm.APIVersion:
+				api.Status = StatusFail
+				api.Detail = fmt.Sprintf("KVM speaks API version %d; cowork-vmm needs %d", p.APIVersion, kvm.APIVersion)
+				api.Fix = "update the host kernel; or " + processHint
+			default:
+				f.apiOK = true
+				api.Status = StatusOK
+				api.Detail = fmt.Sprintf("KVM API version %d", p.APIVersion)
+			}
+			if !f.apiOK {
+				skipAll("the KVM API version is not usable", &caps)
+			} else {
+				f.capsOK = r.capabilities(&caps, p)
+			}
+		}
+	}
+	r.add(access)
+	r.add(api)
+	r.add(caps)
+
+	// Can this KVM boot Linux at all?
+	linux := Check{ID: CheckKVMLinux, Group: GroupCoworkVMM, Title: "Linux guests on this KVM"}
+	switch {
+	case f.pvm:
+		linux.Status = StatusFail
+		linux.Detail = fmt.Sprintf("this KVM cannot boot Linux guests: it is PVM, a paravirtual KVM inside another VM (%s), "+
+			"whose instruction emulator fails on code every Linux kernel runs at boot", f.pvmReason)
+		if !f.devicePresent {
+			linux.Detail += "; here it does not even provide /dev/kvm"
+		}
+		linux.Fix = processHint + "; for VM isolation, run on a host with hardware virtualization (VT-x/AMD-V) or with nested virtualization enabled"
+	case virtKnown && virtFlag != "":
+		f.linuxOK = true
+		linux.Status = StatusOK
+		linux.Detail = fmt.Sprintf("the CPU has %s: a hardware-assisted KVM, which boots Linux guests", virtFlag)
+		if !f.devicePresent {
+			linux.Detail += " once /dev/kvm is there"
+		}
+	default:
+		// Neither PVM nor a visible vmx/svm flag (cpuinfo unreadable):
+		// nothing says it cannot, the trial boot will tell.
+		f.linuxOK = true
+		linux.Status = StatusWarn
+		linux.Detail = "could not read the CPU's flags from /proc/cpuinfo; nothing indicates a paravirtual KVM"
+		linux.Fix = "run `cowork-vmm doctor --boot` to try a real boot"
+	}
+	r.add(linux)
+	return f
+}
+
+// noKVMDevice explains a missing /dev/kvm from what the host shows.
+func (r *runner) noKVMDevice(pvmModule bool, virtFlag string, virtKnown bool) (detail, fix string) {
+	h := r.h
+	if _, err := h.Stat(kvmMiscDir); err == nil {
+		devNum := "10:232"
+		if b, err := h.ReadFile(kvmMiscDir + "/dev"); err == nil && len(strings.TrimSpace(string(b))) > 0 {
+			devNum = strings.TrimSpace(string(b))
+		}
+		major, minor, _ := strings.Cut(devNum, ":")
+		return fmt.Sprintf("%s does not exist although KVM registered its device (%s, %s): the device node was not created", kvm.DevicePath, kvmMiscDir, devNum),
+			fmt.Sprintf("sudo udevadm trigger, or create it: sudo mknod -m 0660 %s c %s %s && sudo chgrp kvm %s", kvm.DevicePath, major, minor, kvm.DevicePath)
+	}
+	switch {
+	case pvmModule:
+		detail = fmt.Sprintf("%s does not exist: the kvm_pvm module (PVM, a paravirtual KVM for VMs without nested virtualization) is loaded but registered no KVM device", kvm.DevicePath)
+		if virtKnown && virtFlag == "" {
+			detail += ", and the CPU has no vmx/svm, so no hardware KVM can load either"
+		}
+		fix = "this machine is a VM without nested virtualization: enable nested virtualization for it in its hypervisor or cloud settings " +
+			"(kvm_intel or kvm_amd then provides /dev/kvm); even with a device node PVM cannot boot Linux guests; meanwhile " + processHint
+	case virtKnown && virtFlag == "":
+		detail = fmt.Sprintf("%s does not exist and the CPU shows no vmx/svm flag: virtualization is off in the firmware, or this is a VM without nested virtualization", kvm.DevicePath)
+		fix = "enable VT-x/AMD-V (SVM) in the BIOS/UEFI; in a cloud VM or Crostini, enable nested virtualization; otherwise " + processHint
+	case virtKnown:
+		module := "kvm_intel"
+		if virtFlag == "svm" {
+			module = "kvm_amd"
+		}
+		detail = fmt.Sprintf("%s does not exist although the CPU has %s: the KVM module is not loaded", kvm.DevicePath, virtFlag)
+		fix = fmt.Sprintf("sudo modprobe %s (to load it at boot: echo %s | sudo tee /etc/modules-load.d/kvm.conf); if it fails, enable virtualization in the BIOS/UEFI", module, module)
+	default:
+		detail = fmt.Sprintf("%s does not exist", kvm.DevicePath)
+		fix = "load the KVM module (sudo modprobe kvm_intel or sudo modprobe kvm_amd) and enable virtualization in the BIOS/UEFI; in a cloud VM or Crostini, enable nested virtualization; otherwise " + processHint
+	}
+	return detail, fix
+}
+
+// capabilities fills the capabilities check from the probe.
+func (r *runner) capabilities(c *Check, p KVMProbe) bool {
+	if p.CapabilitiesErr != nil {
+		c.Status = StatusFail
+		c.Detail = p.CapabilitiesErr.Error()
+		c.Fix = "update the host kernel (KVM gained these capabilities long ago: Linux 5.x has them all); or " + processHint
+		return false
+	}
+	var have, missing []string
+	for _, capability := range kvm.RequiredCapabilities {
+		name := capability.String()
+		if p.Capabilities[name] {
+			have = append(have, name)
+		} else {
+			missing = append(missing, name)
+		}
+	}
+	if len(missing) > 0 {
+		c.Status = StatusFail
+		c.Detail = "this KVM lacks " + strings.Join(missing, ", ")
+		c.Fix = "update the host kernel; or " + processHint
+		return false
+	}
+	c.Status = StatusOK
+	c.Detail = "all required: " + strings.Join(have, ", ")
+	return true
+}
+
+func skipAll(reason string, checks ...*Check) {
+	for _, c := range checks {
+		c.Status = StatusSkip
+		c.Detail = "not checked: " + reason
+	}
+}
+
+// ownerString is ", owner uid:gid" from info, when the platform says.
+func ownerString(info fs.FileInfo) string {
+	if st, ok := info.Sys().(*syscall.Stat_t); ok {
+		return fmt.Sprintf(", owner %d:%d", st.Uid, st.Gid)
+	}
+	return ""
+}
+
+// owner returns info's uid, if known.
+func owner(info fs.FileInfo) (uid int, ok bool) {
+	if st, ok := info.Sys().(*syscall.Stat_t); ok {
+		return int(st.Uid), true
+	}
+	return 0, false
+}
