@@ -28,6 +28,10 @@ test:
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem ./...
 
+# Every fuzz target for FUZZTIME (default 5s) beyond its seed corpus.
+fuzz:
+	FUZZTIME='$(FUZZTIME)' GO='$(GO)' scripts/fuzz.sh
+
 clean:
 	rm -rf bin build
 

@@ -1,0 +1,15 @@
+// Package bench measures how fast cowork-vmm starts a guest and what it
+// costs, the way a user experiences it: it drives the real helper binary
+// through its socket as the desktop client does, timestamps every phase of
+// a start on the client side (helper start → socket bound, startVM → VM
+// created → vCPUs running → /init (the boot timer) → agent connected,
+// spawn → exit, first stdout byte, stopVM → VM gone), samples the helper's
+// RSS apart from the guest RAM it touched, and boots the same kernel and
+// initramfs under qemu-system-x86_64 (-M microvm, -M q35) interleaved with
+// ours as the peer every figure is a ratio against.
+//
+// Main is `cowork-vmm bench`; the report is a Markdown table on the
+// terminal plus report.json and report.svg in the output directory.
+// On hosts without a usable KVM it measures what it can (the process
+// backend, labelled as having no peer) and says what it skipped and why.
+package bench
