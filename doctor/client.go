@@ -56,7 +56,7 @@ func qemuBinary() string {
 // Menu launches of the client may have a minimal PATH.
 var minimalPath = []string{"/usr/bin", "/bin", "/usr/local/bin"}
 
-const gateNote = "cowork-vmm does not use it; the client checks it before starting any helper"
+const gateNote = "cowork-vmm does not use it"
 
 // clientChecks reports Claude Desktop's view: which helper it will start and
 // what its support gate checks. It returns whether the gate passes and what

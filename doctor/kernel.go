@@ -132,48 +132,66 @@ var linuxVersionMarker = []byte("Linux version ")
 
 // kernelVersion finds the release in a kernel image: from a bzImage's setup
 // header (its kernel_version pointer), else the "Linux version X" banner
-// that every vmlinux carries. "" with a nil error means none was found.
+// that every vmlinux carries. "" with a nil error means none was found. It
+// reads at most maxKernelScan bytes through one fixed buffer.
 func kernelVersion(r io.Reader) (string, error) {
 	head := make([]byte, 0x10000)
 	n, err := io.ReadFull(r, head)
-	if err != nil && !errors.Is(err, io.ErrUnexpectedEOF) && !errors.Is(err, io.EOF) {
+	eof := errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)
+	if err != nil && !eof {
 		return "", err
 	}
 	head = head[:n]
 	if v := bzImageVersion(head); v != "" {
 		return v, nil
 	}
-	// Scan for the banner, keeping an overlap so a marker split across
-	// chunks is still seen, and the string after it complete.
+	if eof {
+		return bannerVersion(head), nil
+	}
+	// Scan on for the banner. The buffer keeps the last `overlap` bytes
+	// when it refills, so a banner split across reads is still seen whole.
 	overlap := len(linuxVersionMarker) + maxVersionLength
-	buf := head
-	total := len(head)
-	chunk := make([]byte, kernelScanChunk)
+	buf := make([]byte, n, kernelScanChunk+overlap)
+	copy(buf, head)
+	total := n
+	from := 0 // where the next search starts; a pending banner stays in view
 	for {
-		if i := bytes.Index(buf, linuxVersionMarker); i >= 0 && len(buf)-i >= overlap {
-			return versionToken(buf[i+len(linuxVersionMarker):]), nil
+		if i := bytes.Index(buf[from:], linuxVersionMarker); i >= 0 {
+			i += from
+			if len(buf)-i >= overlap {
+				return versionToken(buf[i+len(linuxVersionMarker):]), nil
+			}
+			from = i // found, but its version may not be complete yet
+		} else {
+			from = max(0, len(buf)-len(linuxVersionMarker)+1)
 		}
 		if total >= maxKernelScan {
 			return "", nil
 		}
-		m, err := r.Read(chunk)
-		total += m
-		if m > 0 {
-			if len(buf) > overlap {
-				buf = append(buf[:0:0], buf[len(buf)-overlap:]...)
-			}
-			buf = append(buf, chunk[:m]...)
+		if len(buf) == cap(buf) {
+			shift := len(buf) - overlap
+			copy(buf, buf[shift:])
+			buf = buf[:overlap]
+			from = max(0, from-shift)
 		}
-		if errors.Is(err, io.EOF) || (err == nil && m == 0) {
-			if i := bytes.Index(buf, linuxVersionMarker); i >= 0 {
-				return versionToken(buf[i+len(linuxVersionMarker):]), nil
-			}
-			return "", nil
+		m, err := r.Read(buf[len(buf):cap(buf)])
+		buf = buf[:len(buf)+m]
+		total += m
+		if errors.Is(err, io.EOF) {
+			return bannerVersion(buf[from:]), nil
 		}
 		if err != nil {
 			return "", err
 		}
 	}
+}
+
+// bannerVersion is the version after the first banner in b, or "".
+func bannerVersion(b []byte) string {
+	if i := bytes.Index(b, linuxVersionMarker); i >= 0 {
+		return versionToken(b[i+len(linuxVersionMarker):])
+	}
+	return ""
 }
 
 // bzImageVersion reads the version string a bzImage's setup header points

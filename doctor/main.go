@@ -11,10 +11,10 @@ import (
 // prints the report and returns the exit status (0 when the helper can
 // serve and its default backend works, 1 when not, 2 on a usage error).
 func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	return main(ctx, args, stdout, stderr, nil)
+	return runMain(ctx, args, stdout, stderr, nil)
 }
 
-func main(ctx context.Context, args []string, stdout, stderr io.Writer, host *Host) int {
+func runMain(ctx context.Context, args []string, stdout, stderr io.Writer, host *Host) int {
 	fs := flag.NewFlagSet("cowork-vmm doctor", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	asJSON := fs.Bool("json", false, "print the report as JSON")

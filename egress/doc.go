@@ -4,4 +4,17 @@
 // resolves, dials and splices (Server). Subpackages: fdpass (connections
 // passed as file descriptors, the process backend's transport), probe
 // (networkStatus and apiReachability), splice (the shared byte pump).
+//
+// The path of one connection:
+//
+//	process ──HTTP proxy protocol──▶ guest/proxy (127.0.0.1 in the spawn's own netns)
+//	        ──EgressRequest over vsock port 1025 (VM) or a passed socketpair (process backend)──▶
+//	Server.HandleConn: Registry.Lookup(spawn, token) → Policy.Allows(host) →
+//	resolve → AllowAddr (no loopback/link-local) → dial → EgressReply → splice
+//
+// Wiring: the helper owns one Registry and one Server; it registers each
+// spawn before asking the agent to start it (the token goes to the agent
+// with the spawn) and unregisters it on exit; each guest's egress listener
+// (vsock.Device.Listen(protocol.EgressVSockPort), or fdpass.NewListener on
+// the process backend's control socket) is given to Server.Serve.
 package egress

@@ -277,7 +277,7 @@ func (p *Proxy) open(conn net.Conn, t target) (net.Conn, bool) {
 	if !rep.OK {
 		up.Close()
 		if rep.Blocked {
-			p.log.Info("egress blocked by allowedDomains", "host", t.host, "port", t.port)
+			p.log.Debug("egress blocked by allowedDomains", "host", t.host, "port", t.port)
 			writeError(conn, http.StatusForbidden, BlockedValue, BlockedValue+": "+t.host)
 		} else {
 			writeError(conn, http.StatusBadGateway, "", fmt.Sprintf("egress to %s failed: %s", net.JoinHostPort(t.host, strconv.Itoa(t.port)), rep.Error))

@@ -5,6 +5,7 @@ import (
 	"compress/gzip"
 	"fmt"
 	"io/fs"
+	"os"
 
 	"github.com/cowork-vmm/cowork-vmm/guest/initramfs"
 )
@@ -40,6 +41,9 @@ func initramfsFiles(executable string) []initramfs.File {
 // boot time than the larger image costs to load.
 func buildInitramfs(executable string, compress bool) ([]byte, error) {
 	var b bytes.Buffer
+	if info, err := os.Stat(executable); err == nil && !compress {
+		b.Grow(int(min(info.Size(), 1<<30)) + 64<<10) // the archive is the executable plus headers
+	}
 	files := initramfsFiles(executable)
 	var err error
 	if compress {

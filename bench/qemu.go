@@ -1,0 +1,283 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/cowork-vmm/cowork-vmm/guest/initramfs"
+)
+
+// Boot timer: the guest agent writes bootTimerValue to port bootTimerPort
+// first thing as /init (guest/agent). Our VMM's boot-timer device times
+// it; under qemu an isa-debugcon device on the same port forwards the byte
+// to a socket the bench listens on, so both are timed to the same
+// instruction of the same init.
+const (
+	bootTimerPort  = 0x3f0
+	bootTimerValue = 123
+)
+
+// guestCmdline is the kernel command line of the peers: our machine's
+// default (machine.DefaultCmdline: console on ttyS0, no PCI probing, no
+// timer check, reboot through the keyboard controller), so that the same
+// kernel does the same work under every VMM.
+const guestCmdline = "console=ttyS0 panic=-1 pci=off no_timer_check quiet reboot=k"
+
+// qemuPeer is one way of booting the guest under qemu.
+type qemuPeer struct {
+	ID    string
+	Label string
+	// args returns the machine-specific arguments (machine type, firmware,
+	// kernel image); work is the run's directory.
+	args func(work string) ([]string, error)
+}
+
+// initramfsFiles is the guest's initramfs as the kvm backend builds it
+// (helper/vm initramfsFiles): the helper's executable as /init plus the
+// device nodes and mount points the agent uses. Keep the two in step.
+func initramfsFiles(executable string) []initramfs.File {
+	dir := func(p string, perm fs.FileMode) initramfs.File {
+		return initramfs.File{Path: p, Mode: fs.ModeDir | perm}
+	}
+	return []initramfs.File{
+		{Path: "init", Mode: 0o755, HostPath: executable},
+		dir("dev", 0o755),
+		{Path: "dev/console", Mode: fs.ModeDevice | fs.ModeCharDevice | 0o600, Major: 5, Minor: 1},
+		{Path: "dev/null", Mode: fs.ModeDevice | fs.ModeCharDevice | 0o666, Major: 1, Minor: 3},
+		dir("proc", 0o555),
+		dir("sys", 0o555),
+		dir("tmp", 0o777|fs.ModeSticky),
+		dir("run", 0o755),
+		dir("sessions", 0o755),
+		dir("root", 0o700),
+		dir("usr/local/bin", 0o755),
+	}
+}
+
+// writeInitramfs writes the guest initramfs (uncompressed, as the kvm
+// backend boots it) for executable to path.
+func writeInitramfs(path, executable string) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return fmt.Errorf("writing the guest initramfs: %w", err)
+	}
+	if err := initramfs.Write(f, initramfsFiles(executable)); err != nil {
+		f.Close()
+		return fmt.Errorf("writing the guest initramfs from %s: %w", executable, err)
+	}
+	return f.Close()
+}
+
+// qemuBoot times one qemu boot of the guest to its /init.
+type qemuBoot struct {
+	Qemu    string
+	Args    []string // machine-specific: from qemuPeer.args
+	Initrd  string
+	MemMiB  int
+	Dir     string
+	Timeout time.Duration
+}
+
+// run boots qemu, waits for the boot-timer byte, samples qemu's memory and
+// kills it. start_sent is qemu's exec, init the byte's arrival.
+func (q qemuBoot) run(ctx context.Context) (runResult, error) {
+	if err := os.MkdirAll(q.Dir, 0o700); err != nil {
+		return runResult{}, fmt.Errorf("bench work directory: %w", err)
+	}
+	sock := filepath.Join(q.Dir, "boottimer.sock")
+	_ = os.Remove(sock)
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		return runResult{}, fmt.Errorf("boot-timer socket: %w", err)
+	}
+	defer ln.Close()
+	console := filepath.Join(q.Dir, "console.log")
+	args := append([]string{
+		"-enable-kvm", "-cpu", "host",
+		"-m", strconv.Itoa(q.MemMiB), "-smp", "1",
+		"-nodefaults", "-no-user-config", "-display", "none", "-monitor", "none",
+		"-serial", "file:" + console,
+		"-initrd", q.Initrd,
+		"-append", guestCmdline,
+		"-no-reboot",
+		"-chardev", "socket,id=boottimer,path=" + sock,
+		"-device", fmt.Sprintf("isa-debugcon,iobase=%#x,chardev=boottimer", bootTimerPort),
+	}, q.Args...)
+	logPath := filepath.Join(q.Dir, "qemu.log")
+	logFile, err := os.Create(logPath)
+	if err != nil {
+		return runResult{}, fmt.Errorf("bench work directory: %w", err)
+	}
+	defer logFile.Close()
+	cmd := exec.Command(q.Qemu, args...)
+	cmd.Stdout = logFile
+	cmd.Stderr = logFile
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+
+	tl := NewTimeline()
+	tl.Mark(MarkStartSent, time.Now())
+	if err := cmd.Start(); err != nil {
+		return runResult{}, fmt.Errorf("starting %s: %w", q.Qemu, err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	defer func() {
+		_ = cmd.Process.Kill()
+		<-exited
+	}()
+
+	boot := make(chan error, 1)
+	var bootAt time.Time
+	go func() { boot <- readBootTimer(ln, &bootAt) }()
+	timer := time.NewTimer(q.Timeout)
+	defer timer.Stop()
+	select {
+	case err := <-boot:
+		if err != nil {
+			return runResult{}, fmt.Errorf("qemu boot timer: %w%s%s", err, logTail(logPath), logTail(console))
+		}
+	case err := <-exited:
+		exited <- err // for the deferred kill's wait
+		return runResult{}, fmt.Errorf("qemu exited before the guest reached /init: %v%s%s", err, logTail(logPath), logTail(console))
+	case <-timer.C:
+		return runResult{}, fmt.Errorf("the guest did not reach /init under qemu within %v%s%s", q.Timeout, logTail(logPath), logTail(console))
+	case <-ctx.Done():
+		return runResult{}, ctx.Err()
+	}
+	tl.Mark(MarkInit, bootAt)
+	res := runResult{Phases: tl.Durations()}
+	if mem, err := ReadMemory(cmd.Process.Pid, int64(q.MemMiB)<<20); err == nil {
+		res.Memory = &mem
+	}
+	return res, nil
+}
+
+// readBootTimer accepts qemu's debugcon connection and returns when the
+// boot-timer byte arrives, with its time in *at.
+func readBootTimer(ln net.Listener, at *time.Time) error {
+	conn, err := ln.Accept()
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	buf := make([]byte, 64)
+	for {
+		n, err := conn.Read(buf)
+		now := time.Now()
+		for _, b := range buf[:n] {
+			if b == bootTimerValue {
+				*at = now
+				return nil
+			}
+		}
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				return errors.New("qemu closed the boot-timer channel before the guest wrote it")
+			}
+			return err
+		}
+	}
+}
+
+// qemuPeers returns the peers this host can run, and notes on the ones it
+// cannot. vmlinux is the kernel our VMM boots; bzImage (may be empty) the
+// same build's compressed image.
+func qemuPeers(vmlinux, bzImage string, only map[string]bool) (peers []qemuPeer, notes []string) {
+	want := func(id string) bool { return len(only) == 0 || only[id] }
+	if want("microvm") {
+		peers = append(peers, qemuPeer{
+			ID: SystemQemuMicro, Label: "qemu microvm",
+			args: func(string) ([]string, error) {
+				return []string{"-M", "microvm,acpi=off", "-kernel", vmlinux}, nil
+			},
+		})
+	}
+	if !want("q35") {
+		return peers, notes
+	}
+	// The official helper runs q35 with OVMF (UEFI). OVMF loads only a
+	// bzImage; SeaBIOS also boots vmlinux through qemu's PVH option ROM.
+	ovmfCode, ovmfVars := findOVMF()
+	switch {
+	case ovmfCode != "" && bzImage != "":
+		peers = append(peers, qemuPeer{
+			ID: SystemQemuQ35, Label: "qemu q35 + OVMF",
+			args: func(work string) ([]string, error) {
+				vars := filepath.Join(work, "OVMF_VARS.fd")
+				if err := copyFile(vars, ovmfVars); err != nil {
+					return nil, fmt.Errorf("copying the OVMF variable store: %w", err)
+				}
+				return []string{"-M", "q35",
+					"-drive", "if=pflash,format=raw,unit=0,readonly=on,file=" + ovmfCode,
+					"-drive", "if=pflash,format=raw,unit=1,file=" + vars,
+					"-kernel", bzImage}, nil
+			},
+		})
+	default:
+		image, note := bzImage, ""
+		if image == "" {
+			image = vmlinux
+			note = "q35 boots vmlinux through qemu's PVH option ROM: no bzImage beside " + vmlinux
+		}
+		if ovmfCode == "" {
+			notes = append(notes, "q35 runs with SeaBIOS, not OVMF as the official helper does: no OVMF firmware found (apt-get install ovmf)")
+		} else {
+			notes = append(notes, "q35 runs with SeaBIOS, not OVMF as the official helper does: OVMF boots only a bzImage and none was built beside "+vmlinux)
+		}
+		if note != "" {
+			notes = append(notes, note)
+		}
+		peers = append(peers, qemuPeer{
+			ID: SystemQemuQ35, Label: "qemu q35 + SeaBIOS",
+			args: func(string) ([]string, error) {
+				return []string{"-M", "q35", "-kernel", image}, nil
+			},
+		})
+	}
+	return peers, notes
+}
+
+// seabiosQ35 is the q35 peer with qemu's default firmware, the fallback
+// when OVMF cannot boot the kernel.
+func seabiosQ35(image string) qemuPeer {
+	return qemuPeer{
+		ID: SystemQemuQ35, Label: "qemu q35 + SeaBIOS",
+		args: func(string) ([]string, error) { return []string{"-M", "q35", "-kernel", image}, nil },
+	}
+}
+
+// findOVMF returns Debian's 4 MiB OVMF code and variable template, or "".
+func findOVMF() (code, vars string) {
+	for _, pair := range [][2]string{
+		{"/usr/share/OVMF/OVMF_CODE_4M.fd", "/usr/share/OVMF/OVMF_VARS_4M.fd"},
+		{"/usr/share/OVMF/OVMF_CODE.fd", "/usr/share/OVMF/OVMF_VARS.fd"},
+	} {
+		if isFile(pair[0]) && isFile(pair[1]) {
+			return pair[0], pair[1]
+		}
+	}
+	return "", ""
+}
+
+func isFile(p string) bool {
+	info, err := os.Stat(p)
+	return err == nil && info.Mode().IsRegular()
+}
+
+func copyFile(dst, src string) error {
+	b, err := os.ReadFile(src)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(dst, b, 0o600)
+}

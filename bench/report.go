@@ -1,0 +1,387 @@
+package bench
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"strings"
+	"time"
+)
+
+// System ids of the report.
+const (
+	SystemOurs      = "cowork-vmm"
+	SystemQemuMicro = "qemu-microvm"
+	SystemQemuQ35   = "qemu-q35"
+	reportVersion   = 1
+	kibPerMiB       = 1024
+)
+
+// Results accumulates the samples of a bench run, system by system, in the
+// order systems were added.
+type Results struct {
+	order   []string
+	systems map[string]*systemResults
+}
+
+type systemResults struct {
+	label    string
+	peer     bool
+	samples  map[string][]time.Duration
+	memory   []Memory
+	failures []string
+}
+
+// NewResults returns empty results.
+func NewResults() *Results { return &Results{systems: make(map[string]*systemResults)} }
+
+// AddSystem declares a system (idempotent); peer systems are the ones ours
+// is compared against.
+func (r *Results) AddSystem(id, label string, peer bool) {
+	if _, ok := r.systems[id]; ok {
+		return
+	}
+	r.order = append(r.order, id)
+	r.systems[id] = &systemResults{label: label, peer: peer, samples: make(map[string][]time.Duration)}
+}
+
+// AddRun records one run's phase durations (and memory, if sampled).
+func (r *Results) AddRun(id string, phases map[string]time.Duration, mem *Memory) {
+	s := r.systems[id]
+	if s == nil {
+		return
+	}
+	for p, d := range phases {
+		s.samples[p] = append(s.samples[p], d)
+	}
+	if mem != nil {
+		s.memory = append(s.memory, *mem)
+	}
+}
+
+// AddFailure records why one run of a system failed.
+func (r *Results) AddFailure(id, msg string) {
+	if s := r.systems[id]; s != nil {
+		s.failures = append(s.failures, msg)
+	}
+}
+
+// Report is what `bench` writes as report.json.
+type Report struct {
+	Version     int            `json:"version"`
+	Date        time.Time      `json:"date"`
+	Host        Host           `json:"host"`
+	Runs        int            `json:"runs"`
+	Backend     string         `json:"backend"`
+	BinaryBytes int64          `json:"binary_bytes"`
+	Systems     []SystemReport `json:"systems"`
+	Ratios      []RatioReport  `json:"ratios,omitempty"`
+	Notes       []string       `json:"notes,omitempty"`
+}
+
+// Host describes where the figures were measured.
+type Host struct {
+	Kernel string `json:"kernel"`
+	CPUs   int    `json:"cpus"`
+	KVM    string `json:"kvm"` // "real", "none", "pvm" …
+	Nested bool   `json:"nested"`
+	Go     string `json:"go"`
+}
+
+// SystemReport is one system's phases and memory.
+type SystemReport struct {
+	ID       string        `json:"id"`
+	Label    string        `json:"label"`
+	Peer     bool          `json:"peer"`
+	Phases   []PhaseReport `json:"phases"`
+	Memory   *MemoryReport `json:"memory,omitempty"`
+	Failures []string      `json:"failures,omitempty"`
+}
+
+// PhaseReport is one phase's samples and their spread, in milliseconds.
+type PhaseReport struct {
+	ID        string    `json:"id"`
+	Label     string    `json:"label"`
+	SamplesMS []float64 `json:"samples_ms"`
+	MinMS     float64   `json:"min_ms"`
+	MedianMS  float64   `json:"median_ms"`
+	MaxMS     float64   `json:"max_ms"`
+}
+
+// MemoryReport is the spread of the memory samples, in KiB.
+type MemoryReport struct {
+	RSS       KiBStats `json:"rss_kib"`
+	HWM       KiBStats `json:"hwm_kib"`
+	VMM       KiBStats `json:"vmm_kib"`
+	Guest     KiBStats `json:"guest_kib"`
+	Separated bool     `json:"separated"`
+}
+
+// KiBStats is min/median/max of a KiB figure.
+type KiBStats struct {
+	Min    int64 `json:"min"`
+	Median int64 `json:"median"`
+	Max    int64 `json:"max"`
+}
+
+// RatioReport is ours' median over a peer's for one phase (below 1: we
+// are faster).
+type RatioReport struct {
+	Phase  string  `json:"phase"`
+	System string  `json:"system"`
+	Peer   string  `json:"peer"`
+	Ratio  float64 `json:"ratio"`
+}
+
+// Report summarises the results.
+func (r *Results) Report(meta Report) Report {
+	rep := meta
+	rep.Version = reportVersion
+	rep.Systems = nil
+	rep.Ratios = nil
+	for _, id := range r.order {
+		s := r.systems[id]
+		sr := SystemReport{ID: id, Label: s.label, Peer: s.peer, Failures: s.failures}
+		for _, p := range Phases {
+			samples := s.samples[p.ID]
+			if len(samples) == 0 {
+				continue
+			}
+			sum := Summarize(samples)
+			pr := PhaseReport{ID: p.ID, Label: p.Label, MinMS: ms(sum.Min), MedianMS: ms(sum.Median), MaxMS: ms(sum.Max)}
+			for _, d := range samples {
+				pr.SamplesMS = append(pr.SamplesMS, ms(d))
+			}
+			sr.Phases = append(sr.Phases, pr)
+		}
+		if len(s.memory) > 0 {
+			sr.Memory = memoryReport(s.memory)
+		}
+		rep.Systems = append(rep.Systems, sr)
+	}
+	for _, ours := range rep.Systems {
+		if ours.Peer {
+			continue
+		}
+		for _, peer := range rep.Systems {
+			if !peer.Peer {
+				continue
+			}
+			for _, p := range Phases {
+				a, b := ours.phase(p.ID), peer.phase(p.ID)
+				if a == nil || b == nil {
+					continue
+				}
+				ratio := Ratio(fromMS(a.MedianMS), fromMS(b.MedianMS))
+				if !math.IsNaN(ratio) {
+					rep.Ratios = append(rep.Ratios, RatioReport{Phase: p.ID, System: ours.ID, Peer: peer.ID, Ratio: math.Round(ratio*1000) / 1000})
+				}
+			}
+		}
+	}
+	return rep
+}
+
+func (s SystemReport) phase(id string) *PhaseReport {
+	for i := range s.Phases {
+		if s.Phases[i].ID == id {
+			return &s.Phases[i]
+		}
+	}
+	return nil
+}
+
+func memoryReport(samples []Memory) *MemoryReport {
+	pick := func(f func(Memory) int64) KiBStats {
+		var v []int64
+		for _, m := range samples {
+			v = append(v, f(m))
+		}
+		lo, med, hi := summarizeInt64(v)
+		return KiBStats{Min: lo, Median: med, Max: hi}
+	}
+	separated := true
+	for _, m := range samples {
+		separated = separated && m.Separated
+	}
+	return &MemoryReport{
+		RSS:       pick(func(m Memory) int64 { return m.RSSKiB }),
+		HWM:       pick(func(m Memory) int64 { return m.HWMKiB }),
+		VMM:       pick(func(m Memory) int64 { return m.VMMKiB }),
+		Guest:     pick(func(m Memory) int64 { return m.GuestKiB }),
+		Separated: separated,
+	}
+}
+
+// ms converts to milliseconds with microsecond precision.
+func ms(d time.Duration) float64 { return math.Round(float64(d.Microseconds())) / 1000 }
+
+func fromMS(v float64) time.Duration { return time.Duration(v * 1e6) }
+
+// WriteJSON writes the report as indented JSON.
+func WriteJSON(w io.Writer, rep Report) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(rep); err != nil {
+		return fmt.Errorf("writing the JSON report: %w", err)
+	}
+	return nil
+}
+
+// ReadJSON reads a report written by WriteJSON.
+func ReadJSON(path string) (Report, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return Report{}, err
+	}
+	var rep Report
+	if err := json.Unmarshal(b, &rep); err != nil {
+		return Report{}, fmt.Errorf("%s: %w", path, err)
+	}
+	return rep, nil
+}
+
+// WriteMarkdown writes the report as Markdown tables: one row per phase,
+// a column per system (median, then min–max), a ratio column per peer;
+// then memory and binary size; then the notes.
+func WriteMarkdown(w io.Writer, rep Report) error {
+	var b strings.Builder
+	fmt.Fprintf(&b, "## cowork-vmm bench: %d run(s) per system, backend %s\n\n", rep.Runs, rep.Backend)
+	fmt.Fprintf(&b, "Host: %s, %d CPUs, KVM %s%s. Times are median (min–max).\n\n", rep.Host.Kernel, rep.Host.CPUs, rep.Host.KVM, map[bool]string{true: " (nested)", false: ""}[rep.Host.Nested])
+	var ours []SystemReport
+	var peers []SystemReport
+	for _, s := range rep.Systems {
+		if s.Peer {
+			peers = append(peers, s)
+		} else {
+			ours = append(ours, s)
+		}
+	}
+	header := []string{"phase"}
+	for _, s := range rep.Systems {
+		header = append(header, s.Label)
+	}
+	for _, o := range ours {
+		for _, p := range peers {
+			header = append(header, o.ID+" / "+p.ID)
+		}
+	}
+	writeRow(&b, header)
+	sep := make([]string, len(header))
+	for i := range sep {
+		sep[i] = "---"
+		if i > 0 {
+			sep[i] = "---:"
+		}
+	}
+	writeRow(&b, sep)
+	for _, p := range Phases {
+		row := []string{p.Label}
+		any := false
+		for _, s := range rep.Systems {
+			pr := s.phase(p.ID)
+			if pr == nil {
+				row = append(row, "—")
+				continue
+			}
+			any = true
+			row = append(row, fmt.Sprintf("%s (%s–%s)", fmtMS(pr.MedianMS), fmtMS(pr.MinMS), fmtMS(pr.MaxMS)))
+		}
+		for _, o := range ours {
+			for _, peer := range peers {
+				row = append(row, fmtRatio(rep.ratio(p.ID, o.ID, peer.ID)))
+			}
+		}
+		if any {
+			writeRow(&b, row)
+		}
+	}
+	b.WriteString("\n")
+	var memRows [][]string
+	for _, s := range rep.Systems {
+		if s.Memory == nil {
+			continue
+		}
+		m := s.Memory
+		guest := "not separated"
+		vmm := "—"
+		if m.Separated {
+			guest = fmtKiB(m.Guest)
+			vmm = fmtKiB(m.VMM)
+		}
+		memRows = append(memRows, []string{s.Label, fmtKiB(m.RSS), vmm, guest, fmtKiB(m.HWM)})
+	}
+	if len(memRows) > 0 {
+		writeRow(&b, []string{"memory (median, min–max)", "RSS", "VMM without guest RAM", "guest RAM touched", "peak RSS (HWM)"})
+		writeRow(&b, []string{"---", "---:", "---:", "---:", "---:"})
+		for _, r := range memRows {
+			writeRow(&b, r)
+		}
+		b.WriteString("\n")
+	}
+	if rep.BinaryBytes > 0 {
+		fmt.Fprintf(&b, "Binary: %.1f MiB (%d bytes).\n\n", float64(rep.BinaryBytes)/(1<<20), rep.BinaryBytes)
+	}
+	for _, s := range rep.Systems {
+		for _, f := range s.Failures {
+			fmt.Fprintf(&b, "- %s failed a run: %s\n", s.Label, f)
+		}
+	}
+	for _, n := range rep.Notes {
+		fmt.Fprintf(&b, "- %s\n", n)
+	}
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+func (rep Report) ratio(phase, system, peer string) (float64, bool) {
+	for _, r := range rep.Ratios {
+		if r.Phase == phase && r.System == system && r.Peer == peer {
+			return r.Ratio, true
+		}
+	}
+	return 0, false
+}
+
+func writeRow(b *strings.Builder, cells []string) {
+	b.WriteString("| ")
+	for i, c := range cells {
+		if i > 0 {
+			b.WriteString(" | ")
+		}
+		b.WriteString(strings.ReplaceAll(c, "|", "\\|"))
+	}
+	b.WriteString(" |\n")
+}
+
+func fmtMS(v float64) string {
+	switch {
+	case v >= 1000:
+		return fmt.Sprintf("%.2f s", v/1000)
+	case v >= 10:
+		return fmt.Sprintf("%.1f ms", v)
+	default:
+		return fmt.Sprintf("%.2f ms", v)
+	}
+}
+
+func fmtRatio(v float64, ok bool) string {
+	if !ok {
+		return "—"
+	}
+	return fmt.Sprintf("%.2f×", v)
+}
+
+func fmtKiB(s KiBStats) string {
+	f := func(k int64) string { return fmt.Sprintf("%.1f", float64(k)/kibPerMiB) }
+	return fmt.Sprintf("%s MiB (%s–%s)", f(s.Median), f(s.Min), f(s.Max))
+}
+
+// Rename changes a system's label (a peer that changed firmware mid-run).
+func (r *Results) Rename(id, label string) {
+	if s := r.systems[id]; s != nil {
+		s.label = label
+	}
+}
