@@ -201,10 +201,12 @@ func Run(ctx context.Context, opts Options, progress io.Writer) (Report, error) 
 	defer os.RemoveAll(work)
 
 	kvmState, kvmWhy := hostKVM()
+	show := newProgress(progress)
+	defer show.clear()
 	var notes []string
 	note := func(s string) {
 		notes = append(notes, s)
-		fmt.Fprintf(progress, "\r\033[Kcowork-vmm bench: %s\n", s)
+		show.line("%s", s)
 	}
 	backend := opts.Backend
 	if backend == "auto" {
@@ -259,7 +261,7 @@ func Run(ctx context.Context, opts Options, progress io.Writer) (Report, error) 
 
 	for run := 1; run <= opts.Runs; run++ {
 		status := func(system, step string) {
-			fmt.Fprintf(progress, "\r\033[Kcowork-vmm bench: run %d/%d %s: %s", run, opts.Runs, system, step)
+			show.status("run %d/%d %s: %s", run, opts.Runs, system, step)
 		}
 		h := helperRun{
 			Binary: binary, Backend: backend, MemMiB: opts.MemMiB, Timeout: opts.Timeout,
@@ -272,7 +274,7 @@ func Run(ctx context.Context, opts Options, progress io.Writer) (Report, error) 
 		res, err := h.run(ctx)
 		if err != nil {
 			results.AddFailure(SystemOurs, err.Error())
-			fmt.Fprintf(progress, "\r\033[Kcowork-vmm bench: run %d %s failed: %v\n", run, SystemOurs, err)
+			show.line("run %d %s failed: %v", run, SystemOurs, err)
 		} else {
 			results.AddRun(SystemOurs, res.Phases, res.Memory)
 		}
@@ -299,7 +301,7 @@ func Run(ctx context.Context, opts Options, progress io.Writer) (Report, error) 
 				return Report{}, ctx.Err()
 			}
 			results.AddFailure(p.ID, err.Error())
-			fmt.Fprintf(progress, "\r\033[Kcowork-vmm bench: run %d %s failed: %v\n", run, p.ID, err)
+			show.line("run %d %s failed: %v", run, p.ID, err)
 			if p.Label == "qemu q35 + OVMF" && run == 1 {
 				// OVMF loads only EFI-stub kernels; keep q35 with SeaBIOS.
 				image := bzImage
@@ -313,7 +315,7 @@ func Run(ctx context.Context, opts Options, progress io.Writer) (Report, error) 
 			}
 		}
 	}
-	fmt.Fprint(progress, "\r\033[K")
+	show.clear()
 
 	meta := Report{Date: time.Now().UTC().Truncate(time.Second), Host: hostInfo(kvmState), Runs: opts.Runs, Backend: backend, Notes: notes}
 	if info, err := os.Stat(binary); err == nil {

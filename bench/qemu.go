@@ -86,6 +86,9 @@ type qemuBoot struct {
 	MemMiB  int
 	Dir     string
 	Timeout time.Duration
+	// Accel is "kvm" (the default: what the peers are) or "tcg" (qemu's
+	// emulator; tests of the peer machinery on hosts without KVM).
+	Accel string
 }
 
 // run boots qemu, waits for the boot-timer byte, samples qemu's memory and
@@ -102,17 +105,21 @@ func (q qemuBoot) run(ctx context.Context) (runResult, error) {
 	}
 	defer ln.Close()
 	console := filepath.Join(q.Dir, "console.log")
-	args := append([]string{
-		"-enable-kvm", "-cpu", "host",
+	accel := []string{"-enable-kvm", "-cpu", "host"}
+	if q.Accel == "tcg" {
+		accel = []string{"-accel", "tcg", "-cpu", "max"}
+	}
+	args := append(accel,
 		"-m", strconv.Itoa(q.MemMiB), "-smp", "1",
 		"-nodefaults", "-no-user-config", "-display", "none", "-monitor", "none",
-		"-serial", "file:" + console,
+		"-serial", "file:"+console,
 		"-initrd", q.Initrd,
 		"-append", guestCmdline,
 		"-no-reboot",
-		"-chardev", "socket,id=boottimer,path=" + sock,
+		"-chardev", "socket,id=boottimer,path="+sock,
 		"-device", fmt.Sprintf("isa-debugcon,iobase=%#x,chardev=boottimer", bootTimerPort),
-	}, q.Args...)
+	)
+	args = append(args, q.Args...)
 	logPath := filepath.Join(q.Dir, "qemu.log")
 	logFile, err := os.Create(logPath)
 	if err != nil {

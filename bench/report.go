@@ -310,6 +310,9 @@ func WriteMarkdown(w io.Writer, rep Report) error {
 		if m.Separated {
 			guest = fmtKiB(m.Guest)
 			vmm = fmtKiB(m.VMM)
+			if m.Guest.Max == 0 {
+				guest = "none (no guest RAM in the process)"
+			}
 		}
 		memRows = append(memRows, []string{s.Label, fmtKiB(m.RSS), vmm, guest, fmtKiB(m.HWM)})
 	}

@@ -35,6 +35,7 @@ func ReadMemory(pid int, guestBytes int64) (Memory, error) {
 	}
 	m.VMMKiB = m.RSSKiB
 	if guestBytes <= 0 {
+		m.Separated = true // no guest RAM in this process
 		return m, nil
 	}
 	smaps, err := os.ReadFile(fmt.Sprintf("/proc/%d/smaps", pid))

@@ -113,7 +113,7 @@ func WriteSVG(w io.Writer, rep Report) error {
 	for i, s := range rep.Systems {
 		colour[s.ID] = svgColours[i%len(svgColours)]
 		c.Legend = append(c.Legend, svgLegend{X: x, Y: 48, Colour: colour[s.ID], Label: s.Label})
-		x += 24 + 7*len([]rune(s.Label))
+		x += 30 + 8*len([]rune(s.Label))
 	}
 	lo, hi := math.Inf(1), math.Inf(-1)
 	for _, s := range rep.Systems {

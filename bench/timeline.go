@@ -16,7 +16,8 @@ const (
 	MarkVMCreated   = "vm_created"   // step vm_create completed
 	MarkVCPUStarted = "vcpu_started" // step kernel_load completed: vCPUs run the kernel's first instruction
 	MarkInit        = "init"         // the boot timer fired: the guest's /init runs (step guest_boot completed)
-	MarkConnected   = "connected"    // isGuestConnected first answered true
+	MarkAgentDialed = "agent_dialed" // step agent_connect completed: the agent's vsock connection was accepted
+	MarkConnected   = "connected"    // isGuestConnected first answered true (hello and setup done)
 	MarkSpawnSent   = "spawn_sent"   // spawn /bin/true was sent
 	MarkExit        = "exit"         // its exit event arrived
 	MarkEchoSent    = "echo_sent"    // spawn echo was sent
@@ -31,6 +32,7 @@ const (
 	stepVMCreate   = "vm_create"
 	stepKernelLoad = "kernel_load"
 	stepGuestBoot  = "guest_boot"
+	stepAgentDial  = "agent_connect"
 )
 
 // stepMarks maps a completed startup step to its mark.
@@ -38,6 +40,7 @@ var stepMarks = map[string]string{
 	stepVMCreate:   MarkVMCreated,
 	stepKernelLoad: MarkVCPUStarted,
 	stepGuestBoot:  MarkInit,
+	stepAgentDial:  MarkAgentDialed,
 }
 
 // Phase is a span between two marks.
@@ -56,10 +59,12 @@ type Phase struct {
 var Phases = []Phase{
 	{ID: "helper_start", Label: "helper start → socket bound", From: MarkExec, To: MarkSocket},
 	{ID: "vm_create", Label: "startVM → VM created", From: MarkStartSent, To: MarkVMCreated},
-	{ID: "vcpu_start", Label: "VM created → first guest instruction", From: MarkVMCreated, To: MarkVCPUStarted},
+	{ID: "vcpu_start", Label: "VM created → kernel loaded, first guest instruction", From: MarkVMCreated, To: MarkVCPUStarted},
 	{ID: "kernel_boot", Label: "kernel entry → /init (boot timer)", From: MarkVCPUStarted, To: MarkInit},
 	{ID: "start_to_init", Label: "start → /init (total)", From: MarkStartSent, To: MarkInit, Peer: true},
 	{ID: "start_reply", Label: "startVM → reply (launched)", From: MarkStartSent, To: MarkStartReply},
+	{ID: "agent_dial", Label: "/init → agent dialed over vsock", From: MarkInit, To: MarkAgentDialed},
+	{ID: "agent_setup", Label: "agent dialed → set up (hello, mounts)", From: MarkAgentDialed, To: MarkConnected},
 	{ID: "agent_connect", Label: "/init → agent connected", From: MarkInit, To: MarkConnected},
 	{ID: "start_to_connected", Label: "startVM → agent connected (total)", From: MarkStartSent, To: MarkConnected},
 	{ID: "spawn_exit", Label: "spawn /bin/true → exit event", From: MarkSpawnSent, To: MarkExit},

@@ -97,6 +97,22 @@ func TestKVMPermissionDenied(t *testing.T) {
 	wantContains(t, "gate detail", g.Detail, "kvm_permission_denied")
 }
 
+func TestKVMGroupNeedsNewLogin(t *testing.T) {
+	h := healthyHost()
+	h.kvm = KVMProbe{OpenErr: fmt.Errorf("%w: denied", kvm.ErrKVMPermission)}
+	h.files["/dev/kvm"] = fakeFile{mode: fs.ModeDevice | fs.ModeCharDevice | 0o660, gid: 108}
+	h.files["/etc/passwd"] = fakeFile{data: []byte("root:x:0:0::/root:/bin/sh\nu:x:1000:1000::/home/u:/bin/sh\n")}
+	h.files["/etc/group"] = fakeFile{data: []byte("root:x:0:\nkvm:x:108:alice,u\n")}
+	c := wantStatus(t, h.run(t, Options{}), CheckKVMAccess, StatusFail)
+	wantContains(t, "detail", c.Detail, "member of its group kvm", "before you were added")
+	wantContains(t, "fix", c.Fix, "log out and back in", "newgrp kvm")
+
+	// Already in the group in this session: the plain group/udev fix.
+	h.groups = []int{108}
+	c = wantStatus(t, h.run(t, Options{}), CheckKVMAccess, StatusFail)
+	wantContains(t, "fix", c.Fix, "sudo usermod -aG kvm $USER")
+}
+
 func TestPVMCannotBootLinux(t *testing.T) {
 	h := healthyHost()
 	h.pvm, h.pvmWhy = true, "the kvm_pvm module is loaded"

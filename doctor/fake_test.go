@@ -22,6 +22,7 @@ import (
 type fakeFile struct {
 	mode fs.FileMode
 	uid  int
+	gid  int
 	data []byte
 	// noAccess makes access(2) fail with EACCES.
 	noAccess bool
@@ -37,12 +38,13 @@ func (i fakeInfo) Size() int64        { return int64(len(i.f.data)) }
 func (i fakeInfo) Mode() fs.FileMode  { return i.f.mode }
 func (i fakeInfo) ModTime() time.Time { return time.Time{} }
 func (i fakeInfo) IsDir() bool        { return i.f.mode.IsDir() }
-func (i fakeInfo) Sys() any           { return &syscall.Stat_t{Uid: uint32(i.f.uid)} }
+func (i fakeInfo) Sys() any           { return &syscall.Stat_t{Uid: uint32(i.f.uid), Gid: uint32(i.f.gid)} }
 
 // fakeHost is a host made of a file map and canned probe answers. The zero
 // value of each answer is "works".
 type fakeHost struct {
 	uid       int
+	groups    []int
 	env       map[string]string
 	files     map[string]fakeFile
 	path      map[string]string // LookPath answers
@@ -110,8 +112,11 @@ func (f *fakeHost) host() *Host {
 		Getenv: func(k string) string { return f.env[k] },
 		Getuid: func() int { return f.uid },
 		Getgid: func() int { return f.uid },
-		Stat:   f.stat,
-		Lstat:  f.stat,
+		Getgroups: func() ([]int, error) {
+			return f.groups, nil
+		},
+		Stat:  f.stat,
+		Lstat: f.stat,
 		ReadFile: func(p string) ([]byte, error) {
 			file, ok := f.files[p]
 			if !ok {

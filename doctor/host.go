@@ -27,6 +27,8 @@ type Host struct {
 	Getenv func(key string) string
 	Getuid func() int
 	Getgid func() int
+	// Getgroups is this process's supplementary groups.
+	Getgroups func() ([]int, error)
 	// Stat follows symlinks; Lstat does not. Ownership is read from
 	// FileInfo.Sys() as a *syscall.Stat_t.
 	Stat  func(path string) (fs.FileInfo, error)
@@ -97,6 +99,7 @@ func RealHost() Host {
 		Getenv:         os.Getenv,
 		Getuid:         os.Getuid,
 		Getgid:         os.Getgid,
+		Getgroups:      os.Getgroups,
 		Stat:           os.Stat,
 		Lstat:          os.Lstat,
 		ReadFile:       os.ReadFile,
@@ -127,6 +130,9 @@ func (h Host) withDefaults() Host {
 	}
 	if h.Getgid == nil {
 		h.Getgid = r.Getgid
+	}
+	if h.Getgroups == nil {
+		h.Getgroups = r.Getgroups
 	}
 	if h.Stat == nil {
 		h.Stat = r.Stat

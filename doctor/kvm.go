@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io/fs"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 
@@ -101,6 +102,10 @@ func (r *runner) kvmChecks() kvmFacts {
 			access.Status = StatusFail
 			access.Detail = fmt.Sprintf("%s exists but uid %d may not open it read-write", kvm.DevicePath, h.Getuid())
 			access.Fix = kvmGroupFix
+			if group, ok := r.staleGroupMembership(info); ok {
+				access.Detail += fmt.Sprintf("; you are a member of its group %s in /etc/group, but this login session started before you were added", group)
+				access.Fix = fmt.Sprintf("log out and back in (or start a shell with the group: newgrp %s); Claude Desktop must be started from the new session", group)
+			}
 		case p.OpenErr != nil && errors.Is(p.OpenErr, kvm.ErrNoKVM):
 			access.Status = StatusFail
 			access.Detail = fmt.Sprintf("%s exists but no KVM answers behind it: %v", kvm.DevicePath, p.OpenErr)
@@ -207,6 +212,54 @@ func (r *runner) noKVMDevice(pvmModule bool, virtFlag string, virtKnown bool) (d
 		fix = "load the KVM module (sudo modprobe kvm_intel or sudo modprobe kvm_amd) and enable virtualization in the BIOS/UEFI; in a cloud VM or Crostini, enable nested virtualization; otherwise " + processHint
 	}
 	return detail, fix
+}
+
+// staleGroupMembership reports the device's group name when /etc/group
+// lists us in it but this process does not have it: the classic "added to
+// the kvm group, did not log in again".
+func (r *runner) staleGroupMembership(info fs.FileInfo) (string, bool) {
+	st, ok := info.Sys().(*syscall.Stat_t)
+	if !ok {
+		return "", false
+	}
+	gid := int(st.Gid)
+	groups, err := r.h.Getgroups()
+	if err != nil || slices.Contains(groups, gid) || r.h.Getgid() == gid {
+		return "", false
+	}
+	name := userName(r.h, r.h.Getuid())
+	if name == "" {
+		return "", false
+	}
+	etcGroup, err := r.h.ReadFile("/etc/group")
+	if err != nil {
+		return "", false
+	}
+	for line := range strings.SplitSeq(string(etcGroup), "\n") {
+		f := strings.Split(line, ":")
+		if len(f) != 4 || f[2] != strconv.Itoa(gid) {
+			continue
+		}
+		if slices.Contains(strings.Split(f[3], ","), name) {
+			return f[0], true
+		}
+	}
+	return "", false
+}
+
+// userName is uid's login name from /etc/passwd ("" if not found).
+func userName(h Host, uid int) string {
+	passwd, err := h.ReadFile("/etc/passwd")
+	if err != nil {
+		return ""
+	}
+	for line := range strings.SplitSeq(string(passwd), "\n") {
+		f := strings.Split(line, ":")
+		if len(f) >= 3 && f[2] == strconv.Itoa(uid) {
+			return f[0]
+		}
+	}
+	return ""
 }
 
 // capabilities fills the capabilities check from the probe.

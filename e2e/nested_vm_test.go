@@ -36,9 +36,13 @@ func TestNestedKVMClientFlow(t *testing.T) {
 	if err := nested.Available(); err != nil {
 		t.Skipf("nested harness unavailable: %v", err)
 	}
-	vmlinux, err := kernel.Find(kernel.Guest)
-	if err != nil {
-		t.Skipf("no guest kernel: %v", err)
+	// COWORK_VMM_KERNEL picks the guest kernel here too; else the build cache.
+	vmlinux := os.Getenv("COWORK_VMM_KERNEL")
+	if vmlinux == "" {
+		var err error
+		if vmlinux, err = kernel.Find(kernel.Guest); err != nil {
+			t.Skipf("no guest kernel: %v", err)
+		}
 	}
 	// COWORK_VMM_E2E_BIN here names a binary to test instead of building
 	// one (e.g. `make build`'s, with its embedded kernel); it must be static.

@@ -20,6 +20,8 @@ type fakeBackend struct {
 	mu       sync.Mutex
 	guests   []*fakeGuest
 	startErr error
+	// egress becomes the next guest's egress listener.
+	egress net.Listener
 }
 
 func (b *fakeBackend) Name() string { return "fake" }
@@ -29,7 +31,7 @@ func (b *fakeBackend) Start(ctx context.Context, cfg GuestConfig) (Guest, error)
 		return nil, b.startErr
 	}
 	helperEnd, agentEnd := net.Pipe()
-	g := &fakeGuest{cfg: cfg, helperEnd: helperEnd, done: make(chan struct{})}
+	g := &fakeGuest{cfg: cfg, helperEnd: helperEnd, done: make(chan struct{}), egress: b.egress}
 	g.agent = newFakeAgent(agentEnd, g)
 	b.mu.Lock()
 	b.guests = append(b.guests, g)
@@ -51,6 +53,8 @@ type fakeGuest struct {
 	cfg       GuestConfig
 	helperEnd net.Conn
 	agent     *fakeAgent
+	// egress, if set by the backend, is returned by Egress (EgressGuest).
+	egress net.Listener
 
 	mu      sync.Mutex
 	shares  []protocol.MountSource
@@ -71,6 +75,8 @@ func (g *fakeGuest) Share(hostPath string, readOnly bool) (protocol.MountSource,
 }
 
 func (g *fakeGuest) Done() <-chan struct{} { return g.done }
+
+func (g *fakeGuest) Egress() net.Listener { return g.egress }
 
 func (g *fakeGuest) Err() error {
 	g.mu.Lock()

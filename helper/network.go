@@ -2,77 +2,168 @@ package helper
 
 import (
 	"context"
-	"net/http"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"net/url"
+	"strings"
 	"time"
 
+	"github.com/cowork-vmm/cowork-vmm/egress"
+	"github.com/cowork-vmm/cowork-vmm/egress/probe"
 	"github.com/cowork-vmm/cowork-vmm/protocol"
 )
 
-// Network status and API reachability during startVM. The client waits for
-// an apiReachability event before it goes on, so one is always sent. This
-// file is the seam the egress work replaces: the guest has no NIC, its
-// traffic goes through the helper, so the helper's own view of the network
-// is the guest's.
+// Network status and API reachability. The guest has no network device: its
+// processes reach out only through the helper's egress server, so the
+// helper's own view of the network is the guest's, and the apiProbeURL probe
+// takes the same path (egress.Server.DialContext).
 
-// probeTimeout bounds one HEAD request to apiProbeURL.
-const probeTimeout = 5 * time.Second
+// apiProbeTimeout bounds one HEAD of apiProbeURL. The client waits for the
+// first apiReachability event during start-up, so it must not be long.
+const apiProbeTimeout = 5 * time.Second
 
-// probeInterval is how often apiProbeURL is probed while the guest runs.
-const probeInterval = 30 * time.Second
-
-// reportNetwork publishes networkStatus and apiReachability at once, then
-// re-probes apiProbeURL (if any) every probeInterval and publishes changes,
-// until ctx (the guest's life) ends.
-func (s *Service) reportNetwork(ctx context.Context, probeURL string) {
-	var lastReach, lastStatus string
-	t := time.NewTicker(probeInterval)
-	defer t.Stop()
-	for {
-		reach := protocol.ReachabilityUnknown
-		if probeURL != "" {
-			reach = s.opts.ReachabilityProbe(ctx, probeURL)
-		}
-		if ctx.Err() != nil {
-			return
-		}
-		status := protocol.NetworkConnected
-		if reach == protocol.ReachabilityProbablyUnreachable || reach == protocol.ReachabilityUnreachable {
-			status = protocol.NetworkNotConnected
-		}
-		if status != lastStatus || reach != lastReach {
-			s.log.Info("network", "status", status, "apiReachability", reach)
-		}
-		if status != lastStatus {
-			s.hub.Publish(protocol.Event{Type: protocol.EventNetworkStatus, Status: status})
-		}
-		if reach != lastReach {
-			s.hub.Publish(protocol.Event{Type: protocol.EventAPIReachability, Status: reach})
-		}
-		lastReach, lastStatus = reach, status
-		if probeURL == "" {
-			return // nothing to re-probe
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-	}
+// EgressGuest is implemented by a Guest that carries its processes'
+// outbound connections to the helper (the process backend's fd-passing
+// socket, the VM's vsock port protocol.EgressVSockPort). The helper serves
+// each connection from Egress with its egress server, which checks the
+// spawn's allowedDomains. A guest without it has no way out at all.
+type EgressGuest interface {
+	// Egress returns the listener of the guest's egress connections; the
+	// helper closes it when the guest ends.
+	Egress() net.Listener
 }
 
-// probeAPI sends one HEAD request; any HTTP answer means reachable.
-func probeAPI(ctx context.Context, url string) string {
-	ctx, cancel := context.WithTimeout(ctx, probeTimeout)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodHead, url, nil)
-	if err != nil {
-		return protocol.ReachabilityUnknown
+// EgressTestHostsEnv names the test-only environment variable the helper
+// binary reads (cmd/cowork-vmm puts it in Options.EgressTestHosts): a comma
+// separated list of name=address pairs, e.g.
+//
+//	COWORK_VMM_EGRESS_TEST_HOSTS="allowed.test=127.0.0.1,sub.wild.test=127.0.0.1"
+//
+// When set, the egress server (and the network status check) resolve only
+// those names, to those addresses, and may dial only those addresses —
+// which must be loopback (127.0.0.0/8 or ::1). It exists so that end-to-end
+// tests of the real binary can serve test domains from 127.0.0.1, which the
+// production egress server refuses to dial (egress.DefaultAllowAddr), and
+// so that those tests never send a DNS query or a connection anywhere else.
+// Never set it in production: it replaces real name resolution.
+const EgressTestHostsEnv = "COWORK_VMM_EGRESS_TEST_HOSTS"
+
+// testHosts is the parsed EgressTestHostsEnv: a resolver and address filter
+// confined to loopback.
+type testHosts struct {
+	names map[string]netip.Addr
+	addrs map[netip.Addr]bool
+}
+
+// parseEgressTestHosts parses EgressTestHostsEnv's value.
+func parseEgressTestHosts(spec string) (*testHosts, error) {
+	th := &testHosts{names: map[string]netip.Addr{}, addrs: map[netip.Addr]bool{}}
+	for _, entry := range strings.Split(spec, ",") {
+		entry = strings.TrimSpace(entry)
+		if entry == "" {
+			continue
+		}
+		name, addrText, ok := strings.Cut(entry, "=")
+		name = strings.TrimSuffix(strings.ToLower(strings.TrimSpace(name)), ".")
+		if !ok || name == "" {
+			return nil, fmt.Errorf("%s: %q is not name=address", EgressTestHostsEnv, entry)
+		}
+		addr, err := netip.ParseAddr(strings.TrimSpace(addrText))
+		if err != nil {
+			return nil, fmt.Errorf("%s: %q: %w", EgressTestHostsEnv, entry, err)
+		}
+		addr = addr.Unmap()
+		if !addr.IsLoopback() || addr.Zone() != "" {
+			return nil, fmt.Errorf("%s: %s maps to %s, but test hosts may only be loopback addresses (127.0.0.0/8 or ::1)", EgressTestHostsEnv, name, addr)
+		}
+		th.names[name] = addr
+		th.addrs[addr] = true
 	}
-	client := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
-	resp, err := client.Do(req)
-	if err != nil {
-		return protocol.ReachabilityProbablyUnreachable
+	if len(th.names) == 0 {
+		return nil, fmt.Errorf("%s is set but names no host", EgressTestHostsEnv)
 	}
-	resp.Body.Close()
-	return protocol.ReachabilityReachable
+	return th, nil
+}
+
+// LookupNetIP implements egress.Resolver and probe.Resolver: only the test
+// names resolve.
+func (th *testHosts) LookupNetIP(_ context.Context, _, host string) ([]netip.Addr, error) {
+	if addr, ok := th.names[strings.TrimSuffix(strings.ToLower(host), ".")]; ok {
+		return []netip.Addr{addr}, nil
+	}
+	return nil, &net.DNSError{Err: "not one of the " + EgressTestHostsEnv + " names", Name: host, IsNotFound: true}
+}
+
+// allowAddr permits exactly the test addresses.
+func (th *testHosts) allowAddr(a netip.Addr) bool { return th.addrs[a.Unmap()] }
+
+// newEgressServer makes the helper's egress server for opts.
+func newEgressServer(opts Options, reg *egress.Registry, log *slog.Logger) (*egress.Server, *testHosts, error) {
+	cfg := egress.Config{Lookup: reg.Lookup, Logger: log.With("component", "egress")}
+	var th *testHosts
+	if opts.EgressTestHosts != "" {
+		var err error
+		if th, err = parseEgressTestHosts(opts.EgressTestHosts); err != nil {
+			return nil, nil, err
+		}
+		cfg.Resolver = th
+		cfg.AllowAddr = th.allowAddr
+		log.Warn("TEST MODE: egress resolves only the names of "+EgressTestHostsEnv+" and dials only their loopback addresses; never use this in production",
+			"hosts", opts.EgressTestHosts)
+	}
+	return egress.NewServer(cfg), th, nil
+}
+
+// serveEgress serves a guest's egress connections until ctx (the guest's
+// life) ends.
+func (s *Service) serveEgress(ctx context.Context, g Guest) {
+	eg, ok := g.(EgressGuest)
+	var l net.Listener
+	if ok {
+		l = eg.Egress()
+	}
+	if l == nil {
+		s.log.Warn("this guest has no egress channel: its processes cannot reach the network")
+		return
+	}
+	go func() {
+		if err := s.egressSrv.Serve(ctx, l); err != nil && !errors.Is(err, net.ErrClosed) && ctx.Err() == nil {
+			s.log.Warn("egress: the guest's egress channel failed; its processes lost the network", "err", err)
+		}
+	}()
+}
+
+// monitorNetwork publishes networkStatus at once and on change, and
+// apiReachability on the first probe of probeURL and on change (probed every
+// 30 s through the egress path; without a URL one "unknown"), until ctx
+// (the guest's life) ends.
+func (s *Service) monitorNetwork(ctx context.Context, probeURL string) {
+	check := s.opts.NetworkCheck
+	if check == nil {
+		checker := probe.NetworkChecker{}
+		if u, err := url.Parse(probeURL); err == nil && u.Hostname() != "" {
+			checker.Name = u.Hostname()
+		}
+		if s.testHosts != nil {
+			checker.Resolver = s.testHosts
+		}
+		check = checker.Status
+	}
+	client := s.opts.ProbeClient
+	if client == nil {
+		client = probe.NewHTTPClient(s.egressSrv.DialContext)
+	}
+	network := &probe.NetworkMonitor{Check: check, Emit: func(ev protocol.Event) {
+		s.log.Info("network status", "status", ev.Status)
+		s.hub.Publish(ev)
+	}}
+	reach := &probe.Monitor{ProbeURL: probeURL, Client: client, Timeout: apiProbeTimeout, Emit: func(ev protocol.Event) {
+		s.log.Info("API reachability", "status", ev.Status, "url", probeURL)
+		s.hub.Publish(ev)
+	}}
+	go network.Run(ctx)
+	go reach.Run(ctx)
 }

@@ -13,6 +13,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/cowork-vmm/cowork-vmm/egress"
+	"github.com/cowork-vmm/cowork-vmm/egress/probe"
 	"github.com/cowork-vmm/cowork-vmm/protocol"
 )
 
@@ -53,8 +55,16 @@ type Options struct {
 	PingInterval time.Duration
 	// SystemDirs override DefaultSystemDirs (tests).
 	SystemDirs []string
-	// ReachabilityProbe overrides the startVM apiProbeURL probe (tests).
-	ReachabilityProbe func(ctx context.Context, url string) string
+	// NetworkCheck overrides the networkStatus check (tests); default
+	// probe.NetworkChecker (a default route, and apiProbeURL's host
+	// resolves).
+	NetworkCheck func(ctx context.Context) string
+	// ProbeClient overrides the client of the apiProbeURL HEAD (tests);
+	// default probe.NewHTTPClient through the egress server.
+	ProbeClient probe.HTTPDoer
+	// EgressTestHosts is the value of EgressTestHostsEnv (tests only; see
+	// there). Empty in production.
+	EgressTestHosts string
 }
 
 // DefaultDataDir is $XDG_DATA_HOME/cowork-vmm, or ~/.local/share/cowork-vmm.
@@ -76,6 +86,11 @@ type Service struct {
 	hub         *Hub
 	sessionsDir string
 	methods     map[string]func(context.Context, json.RawMessage) (any, error)
+	// egressReg holds each live spawn's allowedDomains and egress token;
+	// egressSrv serves every guest's egress connections against it.
+	egressReg *egress.Registry
+	egressSrv *egress.Server
+	testHosts *testHosts // EgressTestHostsEnv, nil in production
 
 	mu         sync.Mutex
 	profile    profileKey
@@ -108,14 +123,19 @@ func New(opts Options) (*Service, error) {
 	if opts.SystemDirs == nil {
 		opts.SystemDirs = DefaultSystemDirs
 	}
-	if opts.ReachabilityProbe == nil {
-		opts.ReachabilityProbe = probeAPI
-	}
 	log := opts.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
+	egressReg := egress.NewRegistry()
+	egressSrv, testHosts, err := newEgressServer(opts, egressReg, log)
+	if err != nil {
+		return nil, err
+	}
 	s := &Service{
+		egressReg:   egressReg,
+		egressSrv:   egressSrv,
+		testHosts:   testHosts,
 		opts:        opts,
 		log:         log,
 		hub:         NewHub(opts.Backlog, log),
@@ -125,6 +145,7 @@ func New(opts Options) (*Service, error) {
 	}
 	s.procs.init()
 	if err := os.MkdirAll(s.sessionsDir, 0o700); err != nil {
+		egressSrv.Close()
 		return nil, fmt.Errorf("creating the session directory: %w", err)
 	}
 	s.methods = map[string]func(context.Context, json.RawMessage) (any, error){
@@ -261,9 +282,12 @@ func (s *Service) Subscribe(_ context.Context, params json.RawMessage) (*protoco
 // such as the egress proxy).
 func (s *Service) Publish(ev protocol.Event) { s.hub.Publish(ev) }
 
-// Close stops the guest, if any, as stopVM does.
+// Close stops the guest, if any, as stopVM does, and ends every egress
+// connection. The Service is not used after Close.
 func (s *Service) Close(ctx context.Context) error {
-	return s.stopVM(ctx)
+	err := s.stopVM(ctx)
+	s.egressSrv.Close()
+	return err
 }
 
 // DataDir is where sessions and other data live.

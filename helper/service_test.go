@@ -5,8 +5,6 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"log/slog"
-	"net/http"
-	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"slices"
@@ -28,18 +26,26 @@ type testEnv struct {
 	sysDir  string
 }
 
-func newTestEnv(t *testing.T) *testEnv {
+func newTestEnv(t *testing.T) *testEnv { return newTestEnvWith(t, nil) }
+
+// newTestEnvWith lets a test adjust the Options before New.
+func newTestEnvWith(t *testing.T, adjust func(*Options)) *testEnv {
 	t.Helper()
 	backend := &fakeBackend{t: t}
 	sys := t.TempDir()
-	s, err := New(Options{
+	opts := Options{
 		Backend:           "fake",
 		Backends:          map[string]BackendFactory{"fake": func() (Backend, error) { return backend, nil }},
 		DataDir:           t.TempDir(),
 		SystemDirs:        []string{sys, filepath.Join(sys, "missing")},
 		StopGrace:         1,
-		ReachabilityProbe: func(context.Context, string) string { return protocol.ReachabilityReachable },
-	})
+		NetworkCheck:      func(context.Context) string { return protocol.NetworkConnected },
+		ProbeClient:       answeringProbe{},
+	}
+	if adjust != nil {
+		adjust(&opts)
+	}
+	s, err := New(opts)
 	require.NoError(t, err)
 	env := &testEnv{t: t, s: s, backend: backend, sub: s.SubscribeProfile("profile", "/root"), sysDir: sys}
 	t.Cleanup(func() {
@@ -519,15 +525,4 @@ func TestStartVMWhileTheOldGuestIsStopping(t *testing.T) {
 	e.mustCall("isRunning", nil, &running)
 	assert.True(t, running.Running)
 	assert.Len(t, e.backend.guests, 2)
-}
-
-func TestProbeAPI(t *testing.T) {
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		assert.Equal(t, http.MethodHead, r.Method)
-		w.WriteHeader(http.StatusTeapot) // any HTTP answer means reachable
-	}))
-	assert.Equal(t, protocol.ReachabilityReachable, probeAPI(t.Context(), srv.URL))
-	srv.Close()
-	assert.Equal(t, protocol.ReachabilityProbablyUnreachable, probeAPI(t.Context(), srv.URL))
-	assert.Equal(t, protocol.ReachabilityUnknown, probeAPI(t.Context(), "::not a url"))
 }

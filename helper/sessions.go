@@ -249,18 +249,29 @@ func (s *Service) spawn(_ context.Context, p spawnParams) (spawnResult, error) {
 		return res, fmt.Errorf("spawn: a process with id %q is already running", p.ID)
 	}
 	// Registered before the agent starts it, so its first output is not
-	// dropped as belonging to an unknown process.
+	// dropped as belonging to an unknown process, and its first connection
+	// finds its policy. p.AllowedDomains goes in as decoded: nil (absent)
+	// allows every host, non-nil even when empty is enforced.
 	s.procs.add(proc)
+	token, policy := s.egressReg.Register(p.ID, p.AllowedDomains)
 	s.mu.Unlock()
+	if ignored := policy.Ignored(); len(ignored) > 0 {
+		s.log.Warn("spawn: allowedDomains entries ignored (not host names or *.suffix wildcards)", "id", p.ID, "entries", ignored)
+	}
 
-	err = vm.call(protocol.AgentMethodSpawn, protocol.SpawnParams{ID: p.ID, Command: p.Command, Args: p.Args, Cwd: cwd, Env: env}, nil)
+	err = vm.call(protocol.AgentMethodSpawn, protocol.SpawnParams{ID: p.ID, Command: p.Command, Args: p.Args, Cwd: cwd, Env: env, EgressToken: token}, nil)
 	if err != nil {
 		s.mu.Lock()
 		s.procs.remove(proc)
+		s.egressReg.Unregister(p.ID)
 		s.mu.Unlock()
 		return res, fmt.Errorf("spawn %s: %w", p.Command, err)
 	}
-	s.log.Info("spawned", "id", p.ID, "session", p.Name, "command", p.Command, "failedMounts", len(res.FailedMounts))
+	allowed := "all (no allowedDomains)"
+	if !policy.AllowsAll() {
+		allowed = fmt.Sprintf("%d allowedDomains", len(p.AllowedDomains))
+	}
+	s.log.Info("spawned", "id", p.ID, "session", p.Name, "command", p.Command, "failedMounts", len(res.FailedMounts), "egress", allowed)
 	return res, nil
 }
 

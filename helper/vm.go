@@ -126,8 +126,9 @@ func (s *Service) startVM(ctx context.Context, p startVMParams) (empty, error) {
 	vm.mu.Lock()
 	vm.guest = guest
 	vm.mu.Unlock()
+	s.serveEgress(vmCtx, guest)
 	go vm.run()
-	go s.reportNetwork(vmCtx, p.APIProbeURL)
+	s.monitorNetwork(vmCtx, p.APIProbeURL)
 	return nil, nil
 }
 
@@ -373,6 +374,7 @@ func (s *Service) reapProcesses(vm *vmInstance, reason string) {
 	var events []protocol.Event
 	for _, p := range procs {
 		if s.procs.markExited(p, nil, "SIGKILL") {
+			s.egressReg.Unregister(p.id)
 			events = append(events, exitEvent(p))
 		}
 	}
@@ -437,6 +439,7 @@ func (s *Service) onAgentEvent(vm *vmInstance, ev protocol.Event) {
 			s.mu.Unlock()
 			return
 		}
+		s.egressReg.Unregister(p.id)
 		out := exitEvent(p)
 		if ev.OOMKillCount != nil && *ev.OOMKillCount >= 0 {
 			out.OOMKillCount = ptr(*ev.OOMKillCount)

@@ -111,6 +111,11 @@ type SpawnParams struct {
 	Args    []string `json:"args,omitempty"`
 	Cwd     string   `json:"cwd"`
 	Env     []string `json:"env"` // complete environment, KEY=VALUE
+	// EgressToken is the spawn's secret for the egress channel (see
+	// protocol/egress.go): the agent's proxy presents it with every
+	// EgressRequest of this spawn. Empty: the helper refuses the spawn's
+	// egress (fails closed).
+	EgressToken string `json:"egressToken,omitempty"`
 }
 
 // StdinParams forwards bytes to a process's stdin (UTF-8 text, as the client sends it).

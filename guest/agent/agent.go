@@ -13,6 +13,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/cowork-vmm/cowork-vmm/guest/proxy"
 	"github.com/cowork-vmm/cowork-vmm/protocol"
 )
 
@@ -40,6 +41,14 @@ type Options struct {
 	ShutdownGrace time.Duration
 	// OutputDrain: see DefaultOutputDrain.
 	OutputDrain time.Duration
+	// Egress reaches the helper's egress service (proxy.VSockDialer in the
+	// VM, an fdpass.Dialer in the process backend). When set, every spawn
+	// runs in a network namespace of its own with only loopback and an HTTP
+	// proxy in it (HTTPS_PROXY etc. in its environment) whose connections
+	// go through Egress; a spawn whose proxy cannot be made fails (closed).
+	// When nil (unit tests of the agent), spawns get no proxy and stay in
+	// the agent's network namespace — the behaviour before egress existed.
+	Egress proxy.HostDialer
 }
 
 // ErrShutdown is returned by Run after a shutdown request was served.

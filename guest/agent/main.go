@@ -14,6 +14,9 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/cowork-vmm/cowork-vmm/egress/fdpass"
+	"github.com/cowork-vmm/cowork-vmm/guest/proxy"
 )
 
 // Boot timer: the VM agent writes BootTimerValue to I/O port BootTimerPort as
@@ -31,6 +34,7 @@ const (
 func ProcessMain(args []string) int {
 	fs := flag.NewFlagSet("agent", flag.ContinueOnError)
 	fd := fs.Int("fd", 3, "inherited socket `fd` connected to the helper")
+	egressFD := fs.Int("egress-fd", 0, "inherited SOCK_SEQPACKET socket `fd` to pass egress connections to the helper over (0: spawns get no proxy and no network namespace of their own)")
 	debug := fs.Bool("debug", false, "log debug messages")
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -47,9 +51,26 @@ func ProcessMain(args []string) int {
 		log.Error("agent: the --fd descriptor is not a socket", "fd", *fd, "err", err)
 		return 2
 	}
+	opts := Options{Logger: log, Subreaper: true}
+	if *egressFD != 0 {
+		if *egressFD < 3 || *egressFD == *fd {
+			log.Error("agent: --egress-fd must name another inherited descriptor (3 or more)", "fd", *egressFD)
+			return 2
+		}
+		ef := os.NewFile(uintptr(*egressFD), "egress-conn")
+		econn, err := net.FileConn(ef)
+		ef.Close()
+		unixConn, ok := econn.(*net.UnixConn)
+		if err != nil || !ok {
+			log.Error("agent: the --egress-fd descriptor is not a Unix socket", "fd", *egressFD, "err", err)
+			return 2
+		}
+		opts.Egress = &fdpass.Dialer{Conn: unixConn}
+	}
+	notDumpable(log)
 	stop := absorbSignals(log)
 	defer stop()
-	err = Run(context.Background(), conn, Options{Logger: log, Subreaper: true})
+	err = Run(context.Background(), conn, opts)
 	if errors.Is(err, ErrShutdown) {
 		return 0
 	}
@@ -69,18 +90,29 @@ func VMMain() {
 	if strings.Contains(readCmdline(), "cowork.debug") {
 		log = newLogger(os.Stderr, true)
 	}
+	notDumpable(log)
 	stop := absorbSignals(log)
 	defer stop()
 	conn, err := dialHost(log, 60*time.Second)
 	if err != nil {
 		log.Error("agent: cannot reach the helper over vsock; powering off", "err", err)
 	} else {
-		err = Run(context.Background(), conn, Options{Logger: log})
+		err = Run(context.Background(), conn, Options{Logger: log, Egress: proxy.VSockDialer{}})
 		if !errors.Is(err, ErrShutdown) {
 			log.Error("agent ended", "err", err)
 		}
 	}
 	powerOff(log)
+}
+
+// notDumpable keeps guest processes from ptracing the agent or reading its
+// memory and descriptors through /proc (the egress tokens of every spawn,
+// and in the process backend its handle on the host root). Spawned
+// processes become dumpable again when they exec.
+func notDumpable(log *slog.Logger) {
+	if err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {
+		log.Warn("agent: cannot make itself non-dumpable; guest processes may inspect it", "err", err)
+	}
 }
 
 // mountKernelFilesystems mounts /proc, /sys, /dev, /dev/pts, /dev/shm and /tmp;

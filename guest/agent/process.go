@@ -14,6 +14,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/cowork-vmm/cowork-vmm/guest/proxy"
 	"github.com/cowork-vmm/cowork-vmm/protocol"
 )
 
@@ -59,9 +60,13 @@ type process struct {
 	stdin        *os.File
 
 	stdout, stderr *os.File
-	abandonOutput  atomic.Bool  // stop forwarding output (drain timeout)
-	lastOutput     atomic.Int64 // unix nanoseconds of the last output read or sent
-	sendingOutput  atomic.Int32 // pumps blocked sending an event
+	// egress is the spawn's proxy (nil without Options.Egress); closed
+	// once the process has exited.
+	egress *proxy.Namespaced
+
+	abandonOutput atomic.Bool  // stop forwarding output (drain timeout)
+	lastOutput    atomic.Int64 // unix nanoseconds of the last output read or sent
+	sendingOutput atomic.Int32 // pumps blocked sending an event
 }
 
 // processTable holds the running processes by spawn id and by pid.
@@ -184,9 +189,21 @@ func (t *processTable) spawn(sp protocol.SpawnParams, sandboxed bool) error {
 		sys.GidMappings = []syscall.SysProcIDMap{{ContainerID: 0, HostID: 0, Size: 1}}
 		sys.GidMappingsEnableSetgroups = false
 	}
+	env := sp.Env
+	var egress *proxy.Namespaced
+	if t.a.opts.Egress != nil {
+		// Fail closed: a spawn that cannot be confined to its proxy does
+		// not run.
+		egress, err = proxy.NewNamespaced(proxy.Config{SpawnID: sp.ID, Token: sp.EgressToken, Dial: t.a.opts.Egress, Logger: t.a.log})
+		if err != nil {
+			closeAll(stdinR, stdinW, stdoutR, stdoutW, stderrR, stderrW)
+			return fmt.Errorf("spawn %s: network sandbox: %w", sp.ID, err)
+		}
+		env = proxy.MergeEnv(env, egress.URL())
+	}
 	attr := &syscall.ProcAttr{
 		Dir:   cwd,
-		Env:   sp.Env,
+		Env:   env,
 		Files: []uintptr{stdinR.Fd(), stdoutW.Fd(), stderrW.Fd()},
 		Sys:   sys,
 	}
@@ -199,21 +216,40 @@ func (t *processTable) spawn(sp protocol.SpawnParams, sandboxed bool) error {
 		stdin:      stdinW,
 		stdout:     stdoutR,
 		stderr:     stderrR,
+		egress:     egress,
+	}
+	failEarly := func() {
+		closeAll(stdinR, stdinW, stdoutR, stdoutW, stderrR, stderrW)
+		if egress != nil {
+			egress.Close()
+		}
 	}
 	// The table lock is held across the fork so the reaper cannot reap the
 	// pid before it is registered.
 	t.mu.Lock()
 	if t.closing {
 		t.mu.Unlock()
-		closeAll(stdinR, stdinW, stdoutR, stdoutW, stderrR, stderrW)
+		failEarly()
 		return fmt.Errorf("spawn %s: the guest is shutting down", sp.ID)
 	}
 	if _, dup := t.byID[sp.ID]; dup {
 		t.mu.Unlock()
-		closeAll(stdinR, stdinW, stdoutR, stdoutW, stderrR, stderrW)
+		failEarly()
 		return fmt.Errorf("spawn %s: a process with this id is still running", sp.ID)
 	}
-	pid, err := syscall.ForkExec(path, argv, attr)
+	var pid int
+	fork := func() error {
+		var err error
+		pid, err = syscall.ForkExec(path, argv, attr)
+		return err
+	}
+	if egress != nil {
+		// Forked on the namespace's thread: the child lives in the
+		// spawn's network namespace, where only the proxy listens.
+		err = egress.Start(fork)
+	} else {
+		err = fork()
+	}
 	if err == nil {
 		p.pid = pid
 		t.byID[sp.ID] = p
@@ -224,6 +260,9 @@ func (t *processTable) spawn(sp protocol.SpawnParams, sandboxed bool) error {
 	closeAll(stdinR, stdoutW, stderrW)
 	if err != nil {
 		closeAll(stdinW, stdoutR, stderrR)
+		if egress != nil {
+			egress.Close()
+		}
 		return fmt.Errorf("spawn %s: starting %s: %w", sp.ID, path, err)
 	}
 	t.a.log.Info("process started", "id", sp.ID, "pid", pid, "command", sp.Command)
@@ -249,6 +288,10 @@ func (t *processTable) run(p *process) {
 	go func() { streams.Wait(); close(drained) }()
 	t.waitDrained(p, drained)
 	closeAll(p.stdout, p.stderr)
+	if p.egress != nil {
+		// Background children of the process lose their way out with it.
+		p.egress.Close()
+	}
 
 	ev := protocol.Event{Type: protocol.EventExit, ID: p.id}
 	switch {

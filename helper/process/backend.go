@@ -16,6 +16,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/cowork-vmm/cowork-vmm/egress/fdpass"
 	"github.com/cowork-vmm/cowork-vmm/helper"
 	"github.com/cowork-vmm/cowork-vmm/protocol"
 )
@@ -37,8 +38,9 @@ const agentPath = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:
 type Options struct {
 	// Executable is the binary holding the agent; default os.Executable().
 	Executable string
-	// Args are the agent-mode arguments; default ["agent", "--fd", "3"]. The
-	// connection is always passed as fd 3.
+	// Args are the agent-mode arguments; default ["agent", "--fd", "3",
+	// "--egress-fd", "4"]. The connection is always passed as fd 3, the
+	// egress socket (SOCK_SEQPACKET, see egress/fdpass) as fd 4.
 	Args []string
 	// Env is appended to the agent's minimal environment (PATH only).
 	Env []string
@@ -57,7 +59,7 @@ type Backend struct {
 // New returns the process backend.
 func New(opts Options) *Backend {
 	if opts.Args == nil {
-		opts.Args = []string{"agent", "--fd", "3"}
+		opts.Args = []string{"agent", "--fd", "3", "--egress-fd", "4"}
 	}
 	if opts.Stderr == nil {
 		opts.Stderr = os.Stderr
@@ -104,14 +106,40 @@ func (b *Backend) Start(ctx context.Context, cfg helper.GuestConfig) (helper.Gue
 		return nil, fmt.Errorf("process backend: wrapping the agent's socket: %w", err)
 	}
 
+	// The egress socket: the agent (which has no network) hands the helper
+	// one end of a fresh socketpair per outbound connection over it.
+	efds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("process backend: creating the egress socket pair: %w", err)
+	}
+	agentEgress := os.NewFile(uintptr(efds[0]), "agent-egress")
+	helperEgress := os.NewFile(uintptr(efds[1]), "helper-egress")
+	defer agentEgress.Close()
+	egressConn, err := net.FileConn(helperEgress)
+	helperEgress.Close()
+	if err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("process backend: wrapping the egress socket: %w", err)
+	}
+	egressUnix, ok := egressConn.(*net.UnixConn)
+	if !ok {
+		conn.Close()
+		egressConn.Close()
+		return nil, fmt.Errorf("process backend: the egress socket is a %T, not a Unix socket", egressConn)
+	}
+
 	cmd := exec.Command(exe, b.opts.Args...)
 	cmd.Dir = "/"
 	cmd.Env = append([]string{agentPath}, b.opts.Env...)
-	cmd.ExtraFiles = []*os.File{agentEnd}
+	cmd.ExtraFiles = []*os.File{agentEnd, agentEgress}
 	cmd.Stdout = b.opts.Stderr
 	cmd.Stderr = b.opts.Stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{
-		Cloneflags: unix.CLONE_NEWUSER | unix.CLONE_NEWNS | unix.CLONE_NEWPID | unix.CLONE_NEWUTS | unix.CLONE_NEWIPC,
+		// CLONE_NEWNET: the sandbox has only a loopback that is down; its
+		// processes reach out only through the egress socket (each spawn
+		// in a namespace of its own, see guest/proxy).
+		Cloneflags: unix.CLONE_NEWUSER | unix.CLONE_NEWNS | unix.CLONE_NEWPID | unix.CLONE_NEWUTS | unix.CLONE_NEWIPC | unix.CLONE_NEWNET,
 		// Our uid/gid are root inside: the agent may mount, and what the
 		// guest writes through rw mounts belongs to us on the host.
 		UidMappings:                []syscall.SysProcIDMap{{ContainerID: 0, HostID: os.Getuid(), Size: 1}},
@@ -122,15 +150,17 @@ func (b *Backend) Start(ctx context.Context, cfg helper.GuestConfig) (helper.Gue
 	}
 	if err := cmd.Start(); err != nil {
 		conn.Close()
+		egressConn.Close()
 		return nil, fmt.Errorf("process backend: starting the agent in new user/mount/PID namespaces failed "+
 			"(user namespaces may be disabled: check /proc/sys/kernel/unprivileged_userns_clone, "+
 			"/proc/sys/user/max_user_namespaces and AppArmor's apparmor_restrict_unprivileged_userns): %w", err)
 	}
 	g := &guest{
-		opts: b.opts,
-		cmd:  cmd,
-		conn: conn,
-		done: make(chan struct{}),
+		opts:   b.opts,
+		cmd:    cmd,
+		conn:   conn,
+		egress: fdpass.NewListener(egressUnix),
+		done:   make(chan struct{}),
 	}
 	go g.wait()
 	b.opts.Logger.Info("process sandbox started", "pid", cmd.Process.Pid)
@@ -143,6 +173,8 @@ type guest struct {
 	opts Options
 	cmd  *exec.Cmd
 	conn net.Conn
+	// egress yields the connections the agent passes (helper.EgressGuest).
+	egress *fdpass.Listener
 
 	mu        sync.Mutex
 	agentUsed bool
@@ -164,8 +196,13 @@ func (g *guest) wait() {
 	}
 	g.mu.Unlock()
 	g.conn.Close()
+	g.egress.Close()
 	close(g.done)
 }
+
+// Egress implements helper.EgressGuest: the connections the agent's
+// per-spawn proxies open, for the helper's egress server.
+func (g *guest) Egress() net.Listener { return g.egress }
 
 // Agent returns the raw connection to the agent, which is there from the
 // start (a socketpair). The caller reads the agent's hello from it. It may be

@@ -27,9 +27,13 @@ func TestNestedKVMBackend(t *testing.T) {
 	if err := nested.Available(); err != nil {
 		t.Skipf("nested harness unavailable: %v", err)
 	}
-	vmlinux, err := kernel.Find(kernel.Guest)
-	if err != nil {
-		t.Skipf("no guest kernel: %v", err)
+	// COWORK_VMM_KERNEL picks the guest kernel here too; else the build cache.
+	vmlinux := os.Getenv("COWORK_VMM_KERNEL")
+	if vmlinux == "" {
+		var err error
+		if vmlinux, err = kernel.Find(kernel.Guest); err != nil {
+			t.Skipf("no guest kernel: %v", err)
+		}
 	}
 	bin := filepath.Join(t.TempDir(), "cowork-vmm")
 	build := exec.Command("go", "build", "-trimpath", "-o", bin, "github.com/cowork-vmm/cowork-vmm/cmd/cowork-vmm")

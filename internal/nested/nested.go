@@ -65,6 +65,9 @@ type Options struct {
 	Stdout io.Writer
 	// Kernel overrides the outer kernel (default: kernel.Find("outer")).
 	Kernel string
+	// Append is added to the outer kernel's command line (e.g. loglevel=7
+	// to see its boot messages; later words win).
+	Append string
 }
 
 // Result of a run.
@@ -78,8 +81,10 @@ type Result struct {
 	Console string
 	// Wall is the time from qemu's start to its exit.
 	Wall time.Duration
-	// InitUptime is the outer guest's uptime when its /init started.
+	// InitUptime is the outer guest's uptime when its /init started, and
+	// InitWall the wall time from qemu's start to /init's first line.
 	InitUptime time.Duration
+	InitWall   time.Duration
 }
 
 // Available reports why the harness cannot run here, or nil.
@@ -249,6 +254,13 @@ func buildOuterInitramfs(ctx context.Context, work, initrd string, j job.Job) er
 	return nil
 }
 
+// outerCmdline: console on the serial port; reboot=t so /init's restart is
+// a triple fault, which ends qemu under -no-reboot (microvm has no other
+// reset path); panic=-1 the same on a panic; quiet because every console
+// byte is slow under emulation; no_timer_check skips the IO-APIC timer
+// check, which waits for ticks that TCG delivers late.
+const outerCmdline = "console=ttyS0 reboot=t panic=-1 quiet no_timer_check"
+
 // qemuArgs is the outer guest's command line (NESTED-TEST.md's recipe).
 func qemuArgs(opts Options, payload, initrd string) []string {
 	accel := "tcg"
@@ -265,7 +277,7 @@ func qemuArgs(opts Options, payload, initrd string) []string {
 		"-serial", "stdio",
 		"-kernel", opts.Kernel,
 		"-initrd", initrd,
-		"-append", "console=ttyS0 reboot=t panic=-1 quiet",
+		"-append", strings.TrimSpace(outerCmdline + " " + opts.Append),
 		"-no-reboot",
 		"-fsdev", "local,id=hostroot,path=/,security_model=none,readonly=on",
 		"-device", "virtio-9p-device,fsdev=hostroot,mount_tag=" + job.HostRootTag,
@@ -282,13 +294,14 @@ func runQemu(ctx context.Context, opts Options, payload, initrd, token string) (
 	cmd.WaitDelay = 5 * time.Second
 	var console bytes.Buffer
 	var mu sync.Mutex
-	sink := io.Writer(&lockedWriter{mu: &mu, w: &console})
+	start := time.Now()
+	clock := &markerClock{start: start, marker: []byte(job.Marker(job.MarkerInit, token, ""))}
+	sink := io.Writer(&lockedWriter{mu: &mu, w: io.MultiWriter(&console, clock)})
 	if opts.Stdout != nil {
 		sink = io.MultiWriter(sink, opts.Stdout)
 	}
 	cmd.Stdout = sink
 	cmd.Stderr = sink
-	start := time.Now()
 	runErr := cmd.Run()
 	wall := time.Since(start)
 
@@ -297,6 +310,7 @@ func runQemu(ctx context.Context, opts Options, payload, initrd, token string) (
 	mu.Unlock()
 	res, parseErr := parseConsole(text, token)
 	res.Wall = wall
+	res.InitWall = clock.at
 	res.Console = text
 	switch {
 	case ctx.Err() != nil && parseErr != nil:
@@ -390,4 +404,29 @@ func (l *lockedWriter) Write(p []byte) (int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.w.Write(p)
+}
+
+// markerClock notes when a marker first appears in the console stream.
+// Writes are serialised by lockedWriter; read at only after the run.
+type markerClock struct {
+	start  time.Time
+	marker []byte
+	recent []byte // the tail of the stream, long enough to hold a split marker
+	at     time.Duration
+}
+
+func (m *markerClock) Write(p []byte) (int, error) {
+	if m.at != 0 {
+		return len(p), nil
+	}
+	m.recent = append(m.recent, p...)
+	if bytes.Contains(m.recent, m.marker) {
+		m.at = time.Since(m.start)
+		m.recent = nil
+		return len(p), nil
+	}
+	if keep := len(m.marker); len(m.recent) > keep {
+		m.recent = append(m.recent[:0], m.recent[len(m.recent)-keep:]...)
+	}
+	return len(p), nil
 }

@@ -29,6 +29,7 @@ func run() int {
 	cpus := flag.Int("cpus", nested.DefaultCPUs, "outer guest vCPUs")
 	timeout := flag.Duration("timeout", nested.DefaultTimeout, "payload timeout")
 	dir := flag.String("dir", "", "payload working directory in the guest (default /payload)")
+	appendArgs := flag.String("append", "", "extra outer kernel command line (e.g. loglevel=7)")
 	quiet := flag.Bool("quiet", false, "print only the payload's output, not the whole console")
 	flag.Usage = func() {
 		fmt.Fprintf(flag.CommandLine.Output(), "usage: %s [flags] -- CMD [ARGS...]\n", os.Args[0])
@@ -47,7 +48,7 @@ func run() int {
 	defer stop()
 	opts := nested.Options{
 		PayloadDir: *payload, Cmd: flag.Args(), MemMiB: *mem, CPUs: *cpus,
-		Timeout: *timeout, Dir: *dir,
+		Timeout: *timeout, Dir: *dir, Append: *appendArgs,
 	}
 	if !*quiet {
 		opts.Stdout = os.Stdout
@@ -60,7 +61,7 @@ func run() int {
 	if *quiet {
 		fmt.Print(res.Output)
 	}
-	fmt.Fprintf(os.Stderr, "nested: exit %d, wall %v, outer /init at %v guest uptime\n",
-		res.ExitCode, res.Wall.Round(time.Millisecond), res.InitUptime)
+	fmt.Fprintf(os.Stderr, "nested: exit %d, wall %v, outer /init after %v wall (%v guest uptime)\n",
+		res.ExitCode, res.Wall.Round(time.Millisecond), res.InitWall.Round(time.Millisecond), res.InitUptime)
 	return res.ExitCode
 }

@@ -1,0 +1,138 @@
+// Command cowork-bench is `make bench`'s driver: it runs the cowork-vmm
+// boot benchmark (package bench, the same code as `cowork-vmm bench`)
+// directly on a host whose KVM can boot Linux, and otherwise inside the
+// nested harness (internal/nested: qemu's emulator with nested SVM gives
+// the outer guest a real /dev/kvm; the host's root, qemu included, is
+// shared into it read-only), then copies the reports to --out.
+//
+//	cowork-bench --binary bin/cowork-vmm [--runs N] [--out DIR] [--kernel vmlinux]
+//	cowork-bench --direct …   (what runs inside the harness)
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/cowork-vmm/cowork-vmm/bench"
+	"github.com/cowork-vmm/cowork-vmm/guest/kernel"
+	"github.com/cowork-vmm/cowork-vmm/internal/nested"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("cowork-bench", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	binary := fs.String("binary", "bin/cowork-vmm", "cowork-vmm binary to measure (a static build)")
+	runs := fs.Int("runs", bench.DefaultRuns, "runs per system")
+	out := fs.String("out", "build/bench", "directory for report.md, report.json, report.svg")
+	kernelPath := fs.String("kernel", "", "guest vmlinux (default: the kernel build cache)")
+	mem := fs.Int("mem", bench.DefaultMemMiB, "guest memory in MiB")
+	peers := fs.String("peers", "", `qemu peers: "microvm", "q35" (default both)`)
+	direct := fs.Bool("direct", false, "run here even without a KVM that boots Linux (the process backend then)")
+	outerCPUs := fs.Int("nested-cpus", 1, "vCPUs of the nested harness's outer guest")
+	timeout := fs.Duration("nested-timeout", 0, "bound on the whole nested run (default: 4 min per run, at least 10 min)")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	opts := bench.Options{Runs: *runs, Out: *out, Backend: "auto", Binary: *binary, Kernel: *kernelPath, MemMiB: *mem, Peers: *peers}
+	ok, why := bench.HostCanBootVMs()
+	if ok || *direct {
+		if _, err := bench.Run(ctx, opts, stderr); err != nil {
+			fmt.Fprintln(stderr, "cowork-bench:", err)
+			return 1
+		}
+		if err := bench.PrintReport(stdout, filepath.Join(*out, "report.json")); err != nil {
+			fmt.Fprintln(stderr, "cowork-bench:", err)
+			return 1
+		}
+		fmt.Fprintf(stderr, "cowork-bench: results in %s (report.md, report.json, report.svg)\n", *out)
+		return 0
+	}
+	fmt.Fprintf(stderr, "cowork-bench: %s; running the bench inside the nested harness (qemu TCG with nested SVM: a real /dev/kvm; figures count only as ratios)\n", why)
+	if err := runNested(ctx, opts, *outerCPUs, *timeout, stdout, stderr); err != nil {
+		fmt.Fprintln(stderr, "cowork-bench:", err)
+		return 1
+	}
+	fmt.Fprintf(stderr, "cowork-bench: results in %s (report.md, report.json, report.svg)\n", *out)
+	return 0
+}
+
+// runNested runs this program with --direct inside the harness, with the
+// binary and the kernel in the payload, and copies the reports out.
+func runNested(ctx context.Context, opts bench.Options, cpus int, timeout time.Duration, stdout, stderr io.Writer) error {
+	if err := nested.Available(); err != nil {
+		return fmt.Errorf("cannot measure the VMM on this host: %w", err)
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	vmlinux := opts.Kernel
+	if vmlinux == "" {
+		if vmlinux, err = kernel.Find(kernel.Guest); err != nil {
+			return err
+		}
+	}
+	files := map[string]string{"cowork-bench": self, "cowork-vmm": opts.Binary, "kernel/vmlinux": vmlinux}
+	if bz := filepath.Join(filepath.Dir(vmlinux), "bzImage"); fileExists(bz) {
+		files["kernel/bzImage"] = bz
+	}
+	payload, err := os.MkdirTemp("", "cowork-bench-payload-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(payload)
+	if timeout <= 0 {
+		timeout = max(10*time.Minute, time.Duration(opts.Runs)*4*time.Minute)
+	}
+	cmd := []string{"/payload/cowork-bench", "--direct", "--binary", "/payload/cowork-vmm",
+		"--kernel", "/payload/kernel/vmlinux", "--runs", strconv.Itoa(opts.Runs),
+		"--mem", strconv.Itoa(opts.MemMiB), "--out", "/payload/out"}
+	if opts.Peers != "" {
+		cmd = append(cmd, "--peers", opts.Peers)
+	}
+	res, err := nested.Run(ctx, nested.Options{
+		PayloadDir: payload, Files: files, Cmd: cmd, CPUs: cpus,
+		MemMiB: max(nested.DefaultMemMiB, 2*opts.MemMiB+512), Timeout: timeout,
+	})
+	if err != nil {
+		return fmt.Errorf("nested harness: %w", err)
+	}
+	fmt.Fprintf(stderr, "cowork-bench: nested run: wall %v, outer /init at %v\n", res.Wall.Round(time.Millisecond), res.InitUptime)
+	if res.ExitCode != 0 {
+		return fmt.Errorf("the bench inside the harness failed (exit %d):\n%s", res.ExitCode, res.Output)
+	}
+	if err := os.MkdirAll(opts.Out, 0o755); err != nil {
+		return err
+	}
+	for _, name := range []string{"report.md", "report.json", "report.svg"} {
+		b, err := os.ReadFile(filepath.Join(payload, "out", name))
+		if err != nil {
+			return fmt.Errorf("the bench inside the harness wrote no %s: %w\n%s", name, err, res.Output)
+		}
+		if err := os.WriteFile(filepath.Join(opts.Out, name), b, 0o644); err != nil {
+			return err
+		}
+	}
+	return bench.PrintReport(stdout, filepath.Join(opts.Out, "report.json"))
+}
+
+func fileExists(p string) bool {
+	_, err := os.Stat(p)
+	return !errors.Is(err, os.ErrNotExist) && err == nil
+}
