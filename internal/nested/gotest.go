@@ -81,7 +81,7 @@ func RunGoTestWith(t testing.TB, gt GoTest) Result {
 	if err != nil {
 		t.Fatalf("nested run of %s: %v", gt.Pkg, err)
 	}
-	t.Logf("nested run of %s: exit %d, wall %v, outer /init at %v uptime", gt.Pkg, res.ExitCode, res.Wall.Round(time.Millisecond), res.InitUptime)
+	t.Logf("nested run of %s: exit %d, wall %v, outer /init after %v wall (%v guest uptime)", gt.Pkg, res.ExitCode, res.Wall.Round(time.Millisecond), res.InitWall.Round(time.Millisecond), res.InitUptime)
 	if strings.Contains(res.Output, "testing: warning: no tests to run") {
 		t.Errorf("no test of %s matches %q inside the nested guest", gt.Pkg, gt.Run)
 	}
