@@ -300,6 +300,23 @@ func TestNoUserNamespaces(t *testing.T) {
 	wantContains(t, "fix", c.Fix, "user.max_user_namespaces=15000")
 }
 
+func TestUserNamespacesInAChroot(t *testing.T) {
+	h := healthyHost()
+	h.usernsErr = errors.New("fork/exec /bin/true: operation not permitted")
+	h.files["/"] = fakeFile{mode: fs.ModeDir | 0o755, ino: 2}
+	h.files["/proc/1/root"] = fakeFile{mode: fs.ModeDir | 0o755, ino: 7}
+	c := wantStatus(t, h.run(t, Options{}), CheckUserNS, StatusFail)
+	wantContains(t, "detail", c.Detail, "chroot")
+	wantContains(t, "fix", c.Fix, "outside the chroot")
+
+	h.files["/proc/1/root"] = h.files["/"]
+	c = wantStatus(t, h.run(t, Options{}), CheckUserNS, StatusFail)
+	if strings.Contains(c.Detail, "chroot") {
+		t.Errorf("same root as PID 1, yet the detail blames a chroot: %s", c.Detail)
+	}
+	wantContains(t, "fix", c.Fix, "CONFIG_USER_NS")
+}
+
 func TestAppArmorRestrictsUserNamespaces(t *testing.T) {
 	h := healthyHost()
 	h.files["/proc/sys/kernel/apparmor_restrict_unprivileged_userns"] = fakeFile{data: []byte("1\n")}

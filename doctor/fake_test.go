@@ -23,6 +23,7 @@ type fakeFile struct {
 	mode fs.FileMode
 	uid  int
 	gid  int
+	ino  uint64
 	data []byte
 	// noAccess makes access(2) fail with EACCES.
 	noAccess bool
@@ -38,7 +39,9 @@ func (i fakeInfo) Size() int64        { return int64(len(i.f.data)) }
 func (i fakeInfo) Mode() fs.FileMode  { return i.f.mode }
 func (i fakeInfo) ModTime() time.Time { return time.Time{} }
 func (i fakeInfo) IsDir() bool        { return i.f.mode.IsDir() }
-func (i fakeInfo) Sys() any           { return &syscall.Stat_t{Uid: uint32(i.f.uid), Gid: uint32(i.f.gid)} }
+func (i fakeInfo) Sys() any {
+	return &syscall.Stat_t{Uid: uint32(i.f.uid), Gid: uint32(i.f.gid), Ino: i.f.ino}
+}
 
 // fakeHost is a host made of a file map and canned probe answers. The zero
 // value of each answer is "works".

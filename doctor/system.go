@@ -6,6 +6,7 @@ import (
 	"io/fs"
 	"path/filepath"
 	"strings"
+	"syscall"
 )
 
 // Sysctls that switch unprivileged user namespaces off.
@@ -84,6 +85,10 @@ func (r *runner) userNSCheck() bool {
 		if appArmor {
 			fixes = append(fixes, appArmorFix)
 		}
+		if r.chrooted() {
+			c.Detail += " (this process runs in a chroot, where the kernel refuses new user namespaces)"
+			fixes = append(fixes, "run cowork-vmm outside the chroot (a container or mount namespace instead of chroot works)")
+		}
 		if len(fixes) == 0 {
 			fixes = append(fixes, "check that the kernel has CONFIG_USER_NS and that no container or seccomp policy forbids unshare(CLONE_NEWUSER)")
 		}
@@ -101,6 +106,19 @@ func (r *runner) userNSCheck() bool {
 		c.Detail += "; as root, which proves nothing for an unprivileged user"
 	}
 	return true
+}
+
+// chrooted reports whether our root differs from PID 1's (readable only
+// by root; false when it cannot tell).
+func (r *runner) chrooted() bool {
+	ours, err1 := r.h.Stat("/")
+	pid1, err2 := r.h.Stat("/proc/1/root")
+	if err1 != nil || err2 != nil {
+		return false
+	}
+	a, ok1 := ours.Sys().(*syscall.Stat_t)
+	b, ok2 := pid1.Sys().(*syscall.Stat_t)
+	return ok1 && ok2 && (a.Dev != b.Dev || a.Ino != b.Ino)
 }
 
 // diskCheck looks at the free space where sessions live.

@@ -88,8 +88,15 @@ type harness struct {
 	dataDir string
 }
 
-// startHelper starts the binary as the desktop client does.
-func startHelper(t *testing.T, backend string) *harness {
+// e2eTestHosts is what every test's helper gets as
+// COWORK_VMM_EGRESS_TEST_HOSTS: all name resolution of the helper is then
+// confined to these names on loopback, so no test sends a DNS query or a
+// connection anywhere else (the networkStatus check included).
+const e2eTestHosts = "allowed.test=127.0.0.1,blocked.test=127.0.0.1,sub.wild.test=127.0.0.1,evil-wild.test=127.0.0.1,wild.test=127.0.0.1"
+
+// startHelper starts the binary as the desktop client does; extraEnv
+// entries (KEY=VALUE) override its environment.
+func startHelper(t *testing.T, backend string, extraEnv ...string) *harness {
 	t.Helper()
 	bin := helperBinary(t)
 	runtimeDir := t.TempDir()
@@ -102,7 +109,9 @@ func startHelper(t *testing.T, backend string) *harness {
 		"XDG_RUNTIME_DIR="+runtimeDir,
 		"XDG_DATA_HOME="+dataDir,
 		"COWORK_VMM_BACKEND="+backend,
+		"COWORK_VMM_EGRESS_TEST_HOSTS="+e2eTestHosts,
 	)
+	h.cmd.Env = append(h.cmd.Env, extraEnv...)
 	h.cmd.Stderr = h.stderr
 	h.cmd.Stdout = h.stderr
 	require.NoError(t, h.cmd.Start())

@@ -166,11 +166,18 @@ func TestStartVMProbesThroughEgress(t *testing.T) {
 		o.NetworkCheck = nil
 	})
 	e.mustCall("startVM", map[string]any{"apiProbeURL": "http://api.test:" + strconv.Itoa(port) + "/"}, nil)
-	ev := e.next(protocol.EventAPIReachability)
-	assert.Equal(t, protocol.ReachabilityReachable, ev.Status)
+	var reach, status string
+	for reach == "" || status == "" {
+		ev := e.next(protocol.EventAPIReachability, protocol.EventNetworkStatus)
+		if ev.Type == protocol.EventAPIReachability {
+			reach = ev.Status
+		} else {
+			status = ev.Status
+		}
+	}
+	assert.Equal(t, protocol.ReachabilityReachable, reach)
 	assert.Equal(t, int32(1), heads.Load())
-	ev = e.next(protocol.EventNetworkStatus)
-	assert.Contains(t, []string{protocol.NetworkConnected, protocol.NetworkNotConnected}, ev.Status)
+	assert.Contains(t, []string{protocol.NetworkConnected, protocol.NetworkNotConnected}, status)
 }
 
 // TestStartVMUnreachableProbe: a probe target that does not answer is
@@ -188,4 +195,3 @@ func TestStartVMUnreachableProbe(t *testing.T) {
 	ev := e.next(protocol.EventAPIReachability)
 	assert.Equal(t, protocol.ReachabilityProbablyUnreachable, ev.Status)
 }
-

@@ -34,13 +34,13 @@ func newTestEnvWith(t *testing.T, adjust func(*Options)) *testEnv {
 	backend := &fakeBackend{t: t}
 	sys := t.TempDir()
 	opts := Options{
-		Backend:           "fake",
-		Backends:          map[string]BackendFactory{"fake": func() (Backend, error) { return backend, nil }},
-		DataDir:           t.TempDir(),
-		SystemDirs:        []string{sys, filepath.Join(sys, "missing")},
-		StopGrace:         1,
-		NetworkCheck:      func(context.Context) string { return protocol.NetworkConnected },
-		ProbeClient:       answeringProbe{},
+		Backend:      "fake",
+		Backends:     map[string]BackendFactory{"fake": func() (Backend, error) { return backend, nil }},
+		DataDir:      t.TempDir(),
+		SystemDirs:   []string{sys, filepath.Join(sys, "missing")},
+		StopGrace:    1,
+		NetworkCheck: func(context.Context) string { return protocol.NetworkConnected },
+		ProbeClient:  answeringProbe{},
 	}
 	if adjust != nil {
 		adjust(&opts)

@@ -126,16 +126,18 @@ func load(t testing.TB, m *Memory, gpa uint64, b []byte) {
 	}
 }
 
-// waitExit waits for the VM to end, failing the test after a generous
-// bound (the nested harness is slow) rather than hanging.
+// waitExit waits for the VM to end, failing the test with the vCPUs'
+// state after a generous bound (the nested harness is slow) rather than
+// hanging.
 func waitExit(t testing.TB, vm *VM) Exit {
 	t.Helper()
 	select {
 	case <-vm.Done():
 		return vm.Wait()
-	case <-time.After(2 * time.Minute):
+	case <-time.After(time.Minute):
 		vm.RequestExit(Exit{Kind: ExitStopped, VCPU: -1})
-		t.Fatal("guest did not finish within 2 minutes")
+		vm.Wait()
+		t.Fatalf("guest did not finish within a minute; stats %+v\nvCPU 0:\n%s", vm.Stats(), vm.DumpVCPU(0))
 		return Exit{}
 	}
 }

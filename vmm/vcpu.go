@@ -52,8 +52,10 @@ func (v *VM) runVCPU(t *vcpuThread) {
 	}()
 
 	for !v.exitRequested.Load() {
+		v.stats.runs.Add(1)
 		if err := t.vcpu.Run(); err != nil {
 			if errors.Is(err, unix.EINTR) || errors.Is(err, unix.EAGAIN) {
+				v.stats.intr.Add(1)
 				continue // kicked, or a stray signal: the loop condition decides
 			}
 			v.RequestExit(Exit{Kind: ExitError, VCPU: t.index, Err: fmt.Errorf("KVM_RUN: %w", err)})
@@ -72,6 +74,7 @@ func (v *VM) handleExit(t *vcpuThread) (Exit, bool) {
 	c := t.vcpu
 	switch reason := c.ExitReason(); reason {
 	case kvm.ExitIO:
+		v.stats.io.Add(1)
 		io, err := c.IO()
 		if err != nil {
 			return Exit{Kind: ExitError, VCPU: t.index, Err: err}, true
@@ -87,6 +90,7 @@ func (v *VM) handleExit(t *vcpuThread) (Exit, bool) {
 			}
 		}
 	case kvm.ExitMMIO:
+		v.stats.mmio.Add(1)
 		m, err := c.MMIO()
 		if err != nil {
 			return Exit{Kind: ExitError, VCPU: t.index, Err: err}, true

@@ -76,6 +76,7 @@ type VM struct {
 	irqs  []*irqfdLine
 
 	exitRequested atomic.Bool
+	stats         vmStats
 
 	mu      sync.Mutex // guards the fields below
 	started bool
@@ -182,6 +183,35 @@ func New(cfg Config) (_ *VM, err error) {
 		}
 	}
 	return v, nil
+}
+
+// Stats counts what the vCPUs did, for diagnostics and benchmarks.
+type Stats struct {
+	Runs        uint64 // KVM_RUN calls
+	IOExits     uint64 // port I/O exits (a string I/O exit counts once)
+	MMIOExits   uint64
+	Interrupted uint64 // KVM_RUN returned EINTR (kicks, stray signals)
+}
+
+type vmStats struct {
+	runs, io, mmio, intr atomic.Uint64
+}
+
+// Stats returns the counters so far.
+func (v *VM) Stats() Stats {
+	return Stats{Runs: v.stats.runs.Load(), IOExits: v.stats.io.Load(),
+		MMIOExits: v.stats.mmio.Load(), Interrupted: v.stats.intr.Load()}
+}
+
+// DumpVCPU renders vCPU i's registers and the code at RIP, qemu style. The
+// vCPU must not be running (before Start or after Wait): KVM serialises
+// register access with KVM_RUN.
+func (v *VM) DumpVCPU(i int) string {
+	c := v.VCPU(i)
+	if c == nil {
+		return fmt.Sprintf("no vCPU %d", i)
+	}
+	return v.dumpState(c)
 }
 
 // Memory returns guest RAM.

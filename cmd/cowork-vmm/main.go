@@ -59,7 +59,8 @@ tools in a sandboxed guest (a KVM virtual machine, or namespaced host processes)
 Usage:
   cowork-vmm -socket PATH [-debug]       serve the desktop client on a Unix socket (helper mode)
   cowork-vmm run [flags] -- CMD [ARG…]   run one command in a fresh guest, like "docker run"
-  cowork-vmm agent [--fd N] [--debug]    the guest agent (started by the process backend)
+  cowork-vmm agent [--fd N] [--egress-fd M] [--debug]
+                                         the guest agent (started by the process backend)
   cowork-vmm version                     print version, commit and Go version
   cowork-vmm help                        this text
 

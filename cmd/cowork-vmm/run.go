@@ -120,7 +120,8 @@ func runWith(args []string, stderr io.Writer, backends func(*slog.Logger, io.Wri
 	factories := backends(log, agentLog)
 	backend, fallback := chooseRunBackend(factories, stderr)
 	for {
-		svc, err := helper.New(helper.Options{Backend: backend, Backends: factories, Logger: log, LogLevel: level})
+		svc, err := helper.New(helper.Options{Backend: backend, Backends: factories, Logger: log, LogLevel: level,
+			EgressTestHosts: os.Getenv(helper.EgressTestHostsEnv)})
 		if err != nil {
 			fmt.Fprintln(stderr, "cowork-vmm run:", err)
 			return 1

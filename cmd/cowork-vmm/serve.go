@@ -37,7 +37,9 @@ func helperMain(args []string, stderr io.Writer) int {
 		Backend:  os.Getenv("COWORK_VMM_BACKEND"),
 		Backends: backendFactories(log, stderr), // the agent logs beside the helper
 		Logger:   log,
-		LogLevel: level,
+		// Test-only (see helper.EgressTestHostsEnv); logged loudly when set.
+		EgressTestHosts: os.Getenv(helper.EgressTestHostsEnv),
+		LogLevel:        level,
 		OnDebugLogging: func(on bool) {
 			if srv != nil {
 				srv.SetDebug(on)

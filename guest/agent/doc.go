@@ -5,8 +5,14 @@
 // spawning processes and streaming their output, forwarding stdin, signalling
 // process groups, reporting exits, reaping every child, reading files.
 //
+// Egress: with Options.Egress set (vsock in the VM, --egress-fd in the
+// process backend) every spawn is forked into a network namespace of its own
+// with only loopback, where its HTTP proxy (guest/proxy) listens; the
+// proxy's variables are merged into its environment, and the proxy closes
+// when the process exits.
+//
 // Entry points: Run serves one connection; ProcessMain is the
-// `cowork-vmm agent --fd N` mode of the process backend; VMMain is the PID 1
+// `cowork-vmm agent --fd N [--egress-fd M]` mode of the process backend; VMMain is the PID 1
 // (/init) mode of the VM.
 //
 // Reaping design: Run owns every child of the calling process. One reaper

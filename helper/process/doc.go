@@ -1,7 +1,10 @@
 // Package process is the process backend (COWORK_VMM_BACKEND=process): the
 // guest is the same guest agent, re-executed from the helper's own binary as
-// `<exe> agent --fd 3`, running on the host in new user, mount, PID, UTS and
-// IPC namespaces, connected to the helper by an inherited socketpair.
+// `<exe> agent --fd 3 --egress-fd 4`, running on the host in new user,
+// mount, PID, UTS, IPC and network namespaces, connected to the helper by an
+// inherited socketpair. The sandbox has no network: each spawn's proxy
+// hands its connections to the helper over a second, SOCK_SEQPACKET socket
+// (fd 4, egress/fdpass), which the guest exposes as helper.EgressGuest.
 //
 // The agent is PID 1 of its PID namespace (killing it ends every guest
 // process) and, on the helper's setup request (SetupParams.NewRoot), builds

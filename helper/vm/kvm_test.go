@@ -134,7 +134,9 @@ func (a *agentConn) waitExit(id string) (string, protocol.Event) {
 func TestKVMBootAgentMountsAndShutdown(t *testing.T) {
 	bin := requireKVMBoot(t)
 	log := slog.New(slog.NewTextHandler(&testLogWriter{t: t}, &slog.HandlerOptions{Level: slog.LevelInfo}))
-	b := New(Options{Executable: bin, Logger: log})
+	// The guest's console goes to the test log; COWORK_VMM_TEST_CMDLINE adds
+	// kernel parameters (e.g. loglevel=7 to see the boot).
+	b := New(Options{Executable: bin, Logger: log, Console: &testLogWriter{t: t}, Cmdline: os.Getenv("COWORK_VMM_TEST_CMDLINE")})
 	var connectTimes []time.Duration
 	for round := range 3 {
 		start := time.Now()
@@ -148,7 +150,7 @@ func TestKVMBootAgentMountsAndShutdown(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
+		ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 		conn, err := g.Agent(ctx)
 		cancel()
 		if err != nil {

@@ -42,10 +42,11 @@ func TestNestedKVMBackend(t *testing.T) {
 		t.Fatalf("building cowork-vmm: %v\n%s", err, out)
 	}
 	nested.RunGoTestWith(t, nested.GoTest{
-		Pkg:     "github.com/cowork-vmm/cowork-vmm/helper/vm",
-		Run:     "^TestKVM",
-		Files:   map[string]string{"vmlinux": vmlinux, "cowork-vmm": bin},
-		Env:     []string{KernelEnv + "=/payload/vmlinux", TestBinEnv + "=/payload/cowork-vmm"},
+		Pkg:   "github.com/cowork-vmm/cowork-vmm/helper/vm",
+		Run:   "^TestKVM",
+		Files: map[string]string{"vmlinux": vmlinux, "cowork-vmm": bin},
+		Env: []string{KernelEnv + "=/payload/vmlinux", TestBinEnv + "=/payload/cowork-vmm",
+			"COWORK_VMM_TEST_CMDLINE=" + os.Getenv("COWORK_VMM_TEST_CMDLINE")},
 		CPUs:    2,
 		MemMiB:  2048,
 		Timeout: 12 * time.Minute,
