@@ -8,7 +8,10 @@ LDFLAGS   := -s -w -X main.version=$(VERSION) -X main.commit=$(COMMIT)
 # Where built kernels are cached, outside the clone, keyed by config hash.
 KERNEL_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/cowork-vmm/kernels
 
-.PHONY: all build run test bench fuzz kernel nested clean
+PREFIX    ?= /usr/local
+DESTDIR   ?=
+
+.PHONY: all build run test bench fuzz kernel nested clean install uninstall install-client-helper
 
 all: build
 
@@ -34,6 +37,20 @@ fuzz:
 
 clean:
 	rm -rf bin build
+
+# install does not depend on build, so `sudo make install` never runs the Go
+# build as root.
+install:
+	@test -x $(BIN) || { echo "run 'make build' first"; exit 1; }
+	install -D -m 0755 $(BIN) $(DESTDIR)$(PREFIX)/bin/cowork-vmm
+
+uninstall:
+	rm -f $(DESTDIR)$(PREFIX)/bin/cowork-vmm
+
+# Put bin/cowork-vmm where Claude Desktop looks for its helper (keeps a backup;
+# `scripts/install-client-helper.sh restore` puts the official one back).
+install-client-helper:
+	scripts/install-client-helper.sh install $(BIN)
 
 # Guest kernel (and the nested harness's outer kernel), built from Debian's
 # linux-source-6.1 into $(KERNEL_CACHE), rebuilt only when the config changes.

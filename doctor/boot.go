@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"strings"
+	"sync"
 	"time"
 
 	"github.com/cowork-vmm/cowork-vmm/helper"
@@ -13,9 +15,9 @@ import (
 	"github.com/cowork-vmm/cowork-vmm/protocol"
 )
 
-// trialBootTimeout bounds one trial boot: a real KVM host boots in about a
-// second; the nested test harness in about ten.
-const trialBootTimeout = 90 * time.Second
+// DefaultBootTimeout bounds one trial boot: a real KVM host boots in about
+// a second; the nested test harness in about ten.
+const DefaultBootTimeout = 90 * time.Second
 
 // trialBootMemoryMiB keeps the trial guest small.
 const trialBootMemoryMiB = 512
@@ -23,17 +25,29 @@ const trialBootMemoryMiB = 512
 // trialBoot starts a guest on backend with the helper's own backends,
 // waits for the agent's hello and stops the guest.
 func trialBoot(ctx context.Context, backend string) (BootResult, error) {
+	// The guest's console (VM) or the agent's stderr (process), kept to
+	// explain a failed boot.
+	console := &tailWriter{max: 4096}
 	var b helper.Backend
 	switch backend {
 	case BackendKVM:
-		b = vm.New(vm.Options{})
+		b = vm.New(vm.Options{Console: console})
 	case BackendProcess:
-		b = process.New(process.Options{Stderr: io.Discard})
+		b = process.New(process.Options{Stderr: console})
 	default:
 		return BootResult{}, fmt.Errorf("unknown backend %q", backend)
 	}
-	ctx, cancel := context.WithTimeout(ctx, trialBootTimeout)
-	defer cancel()
+	res, err := bootAndGreet(ctx, b)
+	if err != nil {
+		if tail := console.lastLines(3); tail != "" {
+			err = fmt.Errorf("%w; the guest's last output: %s", err, tail)
+		}
+	}
+	return res, err
+}
+
+// bootAndGreet starts a guest on b, waits for its agent's hello and stops it.
+func bootAndGreet(ctx context.Context, b helper.Backend) (BootResult, error) {
 	start := time.Now()
 	g, err := b.Start(ctx, helper.GuestConfig{MemoryMiB: trialBootMemoryMiB, CPUCount: 1})
 	if err != nil {
@@ -54,6 +68,39 @@ func trialBoot(ctx context.Context, backend string) (BootResult, error) {
 		return BootResult{}, err
 	}
 	return BootResult{Elapsed: time.Since(start), Kernel: hello.Kernel}, nil
+}
+
+// tailWriter keeps the last max bytes written to it.
+type tailWriter struct {
+	mu  sync.Mutex
+	max int
+	buf []byte
+}
+
+func (w *tailWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.buf = append(w.buf, p...)
+	if len(w.buf) > w.max {
+		w.buf = append(w.buf[:0:0], w.buf[len(w.buf)-w.max:]...)
+	}
+	return len(p), nil
+}
+
+// lastLines is the last n non-empty lines, joined by " | ".
+func (w *tailWriter) lastLines(n int) string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var lines []string
+	for _, l := range strings.Split(string(w.buf), "\n") {
+		if l = strings.TrimSpace(l); l != "" {
+			lines = append(lines, l)
+		}
+	}
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, " | ")
 }
 
 // readHello reads the agent's first frame, which must be its hello.
@@ -113,7 +160,13 @@ func (r *runner) bootCheck(id, title, backend string, ready bool, notReady strin
 		c.Detail = "not run: " + notReady
 		return true
 	}
-	res, err := r.h.TrialBoot(r.ctx, backend)
+	timeout := r.opts.BootTimeout
+	if timeout <= 0 {
+		timeout = DefaultBootTimeout
+	}
+	ctx, cancel := context.WithTimeout(r.ctx, timeout)
+	defer cancel()
+	res, err := r.h.TrialBoot(ctx, backend)
 	if err != nil {
 		c.Status = StatusFail
 		c.Detail = "the guest did not come up: " + err.Error()

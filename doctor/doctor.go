@@ -3,6 +3,7 @@ package doctor
 import (
 	"context"
 	"strings"
+	"time"
 )
 
 // Options configure Run.
@@ -12,6 +13,8 @@ type Options struct {
 	Host *Host
 	// Boot adds trial boots (--boot) of each backend that passed its checks.
 	Boot bool
+	// BootTimeout bounds each trial boot (default DefaultBootTimeout).
+	BootTimeout time.Duration
 	// ClientHelperPath overrides where Claude Desktop's helper is looked
 	// for (default ClientHelperPath).
 	ClientHelperPath string

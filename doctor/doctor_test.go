@@ -9,6 +9,7 @@ import (
 	"io/fs"
 	"strings"
 	"testing"
+	"time"
 	"unicode/utf8"
 
 	"github.com/cowork-vmm/cowork-vmm/vmm/kvm"
@@ -354,6 +355,13 @@ func TestTrialBoot(t *testing.T) {
 	}
 	if strings.Join(h.boots, ",") != "kvm,process" {
 		t.Errorf("trial boots %v, want kvm,process", h.boots)
+	}
+	if h.bootBudget <= 0 || h.bootBudget > DefaultBootTimeout {
+		t.Errorf("trial boot given %v, want at most the default %v", h.bootBudget, DefaultBootTimeout)
+	}
+	h.run(t, Options{Boot: true, BootTimeout: 3 * time.Second})
+	if h.bootBudget <= 0 || h.bootBudget > 3*time.Second {
+		t.Errorf("trial boot given %v with --boot-timeout 3s", h.bootBudget)
 	}
 }
 

@@ -62,7 +62,9 @@ type fakeHost struct {
 
 	mu    sync.Mutex
 	boots []string
-	boot  map[string]error
+	// bootBudget is the time the last trial boot was given.
+	bootBudget time.Duration
+	boot       map[string]error
 }
 
 const testUID = 1000
@@ -168,10 +170,13 @@ func (f *fakeHost) host() *Host {
 		DetectPVM:   func() (bool, string) { return f.pvm, f.pvmWhy },
 		ProbeKVM:    func(string) KVMProbe { return f.kvm },
 		ProbeUserNS: func(context.Context) error { return f.usernsErr },
-		TrialBoot: func(_ context.Context, backend string) (BootResult, error) {
+		TrialBoot: func(ctx context.Context, backend string) (BootResult, error) {
 			f.mu.Lock()
 			defer f.mu.Unlock()
 			f.boots = append(f.boots, backend)
+			if dl, ok := ctx.Deadline(); ok {
+				f.bootBudget = time.Until(dl)
+			}
 			if err := f.boot[backend]; err != nil {
 				return BootResult{}, err
 			}

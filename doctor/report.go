@@ -68,7 +68,8 @@ type Verdict struct {
 	// UsableBackends lists every backend that can work here, best first.
 	UsableBackends []string `json:"usableBackends"`
 	// HelperCanServe is false when the socket cannot be served (runtime
-	// directory or socket path unusable), whatever the backend.
+	// directory or socket path unusable) or sessions have no disk space,
+	// whatever the backend.
 	HelperCanServe bool `json:"helperCanServe"`
 	// ClientGatePasses says whether Claude Desktop's support gate will let
 	// Cowork start on this host (it never dials any helper otherwise).

@@ -155,3 +155,12 @@ func TestApplySystemRegistersKeepsKVMOwnedFields(t *testing.T) {
 		t.Errorf("register conversion: %+v", r)
 	}
 }
+
+func TestCPUInfoTSCKnown(t *testing.T) {
+	if cpuinfoTSCKnown("processor\t: 0\ncpu MHz\t\t: 0.000\nflags\t: tsc\n") {
+		t.Error("cpu MHz 0 taken as known")
+	}
+	if !cpuinfoTSCKnown("processor\t: 0\ncpu MHz\t\t: 2994.374\n") || !cpuinfoTSCKnown("") {
+		t.Error("a calibrated or unknown host taken as uncalibrated")
+	}
+}

@@ -15,11 +15,13 @@ import (
 // They skip without /dev/kvm; the nested harness runs them (TestNestedKVM).
 
 // Ports the test guests use.
+// Each decodes 4 ports, so 16- and 32-bit accesses are fully inside it.
 const (
 	portData   = 0x10 // echo device: records writes, answers reads with 0x99…
-	portReport = 0x11 // records what the guest found
-	portDone   = 0x12 // ends the VM (power-off)
-	portHello  = 0x13 // per-vCPU hello in the SMP test
+	portReport = 0x14 // records what the guest found
+	portDone   = 0x18 // ends the VM (power-off)
+	portHello  = 0x1c // per-vCPU hello in the SMP test
+	portSize   = 4
 )
 
 // codeAddr is where test code is loaded, dataAddr holds its data.
@@ -94,7 +96,7 @@ func newTestVM(t testing.TB, cpus int, mem uint64) *testVM {
 	done := newGuestPort()
 	done.onWrite = func([]byte) { vm.RequestExit(Exit{Kind: ExitPowerOff, VCPU: -1, Detail: "test guest done"}) }
 	for port, d := range map[uint64]Device{portData: tv.data, portReport: tv.report, portDone: done} {
-		if err := vm.PIO().Register(port, 1, d); err != nil {
+		if err := vm.PIO().Register(port, portSize, d); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -160,11 +162,11 @@ func TestKVMRealModePortIO(t *testing.T) {
 		0xb0, 0x42, // mov al, 0x42
 		0xee,             // out dx, al
 		0xec,             // in al, dx          (device answers 0x99)
-		0xe6, portReport, // out 0x11, al
+		0xe6, portReport, // out portReport, al
 		0xb8, 0x34, 0x12, // mov ax, 0x1234
 		0xef,             // out dx, ax      (16-bit write)
 		0xed,             // in ax, dx       (16-bit read: 0x9a, 0x9b)
-		0xe7, portReport, // out 0x11, ax
+		0xe7, portReport, // out portReport, ax
 		0xbe, dataAddr & 0xff, dataAddr >> 8, // mov si, 0x2000
 		0xb9, 0x05, 0x00, // mov cx, 5
 		0xfc,       // cld
@@ -172,7 +174,7 @@ func TestKVMRealModePortIO(t *testing.T) {
 		0xbf, 0x00, 0x30, // mov di, 0x3000
 		0xb9, 0x03, 0x00, // mov cx, 3
 		0xf3, 0x6c, // rep insb           (3 reads into 0x3000)
-		0xe6, portDone, // out 0x12, al
+		0xe6, portDone, // out portDone, al
 		0xeb, 0xfe, // jmp $
 	}
 	load(t, vm.Memory(), codeAddr, code)
@@ -222,13 +224,13 @@ func TestKVMRealModeMMIO(t *testing.T) {
 		0x8e, 0xc0, // mov es, ax
 		0x26, 0xc6, 0x06, 0x10, 0x00, 0x5a, // mov byte [es:0x10], 0x5a
 		0x66, 0x26, 0xa1, 0x20, 0x00, // mov eax, [es:0x20]
-		0x66, 0xe7, portReport, // out 0x11, eax
+		0x66, 0xe7, portReport, // out portReport, eax
 		0x26, 0xa0, 0x00, 0x08, // mov al, [es:0x800]  (unclaimed? no: inside the device)
 		0xb8, 0x00, 0x30, // mov ax, 0x3000      (0x30000: nothing there)
 		0x8e, 0xc0, // mov es, ax
 		0x66, 0x26, 0xa1, 0x00, 0x00, // mov eax, [es:0]  (unclaimed MMIO reads 0)
-		0x66, 0xe7, portReport, // out 0x11, eax
-		0xe6, portDone, // out 0x12, al
+		0x66, 0xe7, portReport, // out portReport, eax
+		0xe6, portDone, // out portDone, al
 		0xeb, 0xfe, // jmp $
 	}
 	load(t, vm.Memory(), codeAddr, code)
@@ -300,8 +302,8 @@ func TestKVMLongModePortIOAndMMIO(t *testing.T) {
 		0xbb, 0x00, 0x00, 0x00, 0xd0, // mov ebx, 0xd0000000
 		0xc7, 0x43, 0x10, 0x0d, 0xf0, 0xfe, 0xca, // mov dword [rbx+0x10], 0xcafef00d
 		0x8b, 0x43, 0x20, // mov eax, [rbx+0x20]
-		0xe7, portReport, // out 0x11, eax
-		0xe6, portDone, // out 0x12, al
+		0xe7, portReport, // out portReport, eax
+		0xe6, portDone, // out portDone, al
 		0xeb, 0xfe, // jmp $
 	}
 	load(t, vm.Memory(), codeAddr, code)
@@ -338,7 +340,7 @@ func TestKVMTwoVCPUsRunCode(t *testing.T) {
 			vm.RequestExit(Exit{Kind: ExitPowerOff, VCPU: -1})
 		}
 	}
-	if err := vm.PIO().Register(portHello, 1, hello); err != nil {
+	if err := vm.PIO().Register(portHello, portSize, hello); err != nil {
 		t.Fatal(err)
 	}
 	for i := 0; i < 2; i++ {

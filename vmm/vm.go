@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -128,6 +130,11 @@ func New(cfg Config) (_ *VM, err error) {
 		return nil, err
 	}
 	v.pvm, _ = kvm.IsPVM()
+	if !hostTSCKnown() {
+		log.Warn("the host kernel does not know its TSC frequency (cpu MHz 0 in /proc/cpuinfo): " +
+			"KVM then never enters the guest (it keeps retrying the guest clock update) and the VM hangs; " +
+			"if this host is itself a VM, boot it with tsc_early_khz=<TSC kHz>")
+	}
 	if n, cerr := v.sys.CheckExtension(kvm.CapMaxVCPUs); cerr == nil && n > 0 && cfg.CPUs > n {
 		return nil, fmt.Errorf("vmm: %d vCPUs requested, this KVM allows %d", cfg.CPUs, n)
 	}
@@ -212,6 +219,27 @@ func (v *VM) DumpVCPU(i int) string {
 		return fmt.Sprintf("no vCPU %d", i)
 	}
 	return v.dumpState(c)
+}
+
+// hostTSCKnown reports whether the host kernel calibrated its CPU/TSC
+// frequency; "cpu MHz : 0.000" in /proc/cpuinfo means it did not (seen
+// under qemu's emulator, where PIT calibration fails), and KVM then cannot
+// run a vCPU. Unknown (unreadable) counts as known.
+func hostTSCKnown() bool {
+	b, err := os.ReadFile("/proc/cpuinfo")
+	if err != nil {
+		return true
+	}
+	return cpuinfoTSCKnown(string(b))
+}
+
+func cpuinfoTSCKnown(cpuinfo string) bool {
+	for _, line := range strings.Split(cpuinfo, "\n") {
+		if k, v, ok := strings.Cut(line, ":"); ok && strings.TrimSpace(k) == "cpu MHz" {
+			return strings.TrimSpace(v) != "0.000"
+		}
+	}
+	return true
 }
 
 // Memory returns guest RAM.

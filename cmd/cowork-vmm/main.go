@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"flag"
 	"fmt"
 	"io"
@@ -9,6 +10,7 @@ import (
 	"runtime"
 	"strings"
 
+	"github.com/cowork-vmm/cowork-vmm/doctor"
 	"github.com/cowork-vmm/cowork-vmm/guest/agent"
 )
 
@@ -36,6 +38,8 @@ func dispatch(args []string, stdout, stderr io.Writer) int {
 			return agent.ProcessMain(args[1:])
 		case "run":
 			return runMain(args[1:], stderr)
+		case "doctor":
+			return doctor.Main(context.Background(), args[1:], stdout, stderr)
 		case "version":
 			fmt.Fprintf(stdout, "cowork-vmm %s (commit %s, %s, %s/%s)\n", version, commit, runtime.Version(), runtime.GOOS, runtime.GOARCH)
 			return 0
@@ -61,6 +65,7 @@ Usage:
   cowork-vmm run [flags] -- CMD [ARG…]   run one command in a fresh guest, like "docker run"
   cowork-vmm agent [--fd N] [--egress-fd M] [--debug]
                                          the guest agent (started by the process backend)
+  cowork-vmm doctor [--json] [--boot]    check what this host can run, with a fix for each problem
   cowork-vmm version                     print version, commit and Go version
   cowork-vmm help                        this text
 

@@ -61,6 +61,9 @@ type Options struct {
 	// GuestDebug turns on the agent's debug log (cowork.debug on the
 	// kernel command line); the log goes to the serial console.
 	GuestDebug bool
+	// PVH enters the kernel through its PVH entry point instead of the
+	// 64-bit Linux boot protocol.
+	PVH bool
 	// Console, when set, also receives every line of the guest's serial
 	// console (the agent logs there; the kernel is quiet unless it fails),
 	// as the process backend's agent log goes to its Stderr.
@@ -180,6 +183,7 @@ func (b *Backend) create(memMiB, cpus int) (*guest, error) {
 		KernelImage: k.image,
 		InitrdImage: initrd,
 		Cmdline:     cmdline,
+		PVH:         b.opts.PVH,
 		MemMiB:      memMiB,
 		CPUs:        cpus,
 		Console:     con,

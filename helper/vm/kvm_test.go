@@ -136,7 +136,8 @@ func TestKVMBootAgentMountsAndShutdown(t *testing.T) {
 	log := slog.New(slog.NewTextHandler(&testLogWriter{t: t}, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	// The guest's console goes to the test log; COWORK_VMM_TEST_CMDLINE adds
 	// kernel parameters (e.g. loglevel=7 to see the boot).
-	b := New(Options{Executable: bin, Logger: log, Console: &testLogWriter{t: t}, Cmdline: os.Getenv("COWORK_VMM_TEST_CMDLINE")})
+	b := New(Options{Executable: bin, Logger: log, Console: &testLogWriter{t: t}, Cmdline: os.Getenv("COWORK_VMM_TEST_CMDLINE"),
+		PVH: os.Getenv("COWORK_VMM_TEST_PVH") == "1"})
 	var connectTimes []time.Duration
 	for round := range 3 {
 		start := time.Now()
