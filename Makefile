@@ -15,8 +15,24 @@ DESTDIR   ?=
 
 all: build
 
+EMBED_KERNEL  := guest/kernel/embedded/vmlinux.gz
+GUEST_VMLINUX := $(KERNEL_CACHE)/guest-current/vmlinux
+
+# A static binary; when `make kernel` has built the guest kernel, it is
+# embedded (gzip-compressed) so the helper needs nothing else on the host.
 build:
-	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN) $(PKG)
+	@tags=; \
+	if [ -f '$(GUEST_VMLINUX)' ]; then \
+		if [ ! -f $(EMBED_KERNEL) ] || [ '$(GUEST_VMLINUX)' -nt $(EMBED_KERNEL) ]; then \
+			echo "embedding the guest kernel $(GUEST_VMLINUX)"; \
+			gzip -9 -n -c '$(GUEST_VMLINUX)' > $(EMBED_KERNEL).tmp && mv $(EMBED_KERNEL).tmp $(EMBED_KERNEL) || exit 1; \
+		fi; \
+		tags='-tags embedkernel'; \
+	else \
+		rm -f $(EMBED_KERNEL); \
+		echo "no guest kernel built (make kernel): $(BIN) will look for one at run time"; \
+	fi; \
+	CGO_ENABLED=0 $(GO) build $$tags -trimpath -ldflags '$(LDFLAGS)' -o $(BIN) $(PKG)
 
 # The newcomer's main job: build, then run one command in a fresh guest.
 run: build
@@ -36,7 +52,7 @@ fuzz:
 	FUZZTIME='$(FUZZTIME)' GO='$(GO)' scripts/fuzz.sh
 
 clean:
-	rm -rf bin build
+	rm -rf bin build $(EMBED_KERNEL)
 
 # install does not depend on build, so `sudo make install` never runs the Go
 # build as root.

@@ -105,7 +105,13 @@ func (v *VM) handleExit(t *vcpuThread) (Exit, bool) {
 	case kvm.ExitHLT:
 		return Exit{Kind: ExitHalted, VCPU: t.index, Detail: v.dumpState(c)}, true
 	case kvm.ExitShutdown:
-		return Exit{Kind: ExitTripleFault, VCPU: t.index, Detail: "the guest CPU shut down (triple fault)\n" + v.dumpState(c)}, true
+		detail := "the guest CPU shut down (triple fault)\n"
+		if r, err := c.GetRegs(); err == nil && r.RIP == 0xfff0 {
+			// KVM on AMD reinitialises the VMCB on shutdown, so the
+			// state below is the reset state, not the faulting one.
+			detail += "(registers show the reset state: on AMD, KVM resets the vCPU on shutdown)\n"
+		}
+		return Exit{Kind: ExitTripleFault, VCPU: t.index, Detail: detail + v.dumpState(c)}, true
 	case kvm.ExitFailEntry:
 		hw, cpu := c.FailEntry()
 		return Exit{Kind: ExitFailEntry, VCPU: t.index,

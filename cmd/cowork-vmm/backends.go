@@ -6,18 +6,17 @@ import (
 
 	"github.com/cowork-vmm/cowork-vmm/helper"
 	"github.com/cowork-vmm/cowork-vmm/helper/process"
+	"github.com/cowork-vmm/cowork-vmm/helper/vm"
 )
 
 // backendFactories is where backends are plugged in: COWORK_VMM_BACKEND
-// selects one by name. The kvm backend is not registered yet, so startVM on
-// it fails with a message naming COWORK_VMM_BACKEND=process; the VM backend
-// adds its entry here:
-//
-//	helper.BackendKVM: func() (helper.Backend, error) { return vm.New(...) },
-//
-// agentLog receives the guest agent's log lines.
+// selects one by name ("kvm" when unset). agentLog receives the guest
+// agent's log lines (process backend) and the guest's serial console (VM).
 func backendFactories(log *slog.Logger, agentLog io.Writer) map[string]helper.BackendFactory {
 	return map[string]helper.BackendFactory{
+		helper.BackendKVM: func() (helper.Backend, error) {
+			return vm.New(vm.Options{Logger: log, Console: agentLog}), nil
+		},
 		helper.BackendProcess: func() (helper.Backend, error) {
 			return process.New(process.Options{Logger: log, Stderr: agentLog}), nil
 		},

@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"time"
 
 	"github.com/cowork-vmm/cowork-vmm/helper"
 	"github.com/cowork-vmm/cowork-vmm/machine"
@@ -33,6 +34,12 @@ const (
 	StepAgentConnect = "agent_connect" // the agent dials the helper over vsock
 	stepFailed       = "failed"
 )
+
+// DefaultBootTimeout bounds how long Guest.Agent waits for the agent to
+// connect: a guest kernel that hangs at boot becomes an error with its
+// console's last lines instead of a guest that never connects. A real KVM
+// host boots in about a second; nested emulation takes tens of seconds.
+const DefaultBootTimeout = 3 * time.Minute
 
 // fallbackHint ends every "this host cannot run the VM" error.
 const fallbackHint = "set COWORK_VMM_BACKEND=process to run guests as sandboxed host processes instead (no VM isolation)"
@@ -68,6 +75,8 @@ type Options struct {
 	// console (the agent logs there; the kernel is quiet unless it fails),
 	// as the process backend's agent log goes to its Stderr.
 	Console io.Writer
+	// BootTimeout: see DefaultBootTimeout.
+	BootTimeout time.Duration
 	// KVMDevice overrides /dev/kvm.
 	KVMDevice string
 	// Logger receives the backend's log and, at debug level, the guest's
@@ -90,6 +99,9 @@ var _ helper.Backend = (*Backend)(nil)
 
 // New returns the kvm backend. It does not touch KVM: Start checks the host.
 func New(opts Options) *Backend {
+	if opts.BootTimeout <= 0 {
+		opts.BootTimeout = DefaultBootTimeout
+	}
 	log := opts.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -197,6 +209,7 @@ func (b *Backend) create(memMiB, cpus int) (*guest, error) {
 		return nil, fmt.Errorf("kvm backend: creating the VM: %w", err)
 	}
 	g := newGuestState(con, b.log)
+	g.bootTimeout = b.opts.BootTimeout
 	if err := g.attachDevices(m); err != nil {
 		_ = g.Stop(context.Background())
 		return nil, fmt.Errorf("kvm backend: %w", err)

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"sync"
+	"time"
 
 	"github.com/cowork-vmm/cowork-vmm/devices/p9"
 	"github.com/cowork-vmm/cowork-vmm/devices/p9/fs"
@@ -27,6 +28,9 @@ type guest struct {
 	con        *console
 	log        *slog.Logger
 	kernelFrom string
+	// bootTimeout bounds Agent's wait (0: no bound).
+	bootTimeout time.Duration
+	started     time.Time // when the vCPUs started
 
 	listener net.Listener
 	exports  *fs.Exports // nil until the 9p device is attached
@@ -96,6 +100,7 @@ func (g *guest) attachDevices(m *machine.Machine) (err error) {
 // run starts the goroutines of a started VM: the agent's accept, the boot
 // step reports and the watch for the VM's end.
 func (g *guest) run(step func(string, string)) {
+	g.started = time.Now()
 	step(StepGuestBoot, protocol.StepStarted)
 	go g.accept()
 	go g.reportSteps(step)
@@ -194,26 +199,42 @@ func (g *guest) Agent(ctx context.Context) (io.ReadWriteCloser, error) {
 	}
 	g.agentTaken = true
 	g.mu.Unlock()
+	var bootTimer <-chan time.Time
+	if g.bootTimeout > 0 {
+		t := time.NewTimer(time.Until(g.started.Add(g.bootTimeout)))
+		defer t.Stop()
+		bootTimer = t.C
+	}
 	select {
 	case r := <-g.accepted:
 		if r.err != nil {
 			select {
 			case <-g.done:
-				return nil, fmt.Errorf("kvm backend: the VM ended before its agent connected: %w", g.Err())
+				return nil, g.endedBeforeAgent()
 			default:
 			}
 			return nil, fmt.Errorf("kvm backend: waiting for the agent's vsock connection: %w", r.err)
 		}
 		return r.conn, nil
 	case <-g.done:
-		err := g.Err()
-		if err == nil {
-			err = errors.New("the VM stopped")
-		}
-		return nil, fmt.Errorf("kvm backend: the VM ended before its agent connected: %w", err)
+		return nil, g.endedBeforeAgent()
 	case <-ctx.Done():
 		return nil, fmt.Errorf("kvm backend: waiting for the guest agent: %w", ctx.Err())
+	case <-bootTimer:
+		err := fmt.Errorf("kvm backend: the guest agent did not connect within %v of the VM's start", g.bootTimeout)
+		if tail := g.con.Tail(); tail != "" {
+			return nil, fmt.Errorf("%w; the guest console's last lines:\n%s", err, tail)
+		}
+		return nil, fmt.Errorf("%w, and the guest printed nothing on its console (the kernel hung early in boot?)", err)
 	}
+}
+
+func (g *guest) endedBeforeAgent() error {
+	err := g.Err()
+	if err == nil {
+		err = errors.New("the VM was stopped")
+	}
+	return fmt.Errorf("kvm backend: the VM ended before its agent connected: %w", err)
 }
 
 // Share implements helper.Guest: it registers hostPath as a 9p export under

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/cowork-vmm/cowork-vmm/devices/p9/fs"
 	"github.com/cowork-vmm/cowork-vmm/helper"
@@ -202,5 +203,22 @@ func TestStopWithoutMachineClosesExports(t *testing.T) {
 	}
 	if n := g.exports.Names(); len(n) != 0 {
 		t.Errorf("exports after Stop: %v", n)
+	}
+}
+
+func TestAgentGivesUpOnASilentGuest(t *testing.T) {
+	g := testGuest(t)
+	g.bootTimeout = time.Millisecond
+	g.started = time.Now()
+	_, err := g.Agent(context.Background())
+	if err == nil || !strings.Contains(err.Error(), "did not connect within") || !strings.Contains(err.Error(), "printed nothing") {
+		t.Errorf("Agent of a silent guest: %v", err)
+	}
+	g2 := testGuest(t)
+	g2.bootTimeout = time.Millisecond
+	g2.started = time.Now()
+	g2.con.Write([]byte("[ 0.1] last words\n"))
+	if _, err := g2.Agent(context.Background()); err == nil || !strings.Contains(err.Error(), "last words") {
+		t.Errorf("Agent error lacks the console tail: %v", err)
 	}
 }

@@ -257,9 +257,9 @@ func buildOuterInitramfs(ctx context.Context, work, initrd string, j job.Job) er
 // outerCmdline: console on the serial port; reboot=t so /init's restart is
 // a triple fault, which ends qemu under -no-reboot (microvm has no other
 // reset path); panic=-1 the same on a panic; quiet because every console
-// byte is slow under emulation; no_timer_check skips the IO-APIC timer
-// check, which waits for ticks that TCG delivers late.
-const outerCmdline = "console=ttyS0 reboot=t panic=-1 quiet no_timer_check"
+// byte is slow under emulation. (no_timer_check made nested KVM guests
+// starve the outer kernel here: keep the IO-APIC timer check.)
+const outerCmdline = "console=ttyS0 reboot=t panic=-1 quiet"
 
 // qemuArgs is the outer guest's command line (NESTED-TEST.md's recipe).
 func qemuArgs(opts Options, payload, initrd string) []string {
