@@ -259,7 +259,10 @@ func buildOuterInitramfs(ctx context.Context, work, initrd string, j job.Job) er
 // reset path); panic=-1 the same on a panic; quiet because every console
 // byte is slow under emulation. (no_timer_check made nested KVM guests
 // starve the outer kernel here: keep the IO-APIC timer check.)
-const outerCmdline = "console=ttyS0 reboot=t panic=-1 quiet"
+// tsc_early_khz: under TCG the outer kernel cannot calibrate its TSC (cpu
+// MHz 0), and its KVM then never enters a guest (KVM_RUN loops with zero
+// exits until kicked); a fixed TSC frequency makes nested guests run.
+const outerCmdline = "console=ttyS0 reboot=t panic=-1 quiet tsc_early_khz=2000000"
 
 // qemuArgs is the outer guest's command line (NESTED-TEST.md's recipe).
 func qemuArgs(opts Options, payload, initrd string) []string {
