@@ -74,6 +74,11 @@ run flags:
   --env KEY=VALUE           set an environment variable (repeatable)
   --workdir PATH            guest working directory (default: the run's session directory)
   --mem MiB, --cpus N       guest size (VM backend)
+  --kernel PATH             guest kernel (vmlinux or bzImage) for the VM backend; with
+                            --initrd/--cmdline or no command, boot it directly on the VMM
+                            with its serial console on the terminal
+  --initrd PATH             initrd for a direct --kernel boot
+  --cmdline ARGS            extra kernel command line for a direct --kernel boot
   --debug                   log debug messages to stderr
 
 Environment:
@@ -93,6 +98,7 @@ Examples:
   cowork-vmm run -- sh -c 'echo hello from the guest; uname -a'
   COWORK_VMM_BACKEND=process cowork-vmm run --mount "$PWD:/work" --workdir /work -- ls -la
   cowork-vmm run --mount /etc/hosts:/data/hosts:ro -- cat /data/hosts
+  cowork-vmm run --kernel vmlinux --initrd initrd.cpio --mem 512 --cpus 2 --cmdline loglevel=7
 `)
 }
 

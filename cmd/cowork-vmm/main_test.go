@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"path/filepath"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -59,6 +60,39 @@ func TestParseRunArgs(t *testing.T) {
 	assert.Equal(t, map[string]string{"K": "V=W"}, o.env)
 	assert.Equal(t, "/b", o.workdir)
 	assert.Equal(t, []string{"ls", "-l"}, o.command)
+}
+
+func TestParseRunArgsKernelModes(t *testing.T) {
+	// --kernel with a command: the kvm backend's kernel, through the agent.
+	o, err := parseRunArgs([]string{"--kernel", "/k", "--", "true"}, io.Discard)
+	require.NoError(t, err)
+	assert.False(t, o.rawBoot())
+	// --kernel with --initrd (or --cmdline, or no command): a direct boot.
+	for _, args := range [][]string{
+		{"--kernel", "/k", "--initrd", "/i"},
+		{"--kernel", "/k", "--cmdline", "loglevel=7", "--mem", "256", "--cpus", "2"},
+		{"--kernel", "/k"},
+	} {
+		o, err := parseRunArgs(args, io.Discard)
+		require.NoError(t, err, args)
+		assert.True(t, o.rawBoot(), args)
+	}
+	// Refused: direct-boot flags without a kernel, or with a command.
+	for _, args := range [][]string{
+		{"--initrd", "/i", "--", "true"},
+		{"--cmdline", "x", "--", "true"},
+		{"--kernel", "/k", "--initrd", "/i", "--", "true"},
+	} {
+		_, err := parseRunArgs(args, io.Discard)
+		assert.Error(t, err, args)
+	}
+}
+
+func TestRunDirectBootReportsAMissingKernel(t *testing.T) {
+	var stderr bytes.Buffer
+	code := runWith([]string{"--kernel", filepath.Join(t.TempDir(), "missing"), "--initrd", "/dev/null"}, &stderr, backendFactories)
+	assert.Equal(t, 1, code)
+	assert.Contains(t, stderr.String(), "cowork-vmm run:")
 }
 
 func TestChooseRunBackend(t *testing.T) {

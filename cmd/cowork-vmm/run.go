@@ -17,14 +17,36 @@ import (
 	"time"
 
 	"github.com/cowork-vmm/cowork-vmm/helper"
+	"github.com/cowork-vmm/cowork-vmm/helper/vm"
+	"github.com/cowork-vmm/cowork-vmm/machine"
 	"github.com/cowork-vmm/cowork-vmm/protocol"
 )
+
+// bootKernel is `run --kernel K [--initrd I] [--cmdline C]`: K boots on our
+// VMM with its serial console on the terminal until it resets or powers off
+// (0), fails (1), or Ctrl-C stops it (130).
+func bootKernel(o runOptions, log *slog.Logger, stderr io.Writer) int {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	exit, err := machine.RunKernel(ctx, machine.Config{
+		Kernel: o.kernel, Initrd: o.initrd, Cmdline: o.cmdline,
+		MemMiB: o.memMiB, CPUs: o.cpus, Console: os.Stdout, Logger: log,
+	})
+	if err != nil {
+		fmt.Fprintln(stderr, "cowork-vmm run:", err)
+		return 1
+	}
+	if ctx.Err() != nil {
+		return 130
+	}
+	fmt.Fprintf(stderr, "cowork-vmm: the guest ended: %s\n", exit.Kind)
+	return 0
+}
 
 // bootTimeout bounds how long run waits for the guest agent.
 const bootTimeout = 2 * time.Minute
 
-// runOptions are the run subcommand's flags. VM-only flags (kernel, initrd,
-// cmdline) join here when the kvm backend lands.
+// runOptions are the run subcommand's flags.
 type runOptions struct {
 	mounts  []runMount
 	env     map[string]string
@@ -33,6 +55,16 @@ type runOptions struct {
 	cpus    int
 	debug   bool
 	command []string
+
+	// VM flags. kernel alone picks the guest kernel of the kvm backend;
+	// with initrd or cmdline, or without a command, run boots that kernel
+	// directly on the VMM with its serial console on the terminal.
+	kernel, initrd, cmdline string
+}
+
+// rawBoot says whether run boots a kernel directly rather than a guest agent.
+func (o runOptions) rawBoot() bool {
+	return o.kernel != "" && (o.initrd != "" || o.cmdline != "" || len(o.command) == 0)
 }
 
 type runMount struct {
@@ -84,12 +116,21 @@ func parseRunArgs(args []string, stderr io.Writer) (runOptions, error) {
 	fs.IntVar(&o.memMiB, "mem", 0, "guest memory in MiB")
 	fs.IntVar(&o.cpus, "cpus", 0, "guest vCPUs")
 	fs.BoolVar(&o.debug, "debug", false, "log debug messages")
+	fs.StringVar(&o.kernel, "kernel", "", "guest kernel (vmlinux or bzImage)")
+	fs.StringVar(&o.initrd, "initrd", "", "initrd to boot the --kernel with (direct boot)")
+	fs.StringVar(&o.cmdline, "cmdline", "", "extra kernel command line (direct boot)")
 	fs.Usage = func() { usage(stderr) }
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
 	o.command = fs.Args()
-	if len(o.command) == 0 {
+	if (o.initrd != "" || o.cmdline != "") && o.kernel == "" {
+		return o, errors.New("run: --initrd and --cmdline need --kernel")
+	}
+	if o.rawBoot() && len(o.command) > 0 {
+		return o, errors.New("run: a direct boot (--kernel with --initrd or --cmdline) runs no command; drop the command, or drop --initrd/--cmdline to run it through the guest agent")
+	}
+	if len(o.command) == 0 && !o.rawBoot() {
 		return o, errors.New("run: no command given (cowork-vmm run [flags] -- CMD [ARG…])")
 	}
 	return o, nil
@@ -112,6 +153,13 @@ func runWith(args []string, stderr io.Writer, backends func(*slog.Logger, io.Wri
 	if !o.debug {
 		// The command's output is the point; run reports failures itself.
 		level.Set(slog.LevelError + 4)
+	}
+	if o.rawBoot() {
+		return bootKernel(o, log, stderr)
+	}
+	if o.kernel != "" {
+		// The kvm backend's documented override; only this process reads it.
+		os.Setenv(vm.KernelEnv, o.kernel)
 	}
 	agentLog := io.Discard // the command's output is the point
 	if o.debug {

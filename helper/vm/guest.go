@@ -33,8 +33,10 @@ type guest struct {
 	started     time.Time // when the vCPUs started
 
 	listener net.Listener
-	exports  *fs.Exports // nil until the 9p device is attached
-	nineP    *p9.Device
+	// egress accepts the guest proxy's connections (helper.EgressGuest).
+	egress  net.Listener
+	exports *fs.Exports // nil until the 9p device is attached
+	nineP   *p9.Device
 
 	accepted  chan acceptResult // the agent's connection (capacity 1)
 	connected chan struct{}     // closed when the agent has connected
@@ -57,6 +59,7 @@ type acceptResult struct {
 var (
 	_ helper.Guest         = (*guest)(nil)
 	_ helper.SetupAdjuster = (*guest)(nil)
+	_ helper.EgressGuest   = (*guest)(nil)
 )
 
 func newGuestState(con *console, log *slog.Logger) *guest {
@@ -81,6 +84,9 @@ func (g *guest) attachDevices(m *machine.Machine) (err error) {
 	}
 	if g.listener, err = vs.Listen(protocol.AgentVSockPort); err != nil {
 		return fmt.Errorf("listening for the guest agent on vsock port %d: %w", protocol.AgentVSockPort, err)
+	}
+	if g.egress, err = vs.Listen(protocol.EgressVSockPort); err != nil {
+		return fmt.Errorf("listening for guest egress on vsock port %d: %w", protocol.EgressVSockPort, err)
 	}
 	exports := fs.NewExports(g.log)
 	dev, err := p9.New(p9.Options{Tag: MountTag, Attacher: exports, Logger: g.log})
@@ -267,6 +273,11 @@ func (g *guest) AdjustSetup(p *protocol.SetupParams) {
 	p.System = append([]protocol.Mount{root}, p.System...)
 }
 
+// Egress implements helper.EgressGuest: the listener for the guest proxy's
+// connections on vsock port protocol.EgressVSockPort (nil before the
+// devices are attached).
+func (g *guest) Egress() net.Listener { return g.egress }
+
 // Done implements helper.Guest.
 func (g *guest) Done() <-chan struct{} { return g.done }
 
@@ -292,6 +303,9 @@ func (g *guest) Stop(ctx context.Context) error {
 			}
 			if g.listener != nil {
 				g.listener.Close()
+			}
+			if g.egress != nil {
+				g.egress.Close()
 			}
 			if g.nineP != nil {
 				g.nineP.Close() // after the machine's reset: its clunks are answered
