@@ -81,4 +81,5 @@ kernel-outer:
 # with PAYLOAD shared read-write at /payload; exits with CMD's status.
 #   make nested PAYLOAD=dir CMD='sh -c "ls -l /dev/kvm"'
 nested: kernel-outer
-	KERNEL_CACHE='$(KERNEL_CACHE)' $(GO) run ./internal/nested/cmd/nested $(if $(PAYLOAD),--payload '$(PAYLOAD)') -- $(CMD)
+	CGO_ENABLED=0 $(GO) build -o bin/nested ./internal/nested/cmd/nested
+	KERNEL_CACHE='$(KERNEL_CACHE)' ./bin/nested $(if $(PAYLOAD),--payload '$(PAYLOAD)') -- $(CMD)

@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -215,8 +216,9 @@ func qemuPeers(vmlinux, bzImage string, only map[string]bool) (peers []qemuPeer,
 	// The official helper runs q35 with OVMF (UEFI). OVMF loads only a
 	// bzImage; SeaBIOS also boots vmlinux through qemu's PVH option ROM.
 	ovmfCode, ovmfVars := findOVMF()
+	efi := bzImage != "" && hasEFIStub(bzImage)
 	switch {
-	case ovmfCode != "" && bzImage != "":
+	case ovmfCode != "" && efi:
 		peers = append(peers, qemuPeer{
 			ID: SystemQemuQ35, Label: "qemu q35 + OVMF",
 			args: func(work string) ([]string, error) {
@@ -236,10 +238,13 @@ func qemuPeers(vmlinux, bzImage string, only map[string]bool) (peers []qemuPeer,
 			image = vmlinux
 			note = "q35 boots vmlinux through qemu's PVH option ROM: no bzImage beside " + vmlinux
 		}
-		if ovmfCode == "" {
+		switch {
+		case ovmfCode == "":
 			notes = append(notes, "q35 runs with SeaBIOS, not OVMF as the official helper does: no OVMF firmware found (apt-get install ovmf)")
-		} else {
+		case bzImage == "":
 			notes = append(notes, "q35 runs with SeaBIOS, not OVMF as the official helper does: OVMF boots only a bzImage and none was built beside "+vmlinux)
+		default:
+			notes = append(notes, "q35 runs with SeaBIOS, not OVMF as the official helper does: OVMF boots only an EFI-stub kernel and "+bzImage+" has none (CONFIG_EFI_STUB is off)")
 		}
 		if note != "" {
 			notes = append(notes, note)
@@ -287,4 +292,25 @@ func copyFile(dst, src string) error {
 		return err
 	}
 	return os.WriteFile(dst, b, 0o600)
+}
+
+// hasEFIStub reports whether a bzImage can be started by UEFI firmware: an
+// EFI-stub kernel is also a PE image ("MZ" at 0, "PE\0\0" where the DOS
+// header's e_lfanew points).
+func hasEFIStub(bzImage string) bool {
+	f, err := os.Open(bzImage)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	var hdr [0x40]byte
+	if _, err := io.ReadFull(f, hdr[:]); err != nil || hdr[0] != 'M' || hdr[1] != 'Z' {
+		return false
+	}
+	off := int64(binary.LittleEndian.Uint32(hdr[0x3c:]))
+	var sig [4]byte
+	if _, err := f.ReadAt(sig[:], off); err != nil {
+		return false
+	}
+	return sig == [4]byte{'P', 'E', 0, 0}
 }

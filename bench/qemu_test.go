@@ -2,6 +2,8 @@ package bench
 
 import (
 	"context"
+	"encoding/binary"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"testing"
@@ -66,4 +68,24 @@ func TestQemuPeerReachesInit(t *testing.T) {
 			assert.Positive(t, res.Memory.VMMKiB)
 		})
 	}
+}
+
+func TestHasEFIStub(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name string, b []byte) string {
+		p := filepath.Join(dir, name)
+		require.NoError(t, os.WriteFile(p, b, 0o644))
+		return p
+	}
+	pe := make([]byte, 0x100)
+	copy(pe, "MZ")
+	binary.LittleEndian.PutUint32(pe[0x3c:], 0x80)
+	copy(pe[0x80:], "PE\x00\x00")
+	assert.True(t, hasEFIStub(write("efi", pe)))
+	legacy := make([]byte, 0x100)
+	legacy[0] = 0xea // a legacy boot sector starts with a jump
+	assert.False(t, hasEFIStub(write("legacy", legacy)))
+	binary.LittleEndian.PutUint32(pe[0x3c:], 0x1000) // e_lfanew past the end
+	assert.False(t, hasEFIStub(write("short", pe)))
+	assert.False(t, hasEFIStub(filepath.Join(dir, "missing")))
 }

@@ -51,8 +51,8 @@ type mounter struct {
 	// ninePRoots holds, per virtio-9p tag, an O_PATH descriptor of that
 	// device's attach root. Linux lets a virtio-9p device be mounted only
 	// once (a second mount of the tag fails with EBUSY), so each tag is
-	// mounted once, detached from the tree (only this descriptor keeps it),
-	// and every export (a child of the attach root, named by its aname) is
+	// mounted once, at a covered private staging point (see ninePRoot), and
+	// every export (a child of the attach root, named by its aname) is
 	// bind-mounted out of it.
 	ninePRoots map[string]*os.File
 	mounts     map[string]protocol.Mount // by target
@@ -65,6 +65,13 @@ func newMounter(log *slog.Logger) *mounter {
 
 // ninePRoot returns the attach root of the virtio-9p device with this tag,
 // mounting it on first use. The caller holds m.mu.
+//
+// The mount stays in the agent's mount namespace, at a private staging
+// point covered by an empty read-only tmpfs: a mount detached from the
+// tree (MNT_DETACH) cannot be the source of a bind on the kernels we run
+// (open_tree(OPEN_TREE_CLONE) and mount(MS_BIND) refuse it with EINVAL),
+// while the cover hides it from path lookups; the descriptor still reaches
+// it through /proc/self/fd.
 func (m *mounter) ninePRoot(tag string) (*os.File, error) {
 	if f, ok := m.ninePRoots[tag]; ok {
 		return f, nil
@@ -73,15 +80,18 @@ func (m *mounter) ninePRoot(tag string) (*os.File, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer os.Remove(stage)
 	if err := unix.Mount(tag, stage, "9p", unix.MS_NOSUID|unix.MS_NODEV, ninePOptions); err != nil {
+		_ = os.Remove(stage)
 		return nil, fmt.Errorf("mounting the 9p device %q: %w", tag, err)
 	}
 	fd, err := unix.Open(stage, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-	// Detach the mount from the tree either way: the descriptor keeps it.
-	_ = unix.Unmount(stage, unix.MNT_DETACH)
 	if err != nil {
+		_ = unix.Unmount(stage, unix.MNT_DETACH)
+		_ = os.Remove(stage)
 		return nil, fmt.Errorf("opening the 9p device %q: %w", tag, err)
+	}
+	if err := unix.Mount("tmpfs", stage, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC|unix.MS_RDONLY, "mode=0000,size=4k"); err != nil {
+		m.log.Warn("cannot cover the 9p attach root; guest processes may reach it by path", "tag", tag, "path", stage, "err", err)
 	}
 	f := os.NewFile(uintptr(fd), "9p:"+tag)
 	m.ninePRoots[tag] = f

@@ -44,13 +44,6 @@ const DefaultBootTimeout = 3 * time.Minute
 // fallbackHint ends every "this host cannot run the VM" error.
 const fallbackHint = "set COWORK_VMM_BACKEND=process to run guests as sandboxed host processes instead (no VM isolation)"
 
-// ExportsRoot is where the agent mounts the 9p attach root, once, at
-// setup; every share is then a bind mount of ExportsRoot/<attach name>.
-// Linux lets one mount at a time use a virtio-9p device (a second mount of
-// the tag fails with EBUSY), so exports are not mounted by aname one by
-// one.
-const ExportsRoot = "/.cowork-exports"
-
 // Options configure the backend. The zero value finds everything itself.
 type Options struct {
 	// Kernel overrides the guest kernel (a vmlinux path); empty means

@@ -244,9 +244,13 @@ func (g *guest) endedBeforeAgent() error {
 }
 
 // Share implements helper.Guest: it registers hostPath as a 9p export under
-// a fresh attach name, which the guest reaches as ExportsRoot/<name> (see
-// AdjustSetup); the agent bind-mounts it. Read-only is enforced by the host
-// (the export) and again by the agent (a read-only bind).
+// a fresh attach name and returns it as a 9p source on the one device
+// (Tag MountTag, Aname the export). Linux lets a virtio-9p device be
+// mounted only once, so the agent mounts the device's attach root once,
+// keeps it detached from the guest's tree (spawned processes cannot reach
+// other exports through it) and bind-mounts each export out of it.
+// Read-only is enforced by the host (the export) and again by the agent (a
+// read-only bind).
 func (g *guest) Share(hostPath string, readOnly bool) (protocol.MountSource, error) {
 	if !filepath.IsAbs(hostPath) || filepath.Clean(hostPath) != hostPath {
 		return protocol.MountSource{}, fmt.Errorf("kvm backend: share path %q must be absolute and clean", hostPath)
@@ -261,16 +265,14 @@ func (g *guest) Share(hostPath string, readOnly bool) (protocol.MountSource, err
 	if err := g.exports.Add(name, hostPath, readOnly); err != nil {
 		return protocol.MountSource{}, fmt.Errorf("kvm backend: sharing %s: %w", hostPath, err)
 	}
-	return protocol.MountSource{Kind: "bind", Path: ExportsRoot + "/" + name}, nil
+	return protocol.MountSource{Kind: "9p", Tag: MountTag, Aname: name}, nil
 }
 
-// AdjustSetup implements helper.SetupAdjuster: before the system
-// directories, the agent mounts the 9p attach root at ExportsRoot (the one
-// mount the device allows), through which every share is reached.
+// AdjustSetup implements helper.SetupAdjuster: the VM's initramfs root is
+// already a throwaway root, so the agent mounts the system directories in
+// place instead of building a new root.
 func (g *guest) AdjustSetup(p *protocol.SetupParams) {
 	p.NewRoot = false
-	root := protocol.Mount{Source: protocol.MountSource{Kind: "9p", Tag: MountTag}, Target: ExportsRoot}
-	p.System = append([]protocol.Mount{root}, p.System...)
 }
 
 // Egress implements helper.EgressGuest: the listener for the guest proxy's

@@ -38,11 +38,16 @@ func TestShareRegistersExports(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if a.Kind != "bind" || !strings.HasPrefix(a.Path, ExportsRoot+"/") || a == b {
-		t.Fatalf("sources %+v, %+v: want distinct binds under %s", a, b, ExportsRoot)
+	for _, src := range []protocol.MountSource{a, b} {
+		if src.Kind != "9p" || src.Tag != MountTag || src.Aname == "" || strings.ContainsRune(src.Aname, '/') {
+			t.Fatalf("source %+v: want a 9p export of tag %s named by a single-component aname", src, MountTag)
+		}
+	}
+	if a == b {
+		t.Fatalf("sources %+v, %+v: want distinct exports", a, b)
 	}
 	names := g.exports.Names()
-	want := []string{filepath.Base(a.Path), filepath.Base(b.Path)}
+	want := []string{a.Aname, b.Aname}
 	slices.Sort(want)
 	if !slices.Equal(names, want) {
 		t.Errorf("exports %v, want %v", names, want)
@@ -73,21 +78,17 @@ func TestShareRefusesBadPaths(t *testing.T) {
 	}
 }
 
-func TestAdjustSetupMountsTheExportsRootFirst(t *testing.T) {
+func TestAdjustSetupKeepsTheInitramfsRoot(t *testing.T) {
 	g := testGuest(t)
-	sys := protocol.Mount{Source: protocol.MountSource{Kind: "bind", Path: ExportsRoot + "/e1"}, Target: "/usr", ReadOnly: true}
+	sys := protocol.Mount{Source: protocol.MountSource{Kind: "9p", Tag: MountTag, Aname: "e1"}, Target: "/usr", ReadOnly: true}
 	p := protocol.SetupParams{NewRoot: true, System: []protocol.Mount{sys}}
 	var adj helper.SetupAdjuster = g
 	adj.AdjustSetup(&p)
 	if p.NewRoot {
 		t.Error("NewRoot left on: the VM's initramfs is already a throwaway root")
 	}
-	if len(p.System) != 2 || p.System[1] != sys {
-		t.Fatalf("system mounts %+v", p.System)
-	}
-	root := p.System[0]
-	if root.Source.Kind != "9p" || root.Source.Tag != MountTag || root.Source.Aname != "" || root.Target != ExportsRoot {
-		t.Errorf("first mount %+v: want the 9p attach root at %s", root, ExportsRoot)
+	if len(p.System) != 1 || p.System[0] != sys {
+		t.Errorf("system mounts %+v: want them unchanged", p.System)
 	}
 }
 

@@ -46,6 +46,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	direct := fs.Bool("direct", false, "run here even without a KVM that boots Linux (the process backend then)")
 	outerCPUs := fs.Int("nested-cpus", 1, "vCPUs of the nested harness's outer guest")
 	timeout := fs.Duration("nested-timeout", 0, "bound on the whole nested run (default: 4 min per run, at least 10 min)")
+	console := fs.Bool("console", false, "show the nested harness's serial console (the bench's progress inside) on stderr")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -64,7 +65,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 0
 	}
 	fmt.Fprintf(stderr, "cowork-bench: %s; running the bench inside the nested harness (qemu TCG with nested SVM: a real /dev/kvm; figures count only as ratios)\n", why)
-	if err := runNested(ctx, opts, *outerCPUs, *timeout, stdout, stderr); err != nil {
+	var live io.Writer
+	if *console {
+		live = stderr
+	}
+	if err := runNested(ctx, opts, *outerCPUs, *timeout, live, stdout, stderr); err != nil {
 		fmt.Fprintln(stderr, "cowork-bench:", err)
 		return 1
 	}
@@ -74,7 +79,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 
 // runNested runs this program with --direct inside the harness, with the
 // binary and the kernel in the payload, and copies the reports out.
-func runNested(ctx context.Context, opts bench.Options, cpus int, timeout time.Duration, stdout, stderr io.Writer) error {
+func runNested(ctx context.Context, opts bench.Options, cpus int, timeout time.Duration, console, stdout, stderr io.Writer) error {
 	if err := nested.Available(); err != nil {
 		return fmt.Errorf("cannot measure the VMM on this host: %w", err)
 	}
@@ -108,7 +113,7 @@ func runNested(ctx context.Context, opts bench.Options, cpus int, timeout time.D
 	}
 	res, err := nested.Run(ctx, nested.Options{
 		PayloadDir: payload, Files: files, Cmd: cmd, CPUs: cpus,
-		MemMiB: max(nested.DefaultMemMiB, 2*opts.MemMiB+512), Timeout: timeout,
+		MemMiB: max(nested.DefaultMemMiB, 2*opts.MemMiB+512), Timeout: timeout, Stdout: console,
 	})
 	if err != nil {
 		return fmt.Errorf("nested harness: %w", err)

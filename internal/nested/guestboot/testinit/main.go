@@ -31,6 +31,9 @@ func main() {
 	if err := unix.Mount("proc", "/proc", "proc", 0, ""); err != nil {
 		fmt.Println("testinit: mount /proc:", err)
 	}
+	if err := unix.Mount("sysfs", "/sys", "sysfs", 0, ""); err != nil {
+		fmt.Println("testinit: mount /sys:", err)
+	}
 	fmt.Printf("TESTINIT OK cpus=%s uptime=%s\n", readTrimmed("/sys/devices/system/cpu/online"), uptime())
 	if err := writeBootTimer(); err != nil {
 		fmt.Println("testinit: boot timer:", err)
