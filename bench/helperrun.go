@@ -108,9 +108,17 @@ func (h helperRun) run(ctx context.Context) (runResult, error) {
 		}
 	}
 	defer func() { _ = stopHelper() }()
+	var events *eventLog
+	// fail keeps what the run measured before it failed (a boot that
+	// reached /init measured the boot even if the agent then failed).
 	fail := func(err error) (runResult, error) {
 		_ = stopHelper()
-		return runResult{}, fmt.Errorf("%w%s", err, logTail(logPath))
+		if events != nil {
+			for _, te := range events.snapshot() {
+				tl.OnEvent(te.ev, te.at, trueID, echoID)
+			}
+		}
+		return runResult{Phases: tl.Durations()}, fmt.Errorf("%w%s", err, logTail(logPath))
 	}
 
 	bootCtx, cancel := context.WithTimeout(ctx, h.Timeout)
@@ -126,7 +134,7 @@ func (h helperRun) run(ctx context.Context) (runResult, error) {
 		return fail(err)
 	}
 	defer stream.Close()
-	events := newEventLog()
+	events = newEventLog()
 	go events.read(stream)
 
 	pipe, err := protocol.DialPipe(bootCtx, sock)

@@ -272,11 +272,11 @@ func Run(ctx context.Context, opts Options, progress io.Writer) (Report, error) 
 			h.Kernel = vmlinux
 		}
 		res, err := h.run(ctx)
+		// A failed run still reports the phases it completed.
+		results.AddRun(SystemOurs, res.Phases, res.Memory)
 		if err != nil {
-			results.AddFailure(SystemOurs, err.Error())
+			results.AddFailure(SystemOurs, firstLine(err.Error()))
 			show.line("run %d %s failed: %v", run, SystemOurs, err)
-		} else {
-			results.AddRun(SystemOurs, res.Phases, res.Memory)
 		}
 		if ctx.Err() != nil {
 			return Report{}, ctx.Err()
@@ -300,7 +300,7 @@ func Run(ctx context.Context, opts Options, progress io.Writer) (Report, error) 
 			if ctx.Err() != nil {
 				return Report{}, ctx.Err()
 			}
-			results.AddFailure(p.ID, err.Error())
+			results.AddFailure(p.ID, firstLine(err.Error()))
 			show.line("run %d %s failed: %v", run, p.ID, err)
 			if p.Label == "qemu q35 + OVMF" && run == 1 {
 				// OVMF loads only EFI-stub kernels; keep q35 with SeaBIOS.
@@ -406,4 +406,11 @@ func writeReports(dir string, rep Report) error {
 		}
 	}
 	return nil
+}
+
+// firstLine is an error's first line, for the report (the whole error,
+// with the log tail, goes to the progress output).
+func firstLine(s string) string {
+	line, _, _ := strings.Cut(s, "\n")
+	return line
 }

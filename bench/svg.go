@@ -103,7 +103,7 @@ func WriteSVG(w io.Writer, rep Report) error {
 	c := svgChart{
 		Width:     svgWidth,
 		Title:     "cowork-vmm start-up phases",
-		Subtitle:  fmt.Sprintf("%d run(s) per system, backend %s, %s, KVM %s", rep.Runs, rep.Backend, rep.Host.Kernel, rep.Host.KVM),
+		Subtitle:  fmt.Sprintf("%d run(s) per system, backend %s, %s, KVM %s%s", rep.Runs, rep.Backend, rep.Host.Kernel, rep.Host.KVM, map[bool]string{true: " (nested: compare ratios, not absolute times)"}[rep.Host.Nested]),
 		PlotLeft:  svgLabelWidth,
 		PlotRight: svgWidth - svgRight,
 		PlotTop:   svgTop,

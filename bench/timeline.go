@@ -59,7 +59,7 @@ type Phase struct {
 var Phases = []Phase{
 	{ID: "helper_start", Label: "helper start → socket bound", From: MarkExec, To: MarkSocket},
 	{ID: "vm_create", Label: "startVM → VM created", From: MarkStartSent, To: MarkVMCreated},
-	{ID: "vcpu_start", Label: "VM created → kernel loaded, first guest instruction", From: MarkVMCreated, To: MarkVCPUStarted},
+	{ID: "vcpu_start", Label: "VM created → first guest instruction", From: MarkVMCreated, To: MarkVCPUStarted},
 	{ID: "kernel_boot", Label: "kernel entry → /init (boot timer)", From: MarkVCPUStarted, To: MarkInit},
 	{ID: "start_to_init", Label: "start → /init (total)", From: MarkStartSent, To: MarkInit, Peer: true},
 	{ID: "start_reply", Label: "startVM → reply (launched)", From: MarkStartSent, To: MarkStartReply},

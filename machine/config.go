@@ -31,7 +31,17 @@ const (
 //   - quiet: every console byte is two or more port I/O exits (~50 µs each
 //     nested); boot messages would dominate boot time. Append loglevel=7
 //     to see them.
-const DefaultCmdline = "console=ttyS0 panic=-1 pci=off no_timer_check quiet " + platform.KernelCmdline
+//   - i8042.nokbd: the i8042 stays (its reset line is our reboot path) but
+//     the driver registers no keyboard port, so atkbd never probes one: its
+//     reset/ID commands wait out timeouts, ~4 s of a nested boot (measured,
+//     internal/nested TestNestedBootGuestKernel). The console is the serial
+//     port; nothing reads a keyboard.
+//   - initcall_blacklist=cmos_init: there is no CMOS RTC (port 0x71 reads
+//     0xff, update-in-progress set), and rtc-cmos polls it for a second of
+//     guest time through ~10,000 port exits before it gives up, ~4 s nested.
+//     The wall clock comes from kvm-clock instead.
+const DefaultCmdline = "console=ttyS0 panic=-1 pci=off no_timer_check quiet " +
+	"i8042.nokbd " + platform.KernelCmdline
 
 // Config describes a machine.
 type Config struct {

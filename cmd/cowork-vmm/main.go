@@ -7,9 +7,11 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"os/signal"
 	"runtime"
 	"strings"
 
+	"github.com/cowork-vmm/cowork-vmm/bench"
 	"github.com/cowork-vmm/cowork-vmm/doctor"
 	"github.com/cowork-vmm/cowork-vmm/guest/agent"
 )
@@ -38,6 +40,10 @@ func dispatch(args []string, stdout, stderr io.Writer) int {
 			return agent.ProcessMain(args[1:])
 		case "run":
 			return runMain(args[1:], stderr)
+		case "bench":
+			ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			return bench.Main(ctx, args[1:], stdout, stderr)
 		case "doctor":
 			return doctor.Main(context.Background(), args[1:], stdout, stderr)
 		case "version":
@@ -65,6 +71,8 @@ Usage:
   cowork-vmm run [flags] -- CMD [ARG…]   run one command in a fresh guest, like "docker run"
   cowork-vmm agent [--fd N] [--egress-fd M] [--debug]
                                          the guest agent (started by the process backend)
+  cowork-vmm bench [--runs N] [--out DIR] time a guest start, phase by phase, beside qemu
+                                         (report.md, report.json, report.svg in DIR)
   cowork-vmm doctor [--json] [--boot]    check what this host can run, with a fix for each problem
   cowork-vmm version                     print version, commit and Go version
   cowork-vmm help                        this text

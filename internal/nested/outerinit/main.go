@@ -88,8 +88,34 @@ func run(console *os.File, token *string) (int, error) {
 		// says so itself.
 		fmt.Fprintln(console, "outerinit: warning:", err)
 	}
+	if err := loopbackUp(); err != nil {
+		// Not fatal: only payloads that use 127.0.0.1 need it.
+		fmt.Fprintln(console, "outerinit: warning:", err)
+	}
 	fmt.Fprintln(console, job.Marker(job.MarkerBegin, j.Token, ""))
 	return runPayload(j, console)
+}
+
+// loopbackUp brings lo up: payloads (the e2e egress tests, httptest
+// servers) listen on 127.0.0.1, and no one else configures it here.
+func loopbackUp() error {
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("bringing lo up: %w", err)
+	}
+	defer unix.Close(fd)
+	ifr, err := unix.NewIfreq("lo")
+	if err != nil {
+		return fmt.Errorf("bringing lo up: %w", err)
+	}
+	if err := unix.IoctlIfreq(fd, unix.SIOCGIFFLAGS, ifr); err != nil {
+		return fmt.Errorf("bringing lo up: reading its flags: %w", err)
+	}
+	ifr.SetUint16(ifr.Uint16() | unix.IFF_UP)
+	if err := unix.IoctlIfreq(fd, unix.SIOCSIFFLAGS, ifr); err != nil {
+		return fmt.Errorf("bringing lo up: %w", err)
+	}
+	return nil
 }
 
 func mountBasics() error {
