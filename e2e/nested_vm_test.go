@@ -27,8 +27,25 @@ import (
 // when /dev/kvm exists here (run them directly with
 // COWORK_VMM_E2E_BACKEND=kvm; this also stops recursion in the harness).
 func TestNestedKVMClientFlow(t *testing.T) {
+	runNestedKVM(t, "^(TestClientFlow|TestStartToConnected)$", 15*time.Minute)
+}
+
+// TestNestedKVMEgress runs the egress test (TestEgressAllowedDomains: a
+// spawn's traffic leaves only through its proxy, over the VM's egress vsock
+// port, and only to its allowedDomains) against the kvm backend inside the
+// nested harness, like TestNestedKVMClientFlow. curl in the guest comes
+// from the host's /usr; the test skips inside when it is missing.
+func TestNestedKVMEgress(t *testing.T) {
+	runNestedKVM(t, "^TestEgressAllowedDomains$", 12*time.Minute)
+}
+
+// runNestedKVM runs the e2e tests matching run with
+// COWORK_VMM_E2E_BACKEND=kvm inside the nested harness, or skips (see
+// TestNestedKVMClientFlow).
+func runNestedKVM(t *testing.T, run string, timeout time.Duration) {
+	t.Helper()
 	if _, err := os.Stat(kvm.DevicePath); err == nil {
-		t.Skipf("%s exists here: run TestClientFlow with COWORK_VMM_E2E_BACKEND=kvm directly", kvm.DevicePath)
+		t.Skipf("%s exists here: run the tests with COWORK_VMM_E2E_BACKEND=kvm directly", kvm.DevicePath)
 	}
 	if testing.Short() {
 		t.Skip("boots a qemu guest and VMs inside it; skipped in -short mode")
@@ -59,7 +76,7 @@ func TestNestedKVMClientFlow(t *testing.T) {
 
 	nested.RunGoTestWith(t, nested.GoTest{
 		Pkg:   "github.com/cowork-vmm/cowork-vmm/e2e",
-		Run:   "^(TestClientFlow|TestStartToConnected)$",
+		Run:   run,
 		Files: map[string]string{"vmlinux": vmlinux, "cowork-vmm": bin},
 		Env: []string{
 			"COWORK_VMM_E2E_BACKEND=kvm",
@@ -68,7 +85,7 @@ func TestNestedKVMClientFlow(t *testing.T) {
 		},
 		CPUs:    2,
 		MemMiB:  3072,
-		Timeout: 15 * time.Minute,
+		Timeout: timeout,
 	})
 }
 

@@ -41,7 +41,7 @@ const (
 //     guest time through ~10,000 port exits before it gives up, ~4 s nested.
 //     The wall clock comes from kvm-clock instead.
 const DefaultCmdline = "console=ttyS0 panic=-1 pci=off no_timer_check quiet " +
-	"i8042.nokbd " + platform.KernelCmdline
+	"i8042.nokbd initcall_blacklist=cmos_init " + platform.KernelCmdline
 
 // Config describes a machine.
 type Config struct {
