@@ -48,7 +48,11 @@ func TestNestedKVMBackend(t *testing.T) {
 		Env: []string{KernelEnv + "=/payload/vmlinux", TestBinEnv + "=/payload/cowork-vmm",
 			"COWORK_VMM_TEST_CMDLINE=" + os.Getenv("COWORK_VMM_TEST_CMDLINE"),
 			"COWORK_VMM_TEST_PVH=" + os.Getenv("COWORK_VMM_TEST_PVH")},
-		CPUs:    2,
+		// One outer CPU, so guests get one vCPU (the kvm backend caps vCPUs
+		// at the host's CPUs): 2-vCPU guests triple-fault intermittently
+		// under qemu's emulated nested SVM (cause not yet known; see the
+		// VM backend issue's note), and one outer CPU also runs faster here.
+		CPUs:    1,
 		MemMiB:  2048,
 		Timeout: 12 * time.Minute,
 	})
