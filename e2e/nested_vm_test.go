@@ -36,16 +36,6 @@ func TestNestedKVMClientFlow(t *testing.T) {
 // nested harness, like TestNestedKVMClientFlow. curl in the guest comes
 // from the host's /usr; the test skips inside when it is missing.
 func TestNestedKVMEgress(t *testing.T) {
-	if os.Getenv("COWORK_VMM_NESTED_FLAKY") != "1" {
-		// Seen 2026-12-02: it passed in one nested run and failed in the next
-		// because the guest VM triple-faulted mid-test (vCPU 0, 2 vCPUs, while
-		// a curl spawn ran); the helper reported it correctly (fatal error,
-		// SIGKILL exit). Over that afternoon's nested runs, 3 of ~21 guests
-		// with 2 vCPUs triple-faulted (2 in helper/vm's tests, once right
-		// after /init started) and none of ~10 with 1 vCPU. Until that is
-		// found, this long test (~4 min, many spawns) runs only on request.
-		t.Skip("intermittent guest triple fault under nested KVM (2-vCPU guests) makes this run flaky; set COWORK_VMM_NESTED_FLAKY=1 to run it")
-	}
 	runNestedKVM(t, "^TestEgressAllowedDomains$", 12*time.Minute)
 }
 
