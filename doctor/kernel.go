@@ -228,3 +228,7 @@ func versionToken(b []byte) string {
 	}
 	return string(b[:end])
 }
+
+// KernelVersion returns the Linux release of a kernel image (vmlinux or
+// bzImage), "" when the image names none.
+func KernelVersion(r io.Reader) (string, error) { return kernelVersion(r) }

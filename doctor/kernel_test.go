@@ -90,3 +90,10 @@ func FuzzKernelVersion(f *testing.F) {
 		}
 	})
 }
+
+func TestKernelVersionExported(t *testing.T) {
+	v, err := KernelVersion(strings.NewReader("junk\x00Linux version 6.1.192 (builder@host) #1 SMP\x00more"))
+	if err != nil || v != "6.1.192" {
+		t.Fatalf("KernelVersion = %q, %v; want 6.1.192", v, err)
+	}
+}

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"flag"
 	"fmt"
@@ -15,6 +16,7 @@ import (
 	"github.com/cowork-vmm/cowork-vmm/bench"
 	"github.com/cowork-vmm/cowork-vmm/doctor"
 	"github.com/cowork-vmm/cowork-vmm/guest/agent"
+	"github.com/cowork-vmm/cowork-vmm/guest/kernel/embedded"
 )
 
 // Stamped by the Makefile with -ldflags -X.
@@ -49,6 +51,7 @@ func dispatch(args []string, stdout, stderr io.Writer) int {
 			return doctor.Main(context.Background(), args[1:], stdout, stderr)
 		case "version":
 			fmt.Fprintf(stdout, "cowork-vmm %s (commit %s, %s, %s/%s)\n", version, commit, runtime.Version(), runtime.GOOS, runtime.GOARCH)
+			fmt.Fprintf(stdout, "guest kernel: %s\n", embeddedKernelVersion())
 			return 0
 		case "help", "-h", "-help", "--help":
 			usage(stdout)
@@ -61,6 +64,22 @@ func dispatch(args []string, stdout, stderr io.Writer) int {
 		}
 	}
 	return helperMain(args, stderr)
+}
+
+// embeddedKernelVersion describes the guest kernel built into this binary.
+func embeddedKernelVersion() string {
+	if !embedded.Available() {
+		return "not embedded (the kvm backend looks beside the binary and in the build cache; see doctor)"
+	}
+	image, err := embedded.Kernel()
+	if err != nil {
+		return "embedded, unreadable: " + err.Error()
+	}
+	v, err := doctor.KernelVersion(bytes.NewReader(image))
+	if err != nil || v == "" {
+		return "embedded, version unknown"
+	}
+	return "Linux " + v + " (embedded)"
 }
 
 func usage(w io.Writer) {

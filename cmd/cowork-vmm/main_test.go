@@ -18,6 +18,8 @@ func TestVersion(t *testing.T) {
 	var out bytes.Buffer
 	assert.Equal(t, 0, dispatch([]string{"version"}, &out, io.Discard))
 	assert.Contains(t, out.String(), "cowork-vmm dev (commit unknown, go1.")
+	// A plain `go test` build embeds no kernel (make build does).
+	assert.Contains(t, out.String(), "guest kernel: not embedded")
 }
 
 func TestHelpListsSubcommandsAndEnvironment(t *testing.T) {
