@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"net"
 	"os"
 	"os/exec"
@@ -16,6 +15,7 @@ import (
 	"time"
 
 	"github.com/cowork-vmm/cowork-vmm/guest/initramfs"
+	"github.com/cowork-vmm/cowork-vmm/helper/vm"
 )
 
 // Boot timer: the guest agent writes bootTimerValue to port bootTimerPort
@@ -43,28 +43,6 @@ type qemuPeer struct {
 	args func(work string) ([]string, error)
 }
 
-// initramfsFiles is the guest's initramfs as the kvm backend builds it
-// (helper/vm initramfsFiles): the helper's executable as /init plus the
-// device nodes and mount points the agent uses. Keep the two in step.
-func initramfsFiles(executable string) []initramfs.File {
-	dir := func(p string, perm fs.FileMode) initramfs.File {
-		return initramfs.File{Path: p, Mode: fs.ModeDir | perm}
-	}
-	return []initramfs.File{
-		{Path: "init", Mode: 0o755, HostPath: executable},
-		dir("dev", 0o755),
-		{Path: "dev/console", Mode: fs.ModeDevice | fs.ModeCharDevice | 0o600, Major: 5, Minor: 1},
-		{Path: "dev/null", Mode: fs.ModeDevice | fs.ModeCharDevice | 0o666, Major: 1, Minor: 3},
-		dir("proc", 0o555),
-		dir("sys", 0o555),
-		dir("tmp", 0o777|fs.ModeSticky),
-		dir("run", 0o755),
-		dir("sessions", 0o755),
-		dir("root", 0o700),
-		dir("usr/local/bin", 0o755),
-	}
-}
-
 // writeInitramfs writes the guest initramfs (uncompressed, as the kvm
 // backend boots it) for executable to path.
 func writeInitramfs(path, executable string) error {
@@ -72,7 +50,7 @@ func writeInitramfs(path, executable string) error {
 	if err != nil {
 		return fmt.Errorf("writing the guest initramfs: %w", err)
 	}
-	if err := initramfs.Write(f, initramfsFiles(executable)); err != nil {
+	if err := initramfs.Write(f, vm.InitramfsFiles(executable)); err != nil {
 		f.Close()
 		return fmt.Errorf("writing the guest initramfs from %s: %w", executable, err)
 	}

@@ -10,13 +10,13 @@ import (
 	"github.com/cowork-vmm/cowork-vmm/guest/initramfs"
 )
 
-// initramfsFiles lists the guest's initial root: the helper's executable
+// InitramfsFiles lists the guest's initial root: the helper's executable
 // as /init (it runs the agent when it is PID 1), /dev/console so the
 // kernel gives /init a console before devtmpfs is mounted (the agent's log
 // goes there), and the mount points the agent uses. The root is the
 // kernel's rootfs (a tmpfs), so everything the guest writes outside its
 // mounts stays in guest RAM.
-func initramfsFiles(executable string) []initramfs.File {
+func InitramfsFiles(executable string) []initramfs.File {
 	dir := func(p string, perm fs.FileMode) initramfs.File {
 		return initramfs.File{Path: p, Mode: fs.ModeDir | perm}
 	}
@@ -44,7 +44,7 @@ func buildInitramfs(executable string, compress bool) ([]byte, error) {
 	if info, err := os.Stat(executable); err == nil && !compress {
 		b.Grow(int(min(info.Size(), 1<<30)) + 64<<10) // the archive is the executable plus headers
 	}
-	files := initramfsFiles(executable)
+	files := InitramfsFiles(executable)
 	var err error
 	if compress {
 		err = initramfs.WriteGzip(&b, files, gzip.BestSpeed)
