@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -188,6 +189,30 @@ func TestStartVMWithoutBackend(t *testing.T) {
 	res, err := s.Call(context.Background(), "isRunning", nil)
 	require.NoError(t, err)
 	assert.Equal(t, runningResult{}, res)
+}
+
+// failingBackend fails every start with err.
+type failingBackend struct{ err error }
+
+func (b failingBackend) Name() string { return BackendKVM }
+func (b failingBackend) Start(context.Context, GuestConfig) (Guest, error) {
+	return nil, b.err
+}
+
+func TestStartVMNamesTheProcessBackendOnce(t *testing.T) {
+	for _, backendErr := range []error{
+		errors.New("no KVM device"),
+		errors.New("this KVM is PVM; set COWORK_VMM_BACKEND=process to run guests as host processes"),
+	} {
+		s, err := New(Options{DataDir: t.TempDir(), Backend: BackendKVM, Backends: map[string]BackendFactory{
+			BackendKVM:     func() (Backend, error) { return failingBackend{backendErr}, nil },
+			BackendProcess: func() (Backend, error) { return failingBackend{backendErr}, nil },
+		}})
+		require.NoError(t, err)
+		_, err = s.Call(context.Background(), "startVM", nil)
+		require.Error(t, err)
+		assert.Equal(t, 1, strings.Count(err.Error(), "COWORK_VMM_BACKEND=process"), err.Error())
+	}
 }
 
 func TestStartVMBackendFailure(t *testing.T) {

@@ -113,7 +113,7 @@ func (s *Service) startVM(ctx context.Context, p startVMParams) (empty, error) {
 
 	backend, err := factory()
 	if err != nil {
-		return fail(fmt.Errorf("the %s backend is unavailable: %w%s", s.opts.Backend, err, s.fallbackHint()))
+		return fail(fmt.Errorf("the %s backend is unavailable: %w%s", s.opts.Backend, err, s.fallbackHint(err)))
 	}
 	vm.backend = backend
 	s.log.Info("starting guest", "backend", backend.Name(), "memoryMB", mem, "cpus", cpus)
@@ -121,7 +121,7 @@ func (s *Service) startVM(ctx context.Context, p startVMParams) (empty, error) {
 	guest, err := backend.Start(vmCtx, GuestConfig{MemoryMiB: mem, CPUCount: cpus, StepFunc: s.step})
 	s.step(StepLaunchGuest, protocol.StepCompleted)
 	if err != nil {
-		return fail(fmt.Errorf("starting the guest (%s backend): %w%s", backend.Name(), err, s.fallbackHint()))
+		return fail(fmt.Errorf("starting the guest (%s backend): %w%s", backend.Name(), err, s.fallbackHint(err)))
 	}
 	vm.mu.Lock()
 	vm.guest = guest
@@ -153,9 +153,11 @@ func (s *Service) missingBackendError() error {
 // backend is available.
 const ProcessFallbackHint = "; on a host without usable KVM, set COWORK_VMM_BACKEND=process to run guests as sandboxed host processes"
 
-// fallbackHint points a failed kvm start at the process backend.
-func (s *Service) fallbackHint() string {
-	if s.opts.Backend != BackendKVM || s.opts.Backends[BackendProcess] == nil {
+// fallbackHint points a failed kvm start at the process backend, unless
+// the backend's own error already does (the user reads it once).
+func (s *Service) fallbackHint(err error) string {
+	if s.opts.Backend != BackendKVM || s.opts.Backends[BackendProcess] == nil ||
+		strings.Contains(err.Error(), "COWORK_VMM_BACKEND=process") {
 		return ""
 	}
 	return ProcessFallbackHint
