@@ -11,17 +11,22 @@ import (
 // SocketName is the client's socket file in its runtime directory.
 const SocketName = "claude-cowork-vm.sock"
 
-// socketDir is where the client puts its socket: $XDG_RUNTIME_DIR, else a
-// 0700 directory <tmpdir>/claude-cowork-<uid>/ (CLIENT-FACTS.md).
-func (r *runner) socketDir() (dir string, fromEnv bool) {
-	if d := r.h.Getenv("XDG_RUNTIME_DIR"); d != "" {
+// SocketDir is where the client puts its socket: $XDG_RUNTIME_DIR, else a
+// 0700 directory <tmpdir>/claude-cowork-<uid>/ (CLIENT-FACTS.md); fromEnv
+// says which.
+func SocketDir(getenv func(string) string, uid int) (dir string, fromEnv bool) {
+	if d := getenv("XDG_RUNTIME_DIR"); d != "" {
 		return filepath.Clean(d), true
 	}
-	tmp := r.h.Getenv("TMPDIR")
+	tmp := getenv("TMPDIR")
 	if tmp == "" {
 		tmp = "/tmp"
 	}
-	return filepath.Join(tmp, "claude-cowork-"+strconv.Itoa(r.h.Getuid())), false
+	return filepath.Join(tmp, "claude-cowork-"+strconv.Itoa(uid)), false
+}
+
+func (r *runner) socketDir() (dir string, fromEnv bool) {
+	return SocketDir(r.h.Getenv, r.h.Getuid())
 }
 
 // socketChecks mirrors what protocol.Listen demands of the socket's

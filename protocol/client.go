@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"sync"
+	"time"
 )
 
 // This file is a small client of the contract, as the desktop client speaks
@@ -163,6 +164,88 @@ func (p *PipeClient) Call(ctx context.Context, method string, params any) (Respo
 
 // Close closes the pipe.
 func (p *PipeClient) Close() error { return p.conn.Close() }
+
+// ReplyError is a failure reply ({success:false, error}) as a Go error.
+type ReplyError struct {
+	Method  string
+	Message string
+}
+
+func (e *ReplyError) Error() string { return e.Method + ": " + e.Message }
+
+// CallResult is Call for the usual case: a failure reply becomes a
+// *ReplyError, and a success's result is decoded into result (unless nil).
+func (p *PipeClient) CallResult(ctx context.Context, method string, params, result any) error {
+	resp, err := p.Call(ctx, method, params)
+	if err != nil {
+		return err
+	}
+	if !resp.Success {
+		return &ReplyError{Method: method, Message: resp.Error}
+	}
+	if result != nil && len(resp.Result) > 0 {
+		if err := json.Unmarshal(resp.Result, result); err != nil {
+			return fmt.Errorf("protocol: decode %s result: %w", method, err)
+		}
+	}
+	return nil
+}
+
+// ErrGuestStopped is returned by WaitGuestConnected when the helper reports
+// that no guest is running any more (it failed to boot, or died).
+var ErrGuestStopped = errors.New("the guest stopped before its agent connected")
+
+// StartGuest starts the guest as the desktop client's boot sequence does —
+// configure (the full variant), then startVM — unless isRunning says one is
+// already up, which it then leaves alone (its configuration included).
+// started reports whether startVM was sent.
+func StartGuest(ctx context.Context, p *PipeClient, configure ConfigureParams, start StartVMParams) (started bool, err error) {
+	var running IsRunningResult
+	if err := p.CallResult(ctx, MethodIsRunning, nil, &running); err != nil {
+		return false, err
+	}
+	if running.Running {
+		return false, nil
+	}
+	configure.SessionOnly = false
+	if err := p.CallResult(ctx, MethodConfigure, configure, nil); err != nil {
+		return false, err
+	}
+	if err := p.CallResult(ctx, MethodStartVM, start, nil); err != nil {
+		return true, err
+	}
+	return true, nil
+}
+
+// WaitGuestConnected polls isGuestConnected every interval, as the desktop
+// client does after startVM, until the guest agent answers. It fails with
+// ErrGuestStopped when isRunning turns false meanwhile, and with ctx's error
+// when ctx ends first.
+func WaitGuestConnected(ctx context.Context, p *PipeClient, interval time.Duration) error {
+	ticker := time.NewTicker(interval)
+	defer ticker.Stop()
+	for {
+		var connected IsGuestConnectedResult
+		if err := p.CallResult(ctx, MethodIsGuestConnected, nil, &connected); err != nil {
+			return err
+		}
+		if connected.Connected {
+			return nil
+		}
+		var running IsRunningResult
+		if err := p.CallResult(ctx, MethodIsRunning, nil, &running); err != nil {
+			return err
+		}
+		if !running.Running {
+			return ErrGuestStopped
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("waiting for the guest agent: %w", ctx.Err())
+		case <-ticker.C:
+		}
+	}
+}
 
 // EventStream is an event subscription.
 type EventStream struct {

@@ -43,6 +43,8 @@ func dispatch(args []string, stdout, stderr io.Writer) int {
 			return agent.ProcessMain(args[1:])
 		case "run":
 			return runMain(args[1:], stderr)
+		case "client":
+			return clientMain(args[1:], stdout, stderr)
 		case "bench":
 			ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
@@ -89,6 +91,10 @@ tools in a sandboxed guest (a KVM virtual machine, or namespaced host processes)
 Usage:
   cowork-vmm -socket PATH [-debug]       serve the desktop client on a Unix socket (helper mode)
   cowork-vmm run [flags] -- CMD [ARG…]   run one command in a fresh guest, like "docker run"
+  cowork-vmm client [flags] -- CMD [ARG…]
+                                         run one command in a session of a running helper,
+                                         through its socket, as Claude Desktop does
+                                         (cowork-vmm client --help for its flags)
   cowork-vmm agent [--fd N] [--egress-fd M] [--debug]
                                          the guest agent (started by the process backend)
   cowork-vmm bench [--runs N] [--out DIR] time a guest start, phase by phase, beside qemu
@@ -124,6 +130,7 @@ its cowork_vm_node.log).
 Examples:
   cowork-vmm -socket "$XDG_RUNTIME_DIR/claude-cowork-vm.sock"
   cowork-vmm run -- sh -c 'echo hello from the guest; uname -a'
+  cowork-vmm client -- uname -a          (with a helper serving the default socket)
   COWORK_VMM_BACKEND=process cowork-vmm run --mount "$PWD:/work" --workdir /work -- ls -la
   cowork-vmm run --mount /etc/hosts:/data/hosts:ro -- cat /data/hosts
   cowork-vmm run --kernel vmlinux --initrd initrd.cpio --mem 512 --cpus 2 --cmdline loglevel=7
