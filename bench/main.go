@@ -71,6 +71,27 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	return 0
 }
 
+// stage copies the helper binary and the kernel (with the bzImage beside
+// it, if any) into dir and returns the copies' paths.
+func stage(dir, binary, vmlinux string) (string, string, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return "", "", err
+	}
+	copies := [][2]string{{binary, "cowork-vmm"}, {vmlinux, "vmlinux"}}
+	if bz := filepath.Join(filepath.Dir(vmlinux), "bzImage"); isFile(bz) {
+		copies = append(copies, [2]string{bz, "bzImage"})
+	}
+	for _, c := range copies {
+		if err := copyFile(filepath.Join(dir, c[1]), c[0]); err != nil {
+			return "", "", fmt.Errorf("staging %s for the bench: %w", c[0], err)
+		}
+	}
+	if err := os.Chmod(filepath.Join(dir, "cowork-vmm"), 0o755); err != nil {
+		return "", "", err
+	}
+	return filepath.Join(dir, "cowork-vmm"), filepath.Join(dir, "vmlinux"), nil
+}
+
 func parseFlags(args []string, stderr io.Writer) (Options, error) {
 	o := Options{}
 	fs := flag.NewFlagSet("cowork-vmm bench", flag.ContinueOnError)
@@ -227,6 +248,12 @@ func Run(ctx context.Context, opts Options, progress io.Writer) (Report, error) 
 	if backend == "kvm" {
 		vmlinux, err = resolveKernel(opts.Kernel)
 		if err != nil {
+			return Report{}, err
+		}
+		// Every system reads the same local copies: the originals may sit on
+		// a slower file system (the harness's 9p payload), and a helper
+		// reads its own executable for the initramfs on every start.
+		if binary, vmlinux, err = stage(filepath.Join(work, "stage"), binary, vmlinux); err != nil {
 			return Report{}, err
 		}
 		var why string

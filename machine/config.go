@@ -5,11 +5,11 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"os"
 	"strings"
 
 	"github.com/cowork-vmm/cowork-vmm/devices/platform"
 	"github.com/cowork-vmm/cowork-vmm/vmm"
+	"github.com/cowork-vmm/cowork-vmm/vmm/loader"
 )
 
 // Defaults of Config.
@@ -49,9 +49,11 @@ type Config struct {
 	// bzImage); KernelImage, when set, is the image itself instead.
 	Kernel      string
 	KernelImage []byte
-	// Initrd is the path of an initrd (optional); InitrdImage the bytes.
-	Initrd      string
-	InitrdImage []byte
+	// Initrd is the path of an initrd (optional); InitrdImage the bytes;
+	// InitrdSource, which wins over both, one streamed into guest memory.
+	Initrd       string
+	InitrdImage  []byte
+	InitrdSource loader.InitrdSource
 	// Cmdline is appended to DefaultCmdline (later words override earlier
 	// ones), or used alone when NoDefaultCmdline is set. virtio-mmio
 	// device entries are always appended.
@@ -100,26 +102,6 @@ func (c Config) withDefaults() (Config, error) {
 		c.Console = io.Discard
 	}
 	return c, nil
-}
-
-// images returns the kernel and initrd bytes, reading the files if needed.
-func (c Config) images() (kernel, initrd []byte, err error) {
-	kernel = c.KernelImage
-	if kernel == nil {
-		if c.Kernel == "" {
-			return nil, nil, errors.New("machine: no kernel: set Config.Kernel (a vmlinux or bzImage path)")
-		}
-		if kernel, err = os.ReadFile(c.Kernel); err != nil {
-			return nil, nil, fmt.Errorf("machine: reading the kernel: %w", err)
-		}
-	}
-	initrd = c.InitrdImage
-	if initrd == nil && c.Initrd != "" {
-		if initrd, err = os.ReadFile(c.Initrd); err != nil {
-			return nil, nil, fmt.Errorf("machine: reading the initrd: %w", err)
-		}
-	}
-	return kernel, initrd, nil
 }
 
 // baseCmdline returns the command line before device entries.

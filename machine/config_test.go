@@ -1,10 +1,13 @@
 package machine
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/cowork-vmm/cowork-vmm/vmm/loader"
 )
 
 func TestConfigDefaultsAndLimits(t *testing.T) {
@@ -36,32 +39,78 @@ func TestCmdlineComposition(t *testing.T) {
 	}
 }
 
-func TestImagesReadFilesOrBytes(t *testing.T) {
+func TestImagesMapFilesOrTakeBytes(t *testing.T) {
 	dir := t.TempDir()
 	kernel, initrd := filepath.Join(dir, "vmlinux"), filepath.Join(dir, "initrd")
 	if err := os.WriteFile(kernel, []byte("K"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(initrd, []byte("I"), 0o644); err != nil {
+	if err := os.WriteFile(initrd, []byte("initrd"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	k, i, err := Config{Kernel: kernel, Initrd: initrd}.images()
-	if err != nil || string(k) != "K" || string(i) != "I" {
-		t.Errorf("from files: %q %q %v", k, i, err)
+	b, err := Config{Kernel: kernel, Initrd: initrd}.images()
+	if err != nil || string(b.kernel) != "K" || b.unmap == nil || b.initrd == nil || b.initrd.Size() != 6 {
+		t.Fatalf("from files: %+v %v", b, err)
 	}
-	k, i, err = Config{KernelImage: []byte("k")}.images()
-	if err != nil || string(k) != "k" || i != nil {
-		t.Errorf("from bytes: %q %q %v", k, i, err)
+	mem := &recordingMemory{}
+	if err := b.initrd.WriteTo(mem, 0x1000); err != nil || string(mem.data) != "initrd" || mem.at != 0x1000 {
+		t.Errorf("initrd streamed %q at %#x: %v", mem.data, mem.at, err)
 	}
-	if _, _, err := (Config{}).images(); err == nil || !strings.Contains(err.Error(), "Config.Kernel") {
+	b.release()
+	b.release() // idempotent
+	if b.kernel != nil || b.unmap != nil {
+		t.Error("release kept the mapping")
+	}
+
+	// An initrd that grew after it was placed must not spill past its room.
+	b, err = Config{KernelImage: []byte("k"), Initrd: initrd}.images()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(initrd, []byte("initrd grew"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.initrd.WriteTo(&recordingMemory{}, 0); !errors.Is(err, loader.ErrStreamFull) {
+		t.Errorf("grown initrd: %v", err)
+	}
+
+	b, err = Config{KernelImage: []byte("k")}.images()
+	if err != nil || string(b.kernel) != "k" || b.initrd != nil || b.unmap != nil {
+		t.Errorf("from bytes: %+v %v", b, err)
+	}
+	if _, err := (Config{}).images(); err == nil || !strings.Contains(err.Error(), "Config.Kernel") {
 		t.Errorf("no kernel: %v", err)
 	}
-	if _, _, err := (Config{Kernel: filepath.Join(dir, "missing")}).images(); err == nil {
+	if _, err := (Config{Kernel: filepath.Join(dir, "missing")}).images(); err == nil {
 		t.Error("missing kernel accepted")
 	}
-	if _, _, err := (Config{Kernel: kernel, Initrd: filepath.Join(dir, "missing")}).images(); err == nil {
+	empty := filepath.Join(dir, "empty")
+	if err := os.WriteFile(empty, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := (Config{Kernel: empty}).images(); err == nil || !strings.Contains(err.Error(), "empty") {
+		t.Errorf("empty kernel: %v", err)
+	}
+	if _, err := (Config{Kernel: dir}).images(); err == nil {
+		t.Error("a directory accepted as the kernel")
+	}
+	if _, err := (Config{Kernel: kernel, Initrd: filepath.Join(dir, "missing")}).images(); err == nil {
 		t.Error("missing initrd accepted")
 	}
+}
+
+// recordingMemory is guest memory that keeps what was written in order.
+type recordingMemory struct {
+	at   uint64
+	data []byte
+}
+
+func (r *recordingMemory) WriteAt(p []byte, gpa uint64) error {
+	if len(r.data) == 0 {
+		r.at = gpa
+	}
+	r.data = append(r.data, p...)
+	return nil
 }
 
 func TestVirtioGSIsAvoidLegacyLines(t *testing.T) {

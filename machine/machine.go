@@ -32,7 +32,7 @@ type Machine struct {
 	vm   *vmm.VM
 	uart *serial.UART
 
-	kernel, initrd []byte // nil for machines that run hand-made guests (tests)
+	images bootImages // empty for machines that run hand-made guests (tests)
 
 	mu        sync.Mutex
 	started   bool
@@ -50,15 +50,16 @@ type Machine struct {
 // into guest memory by Start. On a PVM host it returns ErrPVM unless
 // cfg.AllowPVM.
 func New(cfg Config) (*Machine, error) {
-	kernel, initrd, err := cfg.images()
+	images, err := cfg.images()
 	if err != nil {
 		return nil, err
 	}
 	m, err := assemble(cfg)
 	if err != nil {
+		images.release()
 		return nil, err
 	}
-	m.kernel, m.initrd = kernel, initrd
+	m.images = images
 	return m, nil
 }
 
@@ -148,14 +149,20 @@ func (m *Machine) Cmdline() string {
 // PVH start info, MP table, e820, GDT, page tables) into guest memory, sets
 // the boot vCPU's registers, arms the boot timer and runs the vCPUs.
 func (m *Machine) Start() error {
-	if m.kernel != nil {
+	cmdline := m.Cmdline()
+	m.mu.Lock()
+	images := m.images // Start owns them now: a concurrent Stop does not unmap them under us
+	m.images = bootImages{}
+	m.mu.Unlock()
+	defer images.release() // in guest memory once loaded, or never to be
+	if images.kernel != nil {
 		setup, err := loader.PrepareBoot(m.vm.Memory(), loader.BootConfig{
-			MemBytes: uint64(m.cfg.MemMiB) << 20,
-			CPUs:     m.cfg.CPUs,
-			Kernel:   m.kernel,
-			Initrd:   m.initrd,
-			Cmdline:  m.Cmdline(),
-			PVH:      m.cfg.PVH,
+			MemBytes:     uint64(m.cfg.MemMiB) << 20,
+			CPUs:         m.cfg.CPUs,
+			Kernel:       images.kernel,
+			InitrdSource: images.initrd,
+			Cmdline:      cmdline,
+			PVH:          m.cfg.PVH,
 		})
 		if err != nil {
 			return fmt.Errorf("machine: loading the kernel: %w", err)
@@ -164,8 +171,7 @@ func (m *Machine) Start() error {
 			return err
 		}
 		m.log.Debug("kernel loaded", "format", setup.Kernel.Format, "entry", fmt.Sprintf("%#x", setup.Regs.RIP),
-			"initrd_addr", fmt.Sprintf("%#x", setup.InitrdAddr), "cmdline", m.Cmdline())
-		m.kernel, m.initrd = nil, nil // in guest memory now; let the GC have them
+			"initrd_addr", fmt.Sprintf("%#x", setup.InitrdAddr), "cmdline", cmdline)
 	}
 	return m.startVCPUs()
 }
@@ -240,6 +246,7 @@ func (m *Machine) Stop() (vmm.Exit, error) {
 		return e, nil
 	}
 	m.stopped = true
+	m.images.release()
 	started := m.started
 	transports := m.virtio
 	m.mu.Unlock()

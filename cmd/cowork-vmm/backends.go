@@ -3,6 +3,7 @@ package main
 import (
 	"io"
 	"log/slog"
+	"os"
 
 	"github.com/cowork-vmm/cowork-vmm/helper"
 	"github.com/cowork-vmm/cowork-vmm/helper/process"
@@ -15,7 +16,7 @@ import (
 func backendFactories(log *slog.Logger, agentLog io.Writer) map[string]helper.BackendFactory {
 	return map[string]helper.BackendFactory{
 		helper.BackendKVM: func() (helper.Backend, error) {
-			return vm.New(vm.Options{Logger: log, Console: agentLog}), nil
+			return vm.New(vm.Options{Logger: log, Console: agentLog, Cmdline: os.Getenv(vm.CmdlineEnv)}), nil
 		},
 		helper.BackendProcess: func() (helper.Backend, error) {
 			return process.New(process.Options{Logger: log, Stderr: agentLog}), nil

@@ -72,6 +72,26 @@ func Write(w io.Writer, files []File) error {
 	return nil
 }
 
+// Size returns the length of the archive Write would write for files,
+// without reading any host file (their sizes come from stat): the VMM
+// reserves that much guest memory, then streams the archive into it.
+func Size(files []File) (int64, error) {
+	entries, err := plan(files)
+	if err != nil {
+		return 0, err
+	}
+	aw := archiveWriter{w: io.Discard, sizeOnly: true}
+	for i, e := range entries {
+		if err := aw.writeEntry(uint32(i+1), e); err != nil {
+			return 0, fmt.Errorf("initramfs: %s: %w", e.name, err)
+		}
+	}
+	if err := aw.writeTrailer(); err != nil {
+		return 0, fmt.Errorf("initramfs: trailer: %w", err)
+	}
+	return aw.written, nil
+}
+
 // WriteGzip is Write with gzip compression at level (gzip.BestSpeed ..
 // gzip.BestCompression, or gzip.DefaultCompression), the format Linux
 // unpacks when built with CONFIG_RD_GZIP.
@@ -206,6 +226,8 @@ func cpioMode(f File) (uint32, error) {
 type archiveWriter struct {
 	w       io.Writer
 	written int64
+	// sizeOnly counts host files' contents from their size, unread.
+	sizeOnly bool
 }
 
 func (a *archiveWriter) write(p []byte) error {
@@ -276,6 +298,10 @@ func (a *archiveWriter) writeEntry(ino uint32, e entry) error {
 	size := info.Size()
 	if err := a.header(ino, e.mode, 1, size, 0, 0, e.name); err != nil {
 		return err
+	}
+	if a.sizeOnly {
+		a.written += size
+		return a.pad()
 	}
 	n, err := io.CopyN(a.w, src, size)
 	a.written += n

@@ -88,6 +88,9 @@ func TestWriteRoundTrip(t *testing.T) {
 	var buf bytes.Buffer
 	require.NoError(t, Write(&buf, files))
 	entries := readNewc(t, buf.Bytes())
+	size, err := Size(files)
+	require.NoError(t, err)
+	require.Equal(t, int64(buf.Len()), size, "Size must predict Write's length exactly: the VMM reserves that much guest memory")
 
 	var names []string
 	inodes := make(map[uint32]bool)
@@ -116,6 +119,13 @@ func TestWriteRoundTrip(t *testing.T) {
 	require.Equal(t, uint32(0o041777), m["tmp"].mode)
 	require.Equal(t, uint32(0o104755), m["empty"].mode)
 	require.Empty(t, m["empty"].data)
+}
+
+func TestSizeRejectsWhatWriteRejects(t *testing.T) {
+	_, err := Size([]File{{Path: "init", Mode: 0o755, HostPath: filepath.Join(t.TempDir(), "missing")}})
+	require.ErrorIs(t, err, fs.ErrNotExist)
+	_, err = Size([]File{{Path: "../escape", Mode: 0o644}})
+	require.Error(t, err)
 }
 
 func TestWriteIsDeterministic(t *testing.T) {

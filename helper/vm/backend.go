@@ -13,6 +13,7 @@ import (
 	"github.com/cowork-vmm/cowork-vmm/machine"
 	"github.com/cowork-vmm/cowork-vmm/protocol"
 	"github.com/cowork-vmm/cowork-vmm/vmm/kvm"
+	"github.com/cowork-vmm/cowork-vmm/vmm/loader"
 )
 
 // Name is the backend's name (helper.BackendKVM).
@@ -54,7 +55,7 @@ type Options struct {
 	// os.Executable(). It must be a static build of cowork-vmm
 	// (CGO_ENABLED=0): it runs the agent when it is PID 1.
 	Executable string
-	// CompressInitramfs gzips the initramfs (see buildInitramfs).
+	// CompressInitramfs gzips the initramfs (see buildGzipInitramfs).
 	CompressInitramfs bool
 	// Cmdline is appended to the machine's kernel command line.
 	Cmdline string
@@ -120,9 +121,11 @@ func (b *Backend) Start(ctx context.Context, cfg helper.GuestConfig) (helper.Gue
 	if step == nil {
 		step = func(string, string) {}
 	}
+	began := time.Now()
 	if err := b.preflight(); err != nil {
 		return nil, err
 	}
+	b.log.Debug("preflight", "took", time.Since(began))
 	memMiB, cpus, err := sizing(cfg.MemoryMiB, cfg.CPUCount, b.hostLimits())
 	if err != nil {
 		return nil, err
@@ -139,12 +142,14 @@ func (b *Backend) Start(ctx context.Context, cfg helper.GuestConfig) (helper.Gue
 		return nil, fmt.Errorf("kvm backend: start cancelled: %w", err)
 	}
 	step(StepLoadKernel, protocol.StepStarted)
+	loadStart := time.Now()
 	if err := g.m.Start(); err != nil {
 		step(StepLoadKernel, stepFailed)
 		_ = g.Stop(context.Background())
 		return nil, fmt.Errorf("kvm backend: booting the guest kernel (%s): %w", g.kernelFrom, err)
 	}
 	step(StepLoadKernel, protocol.StepCompleted)
+	b.log.Debug("kernel and initramfs loaded, vCPUs started", "took", time.Since(loadStart))
 	g.run(step)
 	b.log.Info("VM started", "memoryMiB", memMiB, "cpus", cpus, "kernel", g.kernelFrom)
 	return g, nil
@@ -170,30 +175,39 @@ func (b *Backend) create(memMiB, cpus int) (*guest, error) {
 			return nil, fmt.Errorf("kvm backend: finding the helper's own executable (the guest's /init): %w", err)
 		}
 	}
+	began := time.Now()
 	k, err := locateKernel(b.kernels(exe))
 	if err != nil {
 		return nil, fmt.Errorf("kvm backend: %w", err)
 	}
-	initrd, err := buildInitramfs(exe, b.opts.CompressInitramfs)
-	if err != nil {
+	located := time.Now()
+	var initrd loader.InitrdSource
+	if b.opts.CompressInitramfs {
+		gz, err := buildGzipInitramfs(exe)
+		if err != nil {
+			return nil, fmt.Errorf("kvm backend: %w", err)
+		}
+		initrd = loader.InitrdBytes(gz)
+	} else if initrd, err = newInitramfsSource(exe); err != nil {
 		return nil, fmt.Errorf("kvm backend: %w", err)
 	}
+	sized := time.Now()
 	cmdline := b.opts.Cmdline
 	if b.opts.GuestDebug {
 		cmdline += " cowork.debug"
 	}
 	con := newConsole(b.log, b.opts.Console)
 	m, err := machine.New(machine.Config{
-		Kernel:      k.path,
-		KernelImage: k.image,
-		InitrdImage: initrd,
-		Cmdline:     cmdline,
-		PVH:         b.opts.PVH,
-		MemMiB:      memMiB,
-		CPUs:        cpus,
-		Console:     con,
-		Logger:      b.log,
-		KVMDevice:   b.opts.KVMDevice,
+		Kernel:       k.path,
+		KernelImage:  k.image,
+		InitrdSource: initrd,
+		Cmdline:      cmdline,
+		PVH:          b.opts.PVH,
+		MemMiB:       memMiB,
+		CPUs:         cpus,
+		Console:      con,
+		Logger:       b.log,
+		KVMDevice:    b.opts.KVMDevice,
 	})
 	if err != nil {
 		if errors.Is(err, machine.ErrPVM) || errors.Is(err, kvm.ErrNoKVM) || errors.Is(err, kvm.ErrKVMPermission) {
@@ -201,12 +215,15 @@ func (b *Backend) create(memMiB, cpus int) (*guest, error) {
 		}
 		return nil, fmt.Errorf("kvm backend: creating the VM: %w", err)
 	}
+	made := time.Now()
 	g := newGuestState(con, b.log)
 	g.bootTimeout = b.opts.BootTimeout
 	if err := g.attachDevices(m); err != nil {
 		_ = g.Stop(context.Background())
 		return nil, fmt.Errorf("kvm backend: %w", err)
 	}
+	b.log.Debug("VM created", "locate_kernel", located.Sub(began), "initramfs", sized.Sub(located),
+		"vm", made.Sub(sized), "devices", time.Since(made))
 	g.kernelFrom = k.from
 	return g, nil
 }

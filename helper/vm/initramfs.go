@@ -5,9 +5,10 @@ import (
 	"compress/gzip"
 	"fmt"
 	"io/fs"
-	"os"
 
 	"github.com/cowork-vmm/cowork-vmm/guest/initramfs"
+	"github.com/cowork-vmm/cowork-vmm/vmm/loader"
+	"github.com/cowork-vmm/cowork-vmm/vmm/x86"
 )
 
 // InitramfsFiles lists the guest's initial root: the helper's executable
@@ -35,23 +36,46 @@ func InitramfsFiles(executable string) []initramfs.File {
 	}
 }
 
-// buildInitramfs returns the initramfs for executable, gzip-compressed at
-// BestSpeed when compress is set. Uncompressed is the default: the kernel
-// then only copies the archive, where inflating it in the guest costs more
-// boot time than the larger image costs to load.
-func buildInitramfs(executable string, compress bool) ([]byte, error) {
-	var b bytes.Buffer
-	if info, err := os.Stat(executable); err == nil && !compress {
-		b.Grow(int(min(info.Size(), 1<<30)) + 64<<10) // the archive is the executable plus headers
-	}
+// initramfsSource is the uncompressed initramfs for an executable, streamed
+// straight into guest memory when the machine loads it: the helper never
+// holds the archive (the size of its executable) in its own memory.
+type initramfsSource struct {
+	files []initramfs.File
+	size  uint64
+}
+
+// newInitramfsSource sizes the initramfs for executable (a stat, no read).
+func newInitramfsSource(executable string) (initramfsSource, error) {
 	files := InitramfsFiles(executable)
-	var err error
-	if compress {
-		err = initramfs.WriteGzip(&b, files, gzip.BestSpeed)
-	} else {
-		err = initramfs.Write(&b, files)
-	}
+	size, err := initramfs.Size(files)
 	if err != nil {
+		return initramfsSource{}, fmt.Errorf("building the guest initramfs from %s: %w", executable, err)
+	}
+	return initramfsSource{files: files, size: uint64(size)}, nil
+}
+
+// Size implements loader.InitrdSource.
+func (s initramfsSource) Size() uint64 { return s.size }
+
+// WriteTo implements loader.InitrdSource.
+func (s initramfsSource) WriteTo(mem x86.GuestWriter, addr uint64) error {
+	w := loader.NewGuestStream(mem, addr, s.size)
+	if err := initramfs.Write(w, s.files); err != nil {
+		return fmt.Errorf("writing the guest initramfs (was the executable replaced while the VM started?): %w", err)
+	}
+	if w.Written() != s.size {
+		return fmt.Errorf("the guest initramfs came out at %d bytes, not the %d announced (was the executable replaced while the VM started?)", w.Written(), s.size)
+	}
+	return nil
+}
+
+// buildGzipInitramfs returns the initramfs for executable, gzip-compressed
+// at BestSpeed (Options.CompressInitramfs). Uncompressed is the default:
+// the kernel then only copies the archive, where inflating it in the guest
+// costs more boot time than the larger image costs to load.
+func buildGzipInitramfs(executable string) ([]byte, error) {
+	var b bytes.Buffer
+	if err := initramfs.WriteGzip(&b, InitramfsFiles(executable), gzip.BestSpeed); err != nil {
 		return nil, fmt.Errorf("building the guest initramfs from %s: %w", executable, err)
 	}
 	return b.Bytes(), nil

@@ -3,10 +3,12 @@ package vm
 import (
 	"bytes"
 	"compress/gzip"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 )
 
@@ -56,12 +58,15 @@ func TestInitramfsHoldsTheExecutableAsInit(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, compress := range []bool{false, true} {
-		img, err := buildInitramfs(exe, compress)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if compress {
-			zr, err := gzip.NewReader(bytes.NewReader(img))
+		var img []byte
+		if !compress {
+			img = streamInitramfs(t, exe)
+		} else {
+			gz, err := buildGzipInitramfs(exe)
+			if err != nil {
+				t.Fatal(err)
+			}
+			zr, err := gzip.NewReader(bytes.NewReader(gz))
 			if err != nil {
 				t.Fatalf("compressed initramfs is not gzip: %v", err)
 			}
@@ -92,8 +97,63 @@ func TestInitramfsHoldsTheExecutableAsInit(t *testing.T) {
 	}
 }
 
+// byteMemory is guest memory backed by a byte slice.
+type byteMemory []byte
+
+func (m byteMemory) WriteAt(p []byte, gpa uint64) error {
+	if gpa > uint64(len(m)) || uint64(len(p)) > uint64(len(m))-gpa {
+		return fmt.Errorf("write of %d bytes at %#x outside %d bytes", len(p), gpa, len(m))
+	}
+	copy(m[gpa:], p)
+	return nil
+}
+
+// streamInitramfs streams exe's initramfs into memory as the machine
+// loads it, past a guard page that must stay untouched.
+func streamInitramfs(t testing.TB, exe string) []byte {
+	t.Helper()
+	src, err := newInitramfsSource(exe)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const guard = 4096
+	mem := make(byteMemory, guard+int(src.Size())+guard)
+	if err := src.WriteTo(mem, guard); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(mem[:guard], make([]byte, guard)) || !bytes.Equal(mem[guard+int(src.Size()):], make([]byte, guard)) {
+		t.Fatal("the initramfs was written outside the space it announced")
+	}
+	return mem[guard : guard+int(src.Size())]
+}
+
 func TestInitramfsMissingExecutable(t *testing.T) {
-	if _, err := buildInitramfs(filepath.Join(t.TempDir(), "nope"), false); err == nil {
+	if _, err := newInitramfsSource(filepath.Join(t.TempDir(), "nope")); err == nil {
 		t.Fatal("a missing executable made an initramfs")
+	}
+	if _, err := buildGzipInitramfs(filepath.Join(t.TempDir(), "nope")); err == nil {
+		t.Fatal("a missing executable made a compressed initramfs")
+	}
+}
+
+func TestInitramfsRefusesAnExecutableThatGrew(t *testing.T) {
+	exe := filepath.Join(t.TempDir(), "cowork-vmm")
+	if err := os.WriteFile(exe, []byte("small"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	src, err := newInitramfsSource(exe)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(exe, bytes.Repeat([]byte("bigger"), 1000), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	mem := make(byteMemory, src.Size()+8192)
+	err = src.WriteTo(mem, 0)
+	if err == nil || !strings.Contains(err.Error(), "replaced") {
+		t.Fatalf("an executable that grew was streamed: %v", err)
+	}
+	if !bytes.Equal(mem[src.Size():], make([]byte, 8192)) {
+		t.Fatal("the grown executable spilled past the initramfs's space")
 	}
 }

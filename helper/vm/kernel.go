@@ -15,6 +15,10 @@ import (
 // KernelEnv overrides where the guest kernel comes from.
 const KernelEnv = "COWORK_VMM_KERNEL"
 
+// CmdlineEnv is appended to the guest kernel's command line, for
+// diagnosis (e.g. "loglevel=7" shows the boot messages on the console).
+const CmdlineEnv = "COWORK_VMM_GUEST_CMDLINE"
+
 // Names of a kernel shipped beside the executable.
 var besideExecutable = []string{"vmlinux", "cowork-vmm-vmlinux"}
 
@@ -30,7 +34,7 @@ type kernelImage struct {
 // tests can replace them.
 type kernelSources struct {
 	override   string // Options.Kernel, else $COWORK_VMM_KERNEL
-	embedded   func() ([]byte, error)
+	embedded   func() (kernelImage, error)
 	executable string // the helper's executable ("" if unknown)
 	cache      func() (string, error)
 }
@@ -41,7 +45,7 @@ func defaultKernelSources(override, executable string) kernelSources {
 	}
 	return kernelSources{
 		override:   override,
-		embedded:   embedded.Kernel,
+		embedded:   embeddedKernel,
 		executable: executable,
 		cache:      func() (string, error) { return kernel.Find(kernel.Guest) },
 	}
@@ -60,10 +64,10 @@ func locateKernel(src kernelSources) (kernelImage, error) {
 	}
 	var tried []string
 	if src.embedded != nil {
-		img, err := src.embedded()
+		k, err := src.embedded()
 		switch {
 		case err == nil:
-			return kernelImage{image: img, from: "embedded in the executable"}, nil
+			return k, nil
 		case errors.Is(err, embedded.ErrNotEmbedded):
 			tried = append(tried, "not embedded in this binary")
 		default:
@@ -94,6 +98,29 @@ func locateKernel(src kernelSources) (kernelImage, error) {
 	return kernelImage{}, fmt.Errorf("no guest kernel found (%s): build one with `make kernel` in the cowork-vmm repository "+
 		"(then `make build` embeds it in the binary), or set %s to a vmlinux built from guest/kernel/guest.fragment",
 		strings.Join(tried, "; "), KernelEnv)
+}
+
+// embeddedKernel is the kernel embedded in the executable: unpacked once
+// into the user's cache directory and mapped from there on every start
+// (inflating ~17 MiB costs every start a fraction of a second, and the
+// helper's memory a copy), or, where the cache cannot be written,
+// decompressed into memory.
+func embeddedKernel() (kernelImage, error) {
+	if !embedded.Available() {
+		return kernelImage{}, embedded.ErrNotEmbedded
+	}
+	base, err := os.UserCacheDir()
+	if err == nil {
+		var p string
+		if p, err = embedded.Unpack(filepath.Join(base, "cowork-vmm", "embedded-kernel")); err == nil {
+			return kernelImage{path: p, from: "embedded in the executable, unpacked to " + p}, nil
+		}
+	}
+	img, kerr := embedded.Kernel()
+	if kerr != nil {
+		return kernelImage{}, kerr
+	}
+	return kernelImage{image: img, from: fmt.Sprintf("embedded in the executable (decompressed in memory: the cache is unusable: %v)", err)}, nil
 }
 
 // regularFile checks that p is a readable regular file (symlinks followed).

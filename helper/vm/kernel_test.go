@@ -30,11 +30,11 @@ func sources(t *testing.T, override bool, embed []byte, beside []string, cached 
 		src.override = filepath.Join(dir, "override-vmlinux")
 		writeFile(t, src.override)
 	}
-	src.embedded = func() ([]byte, error) {
+	src.embedded = func() (kernelImage, error) {
 		if embed == nil {
-			return nil, embedded.ErrNotEmbedded
+			return kernelImage{}, embedded.ErrNotEmbedded
 		}
-		return embed, nil
+		return kernelImage{image: embed, from: "embedded"}, nil
 	}
 	for _, name := range beside {
 		writeFile(t, filepath.Join(dir, "bin", name))
@@ -110,7 +110,7 @@ func TestLocateKernelBadOverride(t *testing.T) {
 
 func TestLocateKernelDamagedEmbedded(t *testing.T) {
 	src, _ := sources(t, false, nil, []string{"vmlinux"}, true)
-	src.embedded = func() ([]byte, error) { return nil, errors.New("gzip: invalid header") }
+	src.embedded = func() (kernelImage, error) { return kernelImage{}, errors.New("gzip: invalid header") }
 	if _, err := locateKernel(src); err == nil || !strings.Contains(err.Error(), "damaged") {
 		t.Errorf("damaged embedded kernel: %v", err)
 	}

@@ -15,8 +15,10 @@ type BootConfig struct {
 	CPUs int
 	// Kernel is the kernel image (vmlinux or bzImage).
 	Kernel []byte
-	// Initrd is the initrd, nil for none.
-	Initrd []byte
+	// Initrd is the initrd, nil for none; InitrdSource, when set, is used
+	// instead (streamed into guest memory).
+	Initrd       []byte
+	InitrdSource InitrdSource
 	// Cmdline is the kernel command line.
 	Cmdline string
 	// PVH enters the vmlinux through its PVH entry (32-bit protected mode,
@@ -65,12 +67,16 @@ func PrepareBoot(mem x86.GuestWriter, cfg BootConfig) (BootSetup, error) {
 		return BootSetup{}, err
 	}
 	setup := BootSetup{Kernel: k}
-	if len(cfg.Initrd) > 0 {
-		addr, err := LoadInitrd(mem, cfg.Initrd, cfg.MemBytes, k.LoadEnd, k.InitrdAddrMax)
+	initrd := cfg.InitrdSource
+	if initrd == nil && len(cfg.Initrd) > 0 {
+		initrd = InitrdBytes(cfg.Initrd)
+	}
+	if initrd != nil {
+		addr, err := LoadInitrdFrom(mem, initrd, cfg.MemBytes, k.LoadEnd, k.InitrdAddrMax)
 		if err != nil {
 			return BootSetup{}, err
 		}
-		setup.InitrdAddr, setup.InitrdSize = addr, uint64(len(cfg.Initrd))
+		setup.InitrdAddr, setup.InitrdSize = addr, initrd.Size()
 	}
 	mp, err := x86.MPTable(cfg.CPUs)
 	if err != nil {

@@ -85,3 +85,44 @@ func TestWriteCmdline(t *testing.T) {
 	require.NoError(t, err)
 	require.Zero(t, n)
 }
+
+// streamedInitrd writes its data through a GuestStream, as the VMM's
+// initramfs does; grow adds bytes beyond what Size announced (a host file
+// that grew while being archived).
+type streamedInitrd struct {
+	data []byte
+	grow int
+}
+
+func (s streamedInitrd) Size() uint64 { return uint64(len(s.data)) }
+
+func (s streamedInitrd) WriteTo(mem x86.GuestWriter, addr uint64) error {
+	w := NewGuestStream(mem, addr, s.Size())
+	if _, err := w.Write(s.data[:len(s.data)/2]); err != nil {
+		return err
+	}
+	_, err := w.Write(append(s.data[len(s.data)/2:], make([]byte, s.grow)...))
+	return err
+}
+
+func TestLoadInitrdFromStreamsIntoPlace(t *testing.T) {
+	const mem = 32 << 20
+	m := newSparseMemory(mem)
+	data := pattern(0x1801, 7)
+	addr, err := LoadInitrdFrom(m, streamedInitrd{data: data}, mem, 0x1100000, 0)
+	require.NoError(t, err)
+	require.Equal(t, uint64(mem-0x2000), addr)
+	require.Equal(t, data, m.read(addr, len(data)))
+}
+
+func TestGuestStreamRefusesToOverrunItsReservation(t *testing.T) {
+	const mem = 32 << 20
+	m := newSparseMemory(mem)
+	_, err := LoadInitrdFrom(m, streamedInitrd{data: pattern(0x1000, 3), grow: 1}, mem, 0x1100000, 0)
+	require.ErrorIs(t, err, ErrStreamFull)
+	w := NewGuestStream(m, mem-0x1000, 0x1000)
+	n, err := w.Write(make([]byte, 0x1001))
+	require.ErrorIs(t, err, ErrStreamFull)
+	require.Zero(t, n)
+	require.Zero(t, w.Written())
+}
