@@ -218,23 +218,47 @@ func (w *ConsoleWatcher) Console() string {
 // times it. The caller bounds it with ctx (a KVM emulation failure pauses
 // qemu forever).
 func QemuMicrovm(ctx context.Context, kernel, initrd string, cpus, memMiB int, console io.Writer) (Boot, error) {
-	args := []string{
-		"-enable-kvm", "-M", "microvm", "-cpu", "host",
-		"-m", strconv.Itoa(memMiB), "-smp", strconv.Itoa(cpus),
-		"-nodefaults", "-no-user-config", "-nographic", "-serial", "stdio",
-		"-kernel", kernel, "-initrd", initrd, "-append", QemuCmdline, "-no-reboot",
+	return QemuMicrovmWith(ctx, QemuOptions{Kernel: kernel, Initrd: initrd, CPUs: cpus, MemMiB: memMiB, Console: console})
+}
+
+// QemuOptions configure QemuMicrovmWith.
+type QemuOptions struct {
+	// Machine is the -M value; default "microvm".
+	Machine        string
+	Kernel, Initrd string
+	CPUs, MemMiB   int
+	// Append is added to QemuCmdline.
+	Append string
+	// Args are extra qemu arguments (devices).
+	Args []string
+	// Console, when set, also receives the serial console.
+	Console io.Writer
+}
+
+// QemuMicrovmWith is QemuMicrovm with extra kernel arguments and devices.
+func QemuMicrovmWith(ctx context.Context, o QemuOptions) (Boot, error) {
+	if o.Machine == "" {
+		o.Machine = "microvm"
 	}
+	args := []string{
+		"-enable-kvm", "-M", o.Machine, "-cpu", "host",
+		"-m", strconv.Itoa(o.MemMiB), "-smp", strconv.Itoa(o.CPUs),
+		"-nodefaults", "-no-user-config", "-nographic", "-serial", "stdio",
+		"-kernel", o.Kernel, "-initrd", o.Initrd,
+		"-append", strings.TrimSpace(QemuCmdline + " " + o.Append), "-no-reboot",
+	}
+	args = append(args, o.Args...)
 	start := time.Now()
 	watch := NewConsoleWatcher(start)
 	cmd := exec.CommandContext(ctx, "qemu-system-x86_64", args...)
 	cmd.WaitDelay = 2 * time.Second
 	var sink io.Writer = watch
-	if console != nil {
-		sink = io.MultiWriter(watch, console)
+	if o.Console != nil {
+		sink = io.MultiWriter(watch, o.Console)
 	}
 	cmd.Stdout, cmd.Stderr = sink, sink
 	err := cmd.Run()
-	b := Boot{VMM: "qemu-microvm", CPUs: cpus, Exit: time.Since(start)}
+	b := Boot{VMM: "qemu-microvm", CPUs: o.CPUs, Exit: time.Since(start)}
 	var ok bool
 	b.Ready, b.GuestUptime, b.GuestCPUs, ok = watch.Ready()
 	if !ok {

@@ -7,6 +7,9 @@
 // "TESTINIT DONE" and restarts the machine (with reboot=t a triple fault,
 // which ends our VMM's run and qemu under -no-reboot).
 //
+// With guestboot.9p=TAG on the kernel command line it first measures 9p
+// throughput (see ninep.go) and prints one "TESTINIT 9P" line.
+//
 // Built static (CGO_ENABLED=0) and packed as /init by package guestboot.
 package main
 
@@ -35,6 +38,9 @@ func main() {
 		fmt.Println("testinit: mount /sys:", err)
 	}
 	fmt.Printf("TESTINIT OK cpus=%s uptime=%s\n", readTrimmed("/sys/devices/system/cpu/online"), uptime())
+	if line, ok := ninePMode(readTrimmed("/proc/cmdline")); ok {
+		fmt.Println(line)
+	}
 	if err := writeBootTimer(); err != nil {
 		fmt.Println("testinit: boot timer:", err)
 	}
