@@ -35,13 +35,7 @@ func runClientCmd(t *testing.T, h *harness, env []string, args ...string) (int, 
 // TestClientCmd is the README's "session through the socket": a helper
 // serving its socket, and `cowork-vmm client` running commands through it.
 func TestClientCmd(t *testing.T) {
-	backend := os.Getenv("COWORK_VMM_E2E_BACKEND")
-	if backend == "" {
-		backend = "process"
-	}
-	if backend == "process" {
-		skipWithoutUserNamespaces(t)
-	}
+	backend := e2eBackend(t)
 	h := startHelper(t, backend)
 
 	code, stdout, stderr := runClientCmd(t, h, nil, "--socket", h.socket, "--", "sh", "-c", "echo hi; exit 3")

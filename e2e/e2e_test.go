@@ -147,7 +147,10 @@ func startHelper(t *testing.T, backend string, extraEnv ...string) *harness {
 	return h
 }
 
-func TestClientFlow(t *testing.T) {
+// e2eBackend is the backend under test: $COWORK_VMM_E2E_BACKEND, else the
+// process backend, whose tests skip where user namespaces are unavailable.
+func e2eBackend(t *testing.T) string {
+	t.Helper()
 	backend := os.Getenv("COWORK_VMM_E2E_BACKEND")
 	if backend == "" {
 		backend = "process"
@@ -155,6 +158,11 @@ func TestClientFlow(t *testing.T) {
 	if backend == "process" {
 		skipWithoutUserNamespaces(t)
 	}
+	return backend
+}
+
+func TestClientFlow(t *testing.T) {
+	backend := e2eBackend(t)
 	h := startHelper(t, backend)
 	const profile, profileRoot = "e2e-profile", "/home/e2e/.config/Claude"
 

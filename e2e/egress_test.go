@@ -27,13 +27,7 @@ const curlPath = "/usr/bin/curl"
 // 127.0.0.1; COWORK_VMM_EGRESS_TEST_HOSTS maps the test names to them (see
 // e2eTestHosts), so nothing leaves loopback.
 func TestEgressAllowedDomains(t *testing.T) {
-	backend := os.Getenv("COWORK_VMM_E2E_BACKEND")
-	if backend == "" {
-		backend = "process"
-	}
-	if backend == "process" {
-		skipWithoutUserNamespaces(t)
-	}
+	backend := e2eBackend(t)
 	if _, err := os.Stat(curlPath); err != nil {
 		t.Skipf("%s is needed as the guest's HTTP client: %v", curlPath, err)
 	}

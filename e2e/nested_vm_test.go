@@ -99,13 +99,7 @@ func runNestedKVM(t *testing.T, run string, timeout time.Duration) {
 // and logs the median. It runs against COWORK_VMM_E2E_BACKEND like
 // TestClientFlow; it asserts only that every boot connects.
 func TestStartToConnected(t *testing.T) {
-	backend := os.Getenv("COWORK_VMM_E2E_BACKEND")
-	if backend == "" {
-		backend = "process"
-	}
-	if backend == "process" {
-		skipWithoutUserNamespaces(t)
-	}
+	backend := e2eBackend(t)
 	boots := 5
 	if n, err := strconv.Atoi(os.Getenv("COWORK_VMM_E2E_BOOTS")); err == nil && n > 0 {
 		boots = n
