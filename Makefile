@@ -11,7 +11,7 @@ KERNEL_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/cowork-vmm/kernels
 PREFIX    ?= /usr/local
 DESTDIR   ?=
 
-.PHONY: all build run test bench fuzz kernel nested clean install uninstall install-client-helper
+.PHONY: all check-go build run test bench fuzz kernel nested clean install uninstall install-client-helper
 
 all: build
 
@@ -20,7 +20,7 @@ GUEST_VMLINUX := $(KERNEL_CACHE)/guest-current/vmlinux
 
 # A static binary; when `make kernel` has built the guest kernel, it is
 # embedded (gzip-compressed) so the helper needs nothing else on the host.
-build:
+build: check-go
 	@tags=; \
 	if [ -f '$(GUEST_VMLINUX)' ]; then \
 		if [ ! -f $(EMBED_KERNEL) ] || [ '$(GUEST_VMLINUX)' -nt $(EMBED_KERNEL) ]; then \
@@ -33,6 +33,10 @@ build:
 		echo "no guest kernel built (make kernel): $(BIN) will look for one at run time"; \
 	fi; \
 	CGO_ENABLED=0 $(GO) build $$tags -trimpath -ldflags '$(LDFLAGS)' -o $(BIN) $(PKG)
+
+# A clear message instead of "go: not found" on a fresh machine.
+check-go:
+	@command -v $(GO) >/dev/null 2>&1 || { echo "make: Go 1.26 or later is needed on PATH (https://go.dev/dl/; Debian 12's golang package is too old)"; exit 1; }
 
 # The newcomer's main job: build, then run one command in a fresh guest.
 run: build
