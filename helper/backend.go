@@ -47,6 +47,17 @@ type Guest interface {
 // (no /dev/kvm) says so with an actionable error at that moment.
 type BackendFactory func() (Backend, error)
 
+// SystemSharer may be implemented by a Guest that shares the host's system
+// directories (read-only, and unchanged while the guest runs) apart from
+// other directories. The kvm backend serves them from a second 9p device
+// that the agent mounts with a page cache, so programs start without
+// re-reading their binaries and libraries from the host on every exec;
+// directories shared with Share stay uncached because the host edits them
+// while the guest runs. Without it the helper uses Share(dir, true).
+type SystemSharer interface {
+	ShareSystem(hostPath string) (protocol.MountSource, error)
+}
+
 // SetupAdjuster may be implemented by a Guest whose agent needs a different
 // root filesystem setup than the helper's default (NewRoot is true for the
 // "process" backend, false otherwise; System lists the host's system

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -22,6 +23,9 @@ type fakeBackend struct {
 	startErr error
 	// egress becomes the next guest's egress listener.
 	egress net.Listener
+	// systemSharer makes the guests implement SystemSharer, as the kvm
+	// backend's do.
+	systemSharer bool
 }
 
 func (b *fakeBackend) Name() string { return "fake" }
@@ -37,7 +41,23 @@ func (b *fakeBackend) Start(ctx context.Context, cfg GuestConfig) (Guest, error)
 	b.guests = append(b.guests, g)
 	b.mu.Unlock()
 	go g.agent.serve()
+	if b.systemSharer {
+		return systemSharingGuest{g}, nil
+	}
 	return g, nil
+}
+
+// systemSharingGuest is a fakeGuest that shares system directories apart
+// (SystemSharer), as a 9p export in cache mode loose on its own tag.
+type systemSharingGuest struct{ *fakeGuest }
+
+const fakeSystemTag = "fake-sys"
+
+func (g systemSharingGuest) ShareSystem(hostPath string) (protocol.MountSource, error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.systemShares = append(g.systemShares, hostPath)
+	return protocol.MountSource{Kind: "9p", Tag: fakeSystemTag, Aname: "sys" + strconv.Itoa(len(g.systemShares)), Cache: protocol.NinePCacheLoose}, nil
 }
 
 func (b *fakeBackend) last() *fakeGuest {
@@ -56,12 +76,14 @@ type fakeGuest struct {
 	// egress, if set by the backend, is returned by Egress (EgressGuest).
 	egress net.Listener
 
-	mu      sync.Mutex
-	shares  []protocol.MountSource
-	stopped bool
-	err     error
-	done    chan struct{}
-	once    sync.Once
+	mu     sync.Mutex
+	shares []protocol.MountSource
+	// systemShares are the host paths ShareSystem got (systemSharingGuest).
+	systemShares []string
+	stopped      bool
+	err          error
+	done         chan struct{}
+	once         sync.Once
 }
 
 func (g *fakeGuest) Agent(ctx context.Context) (io.ReadWriteCloser, error) { return g.helperEnd, nil }

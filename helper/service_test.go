@@ -265,6 +265,36 @@ func TestStartVMEvents(t *testing.T) {
 	assert.Len(t, e.backend.guests, 1)
 }
 
+func TestStartVMSharesSystemDirsThroughSystemSharer(t *testing.T) {
+	for _, sharer := range []bool{false, true} {
+		t.Run(map[bool]string{false: "Share", true: "ShareSystem"}[sharer], func(t *testing.T) {
+			e := newTestEnv(t)
+			e.backend.systemSharer = sharer
+			g := e.start()
+			g.agent.mu.Lock()
+			setup := g.agent.setup
+			g.agent.mu.Unlock()
+			require.NotNil(t, setup)
+			require.Len(t, setup.System, 1)
+			sys := setup.System[0]
+			assert.Equal(t, e.sysDir, sys.Target)
+			assert.True(t, sys.ReadOnly)
+			g.mu.Lock()
+			shares, systemShares := g.shares, g.systemShares
+			g.mu.Unlock()
+			if sharer {
+				assert.Equal(t, []string{e.sysDir}, systemShares, "system dirs go through ShareSystem")
+				assert.Empty(t, shares, "no system dir through Share")
+				assert.Equal(t, protocol.MountSource{Kind: "9p", Tag: fakeSystemTag, Aname: "sys1", Cache: protocol.NinePCacheLoose}, sys.Source)
+			} else {
+				assert.Empty(t, systemShares)
+				assert.Equal(t, []protocol.MountSource{{Kind: "bind", Path: e.sysDir}}, shares)
+				assert.Equal(t, protocol.MountSource{Kind: "bind", Path: e.sysDir}, sys.Source)
+			}
+		})
+	}
+}
+
 func TestStartVMProbesAPI(t *testing.T) {
 	e := newTestEnv(t)
 	e.mustCall("startVM", map[string]any{"apiProbeURL": "http://127.0.0.1:1/"}, nil)

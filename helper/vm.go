@@ -233,11 +233,15 @@ func (vm *vmInstance) connect() error {
 	vm.mu.Unlock()
 
 	setup := protocol.SetupParams{NewRoot: vm.backend.Name() == BackendProcess, Hostname: "cowork"}
+	shareSystem := func(dir string) (protocol.MountSource, error) { return vm.guest.Share(dir, true) }
+	if ss, ok := vm.guest.(SystemSharer); ok {
+		shareSystem = ss.ShareSystem
+	}
 	for _, dir := range s.opts.SystemDirs {
 		if _, err := os.Stat(dir); err != nil {
 			continue
 		}
-		src, err := vm.guest.Share(dir, true)
+		src, err := shareSystem(dir)
 		if err != nil {
 			return fmt.Errorf("sharing %s with the guest: %w", dir, err)
 		}

@@ -76,7 +76,21 @@ type MountSource struct {
 	Path  string `json:"path,omitempty"`
 	Tag   string `json:"tag,omitempty"`
 	Aname string `json:"aname,omitempty"`
+	// Cache is the cache mode of the 9p device Tag selects (kind "9p"
+	// only): NinePCacheNone (every read and lookup goes to the host, which
+	// may change the files at any moment) or NinePCacheLoose (the guest
+	// keeps file pages and metadata: for directories that do not change
+	// while the guest runs, such as the read-only system directories). The
+	// agent mounts each tag once, so every source of one tag names the same
+	// mode.
+	Cache string `json:"cache,omitempty"`
 }
+
+// 9p cache modes of MountSource.Cache.
+const (
+	NinePCacheNone  = ""
+	NinePCacheLoose = "loose"
+)
 
 // Mount is one mount the agent performs.
 type Mount struct {

@@ -29,6 +29,23 @@ const (
 // ninePOptions are the 9p mount options of the VM's exports.
 const ninePOptions = "trans=virtio,version=9p2000.L,msize=262144"
 
+// ninePMountOptions returns the mount options of a 9p device mounted in
+// cache mode cache (a validated MountSource.Cache). Without a cache option
+// Linux uses cache=none: nothing the host changes is ever stale in the
+// guest, but every exec re-reads the binary and its libraries from the host.
+func ninePMountOptions(cache string) string {
+	if cache == protocol.NinePCacheNone {
+		return ninePOptions
+	}
+	return ninePOptions + ",cache=" + cache
+}
+
+// ninePMount is one mounted virtio-9p device.
+type ninePMount struct {
+	root  *os.File // O_PATH descriptor of the device's attach root
+	cache string   // the cache mode it was mounted with
+}
+
 // mounter performs mounts and remembers what it mounted where.
 //
 // Process-backend design (SetupParams.NewRoot): the agent starts in a private
@@ -48,23 +65,25 @@ type mounter struct {
 
 	mu       sync.Mutex
 	hostRoot *os.File // O_PATH fd of the host root after a NewRoot setup
-	// ninePRoots holds, per virtio-9p tag, an O_PATH descriptor of that
-	// device's attach root. Linux lets a virtio-9p device be mounted only
-	// once (a second mount of the tag fails with EBUSY), so each tag is
-	// mounted once, at a covered private staging point (see ninePRoot), and
-	// every export (a child of the attach root, named by its aname) is
-	// bind-mounted out of it.
-	ninePRoots map[string]*os.File
+	// ninePRoots holds, per virtio-9p tag, that device's mount. Linux lets
+	// a virtio-9p device be mounted only once (a second mount of the tag
+	// fails with EBUSY), so each tag is mounted once, at a covered private
+	// staging point (see ninePRoot), and every export (a child of the attach
+	// root, named by its aname) is bind-mounted out of it. The cache mode
+	// is the superblock's, hence one per tag.
+	ninePRoots map[string]ninePMount
 	mounts     map[string]protocol.Mount // by target
 	setupRan   bool
 }
 
 func newMounter(log *slog.Logger) *mounter {
-	return &mounter{log: log, mounts: make(map[string]protocol.Mount), ninePRoots: make(map[string]*os.File)}
+	return &mounter{log: log, mounts: make(map[string]protocol.Mount), ninePRoots: make(map[string]ninePMount)}
 }
 
 // ninePRoot returns the attach root of the virtio-9p device with this tag,
-// mounting it on first use. The caller holds m.mu.
+// mounting it in cache mode cache on first use; a tag already mounted in
+// another mode is an error (the mode cannot differ per export). The caller
+// holds m.mu.
 //
 // The mount stays in the agent's mount namespace, at a private staging
 // point covered by an empty read-only tmpfs: a mount detached from the
@@ -72,15 +91,18 @@ func newMounter(log *slog.Logger) *mounter {
 // (open_tree(OPEN_TREE_CLONE) and mount(MS_BIND) refuse it with EINVAL),
 // while the cover hides it from path lookups; the descriptor still reaches
 // it through /proc/self/fd.
-func (m *mounter) ninePRoot(tag string) (*os.File, error) {
-	if f, ok := m.ninePRoots[tag]; ok {
-		return f, nil
+func (m *mounter) ninePRoot(tag, cache string) (*os.File, error) {
+	if nm, ok := m.ninePRoots[tag]; ok {
+		if err := cacheConflict(tag, nm.cache, cache); err != nil {
+			return nil, err
+		}
+		return nm.root, nil
 	}
 	stage, err := makeStagingDir()
 	if err != nil {
 		return nil, err
 	}
-	if err := unix.Mount(tag, stage, "9p", unix.MS_NOSUID|unix.MS_NODEV, ninePOptions); err != nil {
+	if err := unix.Mount(tag, stage, "9p", unix.MS_NOSUID|unix.MS_NODEV, ninePMountOptions(cache)); err != nil {
 		_ = os.Remove(stage)
 		return nil, fmt.Errorf("mounting the 9p device %q: %w", tag, err)
 	}
@@ -94,8 +116,50 @@ func (m *mounter) ninePRoot(tag string) (*os.File, error) {
 		m.log.Warn("cannot cover the 9p attach root; guest processes may reach it by path", "tag", tag, "path", stage, "err", err)
 	}
 	f := os.NewFile(uintptr(fd), "9p:"+tag)
-	m.ninePRoots[tag] = f
+	m.ninePRoots[tag] = ninePMount{root: f, cache: cache}
+	m.log.Debug("mounted a 9p device", "tag", tag, "cache", cacheName(cache))
 	return f, nil
+}
+
+// checkNinePCaches refuses mounts whose 9p cache mode differs from the mode
+// their tag is mounted with, or from an earlier mount of the same tag in
+// mts, before anything is mounted or replaced. The caller holds m.mu.
+func (m *mounter) checkNinePCaches(mts ...protocol.Mount) error {
+	modes := make(map[string]string)
+	for tag, nm := range m.ninePRoots {
+		modes[tag] = nm.cache
+	}
+	for _, mt := range mts {
+		if mt.Source.Kind != "9p" {
+			continue
+		}
+		if have, ok := modes[mt.Source.Tag]; ok {
+			if err := cacheConflict(mt.Source.Tag, have, mt.Source.Cache); err != nil {
+				return fmt.Errorf("mount at %s: %w", mt.Target, err)
+			}
+			continue
+		}
+		modes[mt.Source.Tag] = mt.Source.Cache
+	}
+	return nil
+}
+
+// cacheConflict says why a 9p device mounted (or to be mounted) in cache
+// mode have cannot serve a mount asking for want.
+func cacheConflict(tag, have, want string) error {
+	if have == want {
+		return nil
+	}
+	return fmt.Errorf("the 9p device %q is mounted with cache mode %s, so it cannot serve a mount asking for cache mode %s "+
+		"(a device is mounted once; every export of one tag needs the same cache mode)", tag, cacheName(have), cacheName(want))
+}
+
+// cacheName names a cache mode for messages.
+func cacheName(cache string) string {
+	if cache == protocol.NinePCacheNone {
+		return "none"
+	}
+	return cache
 }
 
 func (m *mounter) close() {
@@ -105,8 +169,8 @@ func (m *mounter) close() {
 		m.hostRoot.Close()
 		m.hostRoot = nil
 	}
-	for tag, f := range m.ninePRoots {
-		f.Close()
+	for tag, nm := range m.ninePRoots {
+		nm.root.Close()
 		delete(m.ninePRoots, tag)
 	}
 }
@@ -126,6 +190,9 @@ func (m *mounter) mount(mt protocol.Mount) error {
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if err := m.checkNinePCaches(mt); err != nil {
+		return err
+	}
 	if prev, ok := m.mounts[mt.Target]; ok {
 		if prev == mt {
 			return nil
@@ -164,7 +231,7 @@ func (m *mounter) mountAt(mt protocol.Mount, target string) error {
 		defer closeSrc()
 		return bindMount(src, pinned, target, mt.ReadOnly, mt.Source.Path)
 	case "9p":
-		root, err := m.ninePRoot(mt.Source.Tag)
+		root, err := m.ninePRoot(mt.Source.Tag, mt.Source.Cache)
 		if err != nil {
 			return err
 		}
@@ -453,6 +520,9 @@ func validateMount(mt protocol.Mount) error {
 			return fmt.Errorf("mount sourceFile %q must be a plain relative path", mt.SourceFile)
 		}
 	}
+	if mt.Source.Kind != "9p" && mt.Source.Cache != "" {
+		return fmt.Errorf("a %s mount has no cache mode (got %q): only 9p sources do", mt.Source.Kind, mt.Source.Cache)
+	}
 	switch mt.Source.Kind {
 	case "bind":
 		if err := checkGuestPath(mt.Source.Path); err != nil {
@@ -469,6 +539,9 @@ func validateMount(mt protocol.Mount) error {
 		}
 		if a := mt.Source.Aname; a == "" || a == "." || a == ".." || strings.ContainsRune(a, '/') {
 			return fmt.Errorf("9p aname %q must name one export (a single path component)", a)
+		}
+		if c := mt.Source.Cache; c != protocol.NinePCacheNone && c != protocol.NinePCacheLoose {
+			return fmt.Errorf("unknown 9p cache mode %q (want %q or none)", c, protocol.NinePCacheLoose)
 		}
 	case "tmpfs":
 		if mt.SourceFile != "" {

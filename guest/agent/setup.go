@@ -28,6 +28,9 @@ func (m *mounter) setup(p protocol.SetupParams) error {
 			return fmt.Errorf("system mount: %w", err)
 		}
 	}
+	if err := m.checkNinePCaches(p.System...); err != nil {
+		return fmt.Errorf("system mounts: %w", err)
+	}
 	var err error
 	if p.NewRoot {
 		err = m.setupNewRoot(p.System)

@@ -26,6 +26,16 @@ const GuestCID = 3
 // attach name (aname) selects the export.
 const MountTag = "cowork"
 
+// SystemMountTag is the tag of the second virtio-9p device, which serves
+// only the host's read-only system directories (Guest.ShareSystem). The
+// agent mounts it with a page cache (protocol.NinePCacheLoose): those files
+// do not change while a guest runs, and without a cache every exec would
+// re-read its binary and libraries from the host. MountTag stays uncached
+// because the host edits session and mounted directories while the guest
+// works in them. Two devices are needed because the cache mode belongs to
+// the mount and Linux mounts each virtio-9p device only once.
+const SystemMountTag = "cowork-sys"
+
 // Startup steps the backend reports through GuestConfig.StepFunc, in order.
 // Each is "started" then "completed" ("failed" when the guest died first).
 const (

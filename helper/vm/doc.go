@@ -6,8 +6,10 @@
 // It owns what makes a machine a Cowork guest: finding the kernel (override,
 // embedded, beside the executable, the build cache), building the
 // initramfs, sizing (defaults and host limits), the devices (virtio-vsock
-// with the guest at CID 3, one virtio-9p device whose attach names are the
-// exports Share registers, virtio-rng), the agent's vsock connection, boot
+// with the guest at CID 3, two virtio-9p devices whose attach names are the
+// exports Share registers (uncached in the guest) and the read-only system
+// directories ShareSystem registers (page-cached in the guest),
+// virtio-rng), the agent's vsock connection, boot
 // progress steps, the serial console (debug log plus a tail kept for error
 // messages), and turning the VM's end into Done/Err. It refuses fast, with
 // the process-backend hint, on hosts whose KVM cannot boot Linux (PVM) or

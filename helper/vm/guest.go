@@ -37,6 +37,10 @@ type guest struct {
 	egress  net.Listener
 	exports *fs.Exports // nil until the 9p device is attached
 	nineP   *p9.Device
+	// sysExports and sysNineP serve the read-only system directories on
+	// their own device (SystemMountTag), which the guest caches.
+	sysExports *fs.Exports
+	sysNineP   *p9.Device
 
 	accepted  chan acceptResult // the agent's connection (capacity 1)
 	connected chan struct{}     // closed when the agent has connected
@@ -60,6 +64,7 @@ var (
 	_ helper.Guest         = (*guest)(nil)
 	_ helper.SetupAdjuster = (*guest)(nil)
 	_ helper.EgressGuest   = (*guest)(nil)
+	_ helper.SystemSharer  = (*guest)(nil)
 )
 
 func newGuestState(con *console, log *slog.Logger) *guest {
@@ -71,8 +76,9 @@ func newGuestState(con *console, log *slog.Logger) *guest {
 	}
 }
 
-// attachDevices attaches virtio-vsock (listening on the agent's port),
-// virtio-9p (serving the exports Share registers) and virtio-rng to m.
+// attachDevices attaches virtio-vsock (listening on the agent's port), two
+// virtio-9p devices (MountTag serving the exports Share registers,
+// SystemMountTag those ShareSystem registers) and virtio-rng to m.
 func (g *guest) attachDevices(m *machine.Machine) (err error) {
 	g.m = m
 	vs, err := vsock.New(vsock.Config{GuestCID: GuestCID, Logger: g.log})
@@ -88,19 +94,33 @@ func (g *guest) attachDevices(m *machine.Machine) (err error) {
 	if g.egress, err = vs.Listen(protocol.EgressVSockPort); err != nil {
 		return fmt.Errorf("listening for guest egress on vsock port %d: %w", protocol.EgressVSockPort, err)
 	}
-	exports := fs.NewExports(g.log)
-	dev, err := p9.New(p9.Options{Tag: MountTag, Attacher: exports, Logger: g.log})
-	if err != nil {
-		return fmt.Errorf("creating the 9p device: %w", err)
+	if g.exports, g.nineP, err = g.attachNineP(m, MountTag); err != nil {
+		return err
 	}
-	if _, err := m.AddVirtioMMIO(dev); err != nil {
-		return fmt.Errorf("attaching the 9p device: %w", err)
+	if g.sysExports, g.sysNineP, err = g.attachNineP(m, SystemMountTag); err != nil {
+		return err
 	}
-	g.exports, g.nineP = exports, dev
 	if _, err := m.AddVirtioMMIO(rng.New(g.log)); err != nil {
 		return fmt.Errorf("attaching the rng device: %w", err)
 	}
 	return nil
+}
+
+// attachNineP attaches one virtio-9p device with this tag, serving a fresh
+// set of exports. On error nothing is left to release.
+func (g *guest) attachNineP(m *machine.Machine, tag string) (*fs.Exports, *p9.Device, error) {
+	exports := fs.NewExports(g.log)
+	dev, err := p9.New(p9.Options{Tag: tag, Attacher: exports, Logger: g.log})
+	if err != nil {
+		exports.Close()
+		return nil, nil, fmt.Errorf("creating the 9p device %q: %w", tag, err)
+	}
+	if _, err := m.AddVirtioMMIO(dev); err != nil {
+		dev.Close()
+		exports.Close()
+		return nil, nil, fmt.Errorf("attaching the 9p device %q: %w", tag, err)
+	}
+	return exports, dev, nil
 }
 
 // run starts the goroutines of a started VM: the agent's accept, the boot
@@ -244,28 +264,44 @@ func (g *guest) endedBeforeAgent() error {
 }
 
 // Share implements helper.Guest: it registers hostPath as a 9p export under
-// a fresh attach name and returns it as a 9p source on the one device
-// (Tag MountTag, Aname the export). Linux lets a virtio-9p device be
-// mounted only once, so the agent mounts the device's attach root once,
-// keeps it detached from the guest's tree (spawned processes cannot reach
-// other exports through it) and bind-mounts each export out of it.
+// a fresh attach name and returns it as a 9p source on the uncached device
+// (Tag MountTag, Aname the export; ShareSystem uses the other). Linux lets
+// a virtio-9p device be mounted only once, so the agent mounts the device's
+// attach root once, keeps it detached from the guest's tree (spawned
+// processes cannot reach other exports through it) and bind-mounts each
+// export out of it.
 // Read-only is enforced by the host (the export) and again by the agent (a
 // read-only bind).
 func (g *guest) Share(hostPath string, readOnly bool) (protocol.MountSource, error) {
+	return g.share(g.exports, MountTag, protocol.NinePCacheNone, hostPath, readOnly)
+}
+
+// ShareSystem implements helper.SystemSharer: it registers hostPath, a
+// read-only system directory, on the system device (SystemMountTag) and
+// returns it with cache mode loose, so the guest keeps its files in its
+// page cache. The export is read-only on the host side whatever the agent
+// does.
+func (g *guest) ShareSystem(hostPath string) (protocol.MountSource, error) {
+	return g.share(g.sysExports, SystemMountTag, protocol.NinePCacheLoose, hostPath, true)
+}
+
+// share registers hostPath on exports under a fresh attach name, unique
+// across both devices.
+func (g *guest) share(exports *fs.Exports, tag, cache, hostPath string, readOnly bool) (protocol.MountSource, error) {
 	if !filepath.IsAbs(hostPath) || filepath.Clean(hostPath) != hostPath {
 		return protocol.MountSource{}, fmt.Errorf("kvm backend: share path %q must be absolute and clean", hostPath)
 	}
-	if g.exports == nil {
-		return protocol.MountSource{}, errors.New("kvm backend: this VM has no 9p device to share host directories through")
+	if exports == nil {
+		return protocol.MountSource{}, fmt.Errorf("kvm backend: this VM has no 9p device %q to share host directories through", tag)
 	}
 	g.mu.Lock()
 	g.nextExport++
 	name := "e" + strconv.Itoa(g.nextExport)
 	g.mu.Unlock()
-	if err := g.exports.Add(name, hostPath, readOnly); err != nil {
+	if err := exports.Add(name, hostPath, readOnly); err != nil {
 		return protocol.MountSource{}, fmt.Errorf("kvm backend: sharing %s: %w", hostPath, err)
 	}
-	return protocol.MountSource{Kind: "9p", Tag: MountTag, Aname: name}, nil
+	return protocol.MountSource{Kind: "9p", Tag: tag, Aname: name, Cache: cache}, nil
 }
 
 // AdjustSetup implements helper.SetupAdjuster: the VM's initramfs root is
@@ -309,11 +345,15 @@ func (g *guest) Stop(ctx context.Context) error {
 			if g.egress != nil {
 				g.egress.Close()
 			}
-			if g.nineP != nil {
-				g.nineP.Close() // after the machine's reset: its clunks are answered
+			for _, dev := range []*p9.Device{g.nineP, g.sysNineP} {
+				if dev != nil {
+					dev.Close() // after the machine's reset: its clunks are answered
+				}
 			}
-			if g.exports != nil {
-				g.exports.Close()
+			for _, exports := range []*fs.Exports{g.exports, g.sysExports} {
+				if exports != nil {
+					exports.Close()
+				}
 			}
 			stopped <- errors.Join(errs...)
 		}()

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"net"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -15,6 +16,8 @@ import (
 	"github.com/cowork-vmm/cowork-vmm/helper"
 	"github.com/cowork-vmm/cowork-vmm/protocol"
 	"github.com/cowork-vmm/cowork-vmm/vmm"
+
+	"github.com/hugelgupf/p9/p9"
 )
 
 func quiet() *slog.Logger { return slog.New(slog.DiscardHandler) }
@@ -24,7 +27,76 @@ func testGuest(t *testing.T) *guest {
 	g := newGuestState(newConsole(quiet(), nil), quiet())
 	g.exports = fs.NewExports(quiet())
 	t.Cleanup(g.exports.Close)
+	g.sysExports = fs.NewExports(quiet())
+	t.Cleanup(g.sysExports.Close)
 	return g
+}
+
+func TestShareSystemUsesTheCachedSystemDevice(t *testing.T) {
+	g := testGuest(t)
+	sysDir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(sysDir, "libc.so"), []byte("elf"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var sharer helper.SystemSharer = g
+	src, err := sharer.ShareSystem(sysDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := protocol.MountSource{Kind: "9p", Tag: SystemMountTag, Aname: src.Aname, Cache: protocol.NinePCacheLoose}
+	if src != want || src.Aname == "" || strings.ContainsRune(src.Aname, '/') {
+		t.Fatalf("ShareSystem: %+v, want %+v with a single-component aname", src, want)
+	}
+	if names := g.sysExports.Names(); !slices.Equal(names, []string{src.Aname}) {
+		t.Errorf("system device exports %v, want [%s]", names, src.Aname)
+	}
+	if names := g.exports.Names(); len(names) != 0 {
+		t.Errorf("the uncached device got exports %v from ShareSystem", names)
+	}
+	// The export is read-only on the host side, whatever the agent mounts.
+	root, err := g.sysExports.Attach()
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, dir, err := root.Walk([]string{src.Aname})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dir.Close()
+	_, f, err := dir.Walk([]string{"libc.so"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, _, err := f.Open(p9.WriteOnly); err == nil {
+		t.Error("a system export opened a file for writing")
+	}
+
+	// Share stays on the uncached device, and attach names never collide
+	// across the two devices.
+	other, err := g.Share(t.TempDir(), true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if other.Tag != MountTag || other.Cache != protocol.NinePCacheNone || other.Aname == src.Aname {
+		t.Errorf("Share after ShareSystem: %+v (system export %+v)", other, src)
+	}
+}
+
+func TestShareSystemRefusesBadPathsAndAMissingDevice(t *testing.T) {
+	g := testGuest(t)
+	for _, p := range []string{"usr", "/usr/../etc", "", filepath.Join(t.TempDir(), "missing")} {
+		if _, err := g.ShareSystem(p); err == nil {
+			t.Errorf("ShareSystem(%q) accepted", p)
+		}
+	}
+	if names := g.sysExports.Names(); len(names) != 0 {
+		t.Errorf("refused shares left exports: %v", names)
+	}
+	var noDevice guest
+	if _, err := noDevice.ShareSystem(t.TempDir()); err == nil || !strings.Contains(err.Error(), SystemMountTag) {
+		t.Errorf("ShareSystem without the system device: %v, want an error naming %q", err, SystemMountTag)
+	}
 }
 
 func TestShareRegistersExports(t *testing.T) {

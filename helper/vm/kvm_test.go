@@ -200,16 +200,22 @@ func TestKVMBootAgentMountsAndShutdown(t *testing.T) {
 	t.Logf("KVMFIGURE start_to_agent_hello median=%v all=%v", connectTimes[len(connectTimes)/2], connectTimes)
 }
 
-// exerciseGuest sets the guest's root up over 9p and runs a shell that
-// reads and writes a shared directory.
+// exerciseGuest sets the guest's root up over 9p (the system directories
+// on the cached system device, as the helper does) and runs a shell that
+// reads and writes a shared directory, which stays uncached: a host edit is
+// seen at once.
 func exerciseGuest(t *testing.T, g helper.Guest, a *agentConn) {
 	t.Helper()
 	setup := protocol.SetupParams{Hostname: "cowork"}
+	sharer, ok := g.(helper.SystemSharer)
+	if !ok {
+		t.Fatal("the kvm guest does not implement helper.SystemSharer: system directories would be uncached")
+	}
 	for _, dir := range helper.DefaultSystemDirs {
 		if _, err := os.Stat(dir); err != nil {
 			continue
 		}
-		src, err := g.Share(dir, true)
+		src, err := sharer.ShareSystem(dir)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -238,7 +244,9 @@ func exerciseGuest(t *testing.T, g helper.Guest, a *agentConn) {
 		t.Fatalf("mount ro: %v", err)
 	}
 	script := `cat /sessions/t/mnt/work/in.txt; echo "from the guest" > /sessions/t/mnt/work/out.txt; ` +
-		`if echo x > /sessions/t/mnt/ro/nope 2>/dev/null; then echo ro-writable; else echo ro-refused; fi; uname -r`
+		`if echo x > /sessions/t/mnt/ro/nope 2>/dev/null; then echo ro-writable; else echo ro-refused; fi; uname -r; ` +
+		`grep -q '^` + SystemMountTag + ` /usr 9p ro,.*loose' /proc/mounts && echo usr-cached; ` +
+		`grep -q '^` + MountTag + ` /sessions/t/mnt/work 9p rw,' /proc/mounts && ! grep '/sessions/t/mnt/work ' /proc/mounts | grep -q loose && echo work-uncached`
 	spawn := protocol.SpawnParams{ID: "p1", Command: "/bin/sh", Args: []string{"-c", script}, Cwd: "/sessions/t",
 		Env: []string{"PATH=/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin"}}
 	if err := a.call(protocol.AgentMethodSpawn, spawn); err != nil {
@@ -250,6 +258,22 @@ func exerciseGuest(t *testing.T, g helper.Guest, a *agentConn) {
 	}
 	if !strings.Contains(out, "from the host") || !strings.Contains(out, "ro-refused") {
 		t.Errorf("shell output %q: want the host file and a refused read-only write", out)
+	}
+	if !strings.Contains(out, "usr-cached") || !strings.Contains(out, "work-uncached") {
+		t.Errorf("shell output %q: want /usr read-only on %s with cache=loose, the shared directory on %s uncached",
+			out, SystemMountTag, MountTag)
+	}
+	// The shared directory is uncached: the guest sees a host edit at once.
+	if err := os.WriteFile(filepath.Join(host, "in.txt"), []byte("edited on the host, longer than before\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	reread := protocol.SpawnParams{ID: "p2", Command: "/bin/cat", Args: []string{"/sessions/t/mnt/work/in.txt"}, Cwd: "/sessions/t",
+		Env: spawn.Env}
+	if err := a.call(protocol.AgentMethodSpawn, reread); err != nil {
+		t.Fatalf("spawn: %v", err)
+	}
+	if out, exit := a.waitExit("p2"); out != "edited on the host, longer than before\n" || exit.ExitCode == nil || *exit.ExitCode != 0 {
+		t.Errorf("guest re-read %q (exit %+v); want the host's edit", out, exit)
 	}
 	got, err := os.ReadFile(filepath.Join(host, "out.txt"))
 	if err != nil || string(got) != "from the guest\n" {
