@@ -68,9 +68,10 @@ func clientUsage(w io.Writer, defaultSocket string) {
 Runs CMD in a session of a running helper (cowork-vmm -socket PATH), through
 its socket, the way Claude Desktop does: it subscribes to events, starts the
 guest unless one is running, waits for the guest agent, spawns CMD in the
-session, prints its stdout and stderr, forwards stdin and Ctrl-C, and exits
-with CMD's status (128+n when signal n ended it). The guest is left running
-for the next call unless --stop-vm is given.
+session, prints its stdout and stderr, forwards stdin and Ctrl-C (a second
+Ctrl-C stops waiting for a command that does not end), and exits with CMD's
+status (128+n when signal n ended it). The guest is left running for the
+next call unless --stop-vm is given.
 
 Flags:
   --socket PATH            the helper's socket (default %s)
@@ -235,10 +236,17 @@ func runClient(ctx context.Context, o clientOptions, tio clientIO) (int, error) 
 	// forwarded to the command.
 	spawning, spawnedID := make(chan struct{}), make(chan string, 1)
 	var interrupted atomic.Bool
+	var gaveUp atomic.Int32 // the exit status after a second signal, 0 before
+	var stream *protocol.EventStream
 	if tio.signals != nil {
 		go handleClientSignals(ctx, pipe, tio.signals, spawning, spawnedID, func() {
 			interrupted.Store(true)
 			cancel()
+		}, func(sig os.Signal) {
+			// stream is set before the spawn, which happens before any
+			// forwarded signal (spawnedID orders them).
+			gaveUp.Store(int32(128 + signalNumber(signalNames[sig])))
+			stream.Close()
 		})
 	}
 	wasInterrupted := func(err error) (int, error) {
@@ -254,7 +262,7 @@ func runClient(ctx context.Context, o clientOptions, tio clientIO) (int, error) 
 		return wasInterrupted(fmt.Errorf("the helper at %s refused the connection: %w", o.socket, err))
 	}
 	subCtx, subCancel := context.WithTimeout(ctx, clientCallTimeout)
-	stream, err := protocol.SubscribeEvents(subCtx, o.socket, protocol.SubscribeEventsParams{UserDataName: clientProfile})
+	stream, err = protocol.SubscribeEvents(subCtx, o.socket, protocol.SubscribeEventsParams{UserDataName: clientProfile})
 	subCancel()
 	if err != nil {
 		return wasInterrupted(fmt.Errorf("subscribing to the helper's events: %w", err))
@@ -317,7 +325,11 @@ func runClient(ctx context.Context, o clientOptions, tio clientIO) (int, error) 
 	if tio.stdin != nil {
 		go forwardClientStdin(ctx, pipe, procID, tio.stdin)
 	}
-	return streamProcess(stream, procID, tio)
+	code, err := streamProcess(stream, procID, tio)
+	if n := gaveUp.Load(); n != 0 {
+		return int(n), errors.New("gave up waiting after a second signal: the command did not end and may still run in the guest (stopVM ends it)")
+	}
+	return code, err
 }
 
 // streamProcess writes the process's output as its events arrive and
@@ -361,12 +373,18 @@ func newClientProcessID() (string, error) {
 	return "client-" + hex.EncodeToString(tag[:]), nil
 }
 
+// signalNames are the signals the client forwards, by their protocol names.
+var signalNames = map[os.Signal]string{syscall.SIGINT: "SIGINT", syscall.SIGTERM: "SIGTERM", syscall.SIGHUP: "SIGHUP"}
+
 // handleClientSignals calls abandon on a signal that arrives before
 // spawning is closed (the guest is still coming up). Once it is, signals go
-// to the command, whose id comes on spawned when the spawn has succeeded.
-func handleClientSignals(ctx context.Context, pipe *protocol.PipeClient, sigs <-chan os.Signal, spawning <-chan struct{}, spawned <-chan string, abandon func()) {
-	names := map[os.Signal]string{syscall.SIGINT: "SIGINT", syscall.SIGTERM: "SIGTERM", syscall.SIGHUP: "SIGHUP"}
+// to the command, whose id comes on spawned when the spawn has succeeded;
+// a second one calls giveUp instead, so a command (or a guest) that does
+// not end cannot hold the terminal.
+func handleClientSignals(ctx context.Context, pipe *protocol.PipeClient, sigs <-chan os.Signal, spawning <-chan struct{}, spawned <-chan string, abandon func(), giveUp func(os.Signal)) {
+	names := signalNames
 	id := ""
+	forwarded := 0
 	for {
 		var sig os.Signal
 		select {
@@ -390,6 +408,10 @@ func handleClientSignals(ctx context.Context, pipe *protocol.PipeClient, sigs <-
 			case <-ctx.Done():
 				return
 			}
+		}
+		if forwarded++; forwarded > 1 {
+			giveUp(sig)
+			return
 		}
 		callCtx, cancel := context.WithTimeout(ctx, clientCallTimeout)
 		_ = pipe.CallResult(callCtx, protocol.MethodKill, protocol.ClientKillParams{ID: id, Signal: name}, nil)

@@ -11,6 +11,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -319,6 +320,32 @@ func TestClientForwardsSignalsAndStdin(t *testing.T) {
 	for _, chunk := range chunks {
 		assert.True(t, utf8.ValidString(chunk), "chunk %q", chunk)
 	}
+}
+
+func TestClientSecondSignalGivesUpOnACommandThatDoesNotEnd(t *testing.T) {
+	f := newFakeHelper()
+	f.running = true
+	f.onKill = func(*fakeHelper, protocol.ClientKillParams) {} // the guest never answers
+	sigs := make(chan os.Signal, 2)
+	socket := serveFake(t, f)
+	go func() {
+		<-f.spawned
+		sigs <- syscall.SIGTERM
+		for !slices.Contains(f.methods(), "kill") {
+			time.Sleep(time.Millisecond)
+		}
+		sigs <- syscall.SIGTERM
+	}()
+	code, _, stderr := clientRun(t, socket, clientIO{signals: sigs}, "--", "sleep", "1000")
+	assert.Equal(t, 128+int(syscall.SIGTERM), code)
+	assert.Contains(t, stderr, "second signal")
+	kills := 0
+	for _, m := range f.methods() {
+		if m == "kill" {
+			kills++
+		}
+	}
+	assert.Equal(t, 1, kills, "the first signal is forwarded, the second ends the wait")
 }
 
 func TestClientSignalBeforeTheCommandAbandons(t *testing.T) {
