@@ -1,12 +1,15 @@
 package p9
 
 import (
+	"bytes"
 	"encoding/binary"
 	"fmt"
+	"io"
 	"log/slog"
 	"runtime/debug"
 	"sync"
 
+	"github.com/hugelgupf/p9/linux"
 	p9lib "github.com/hugelgupf/p9/p9"
 
 	"github.com/cowork-vmm/cowork-vmm/devices/virtio"
@@ -33,6 +36,19 @@ import (
 // (connState.stop waits on a WaitGroup that a receive goroutine it just
 // spawned may still Add to, which panics). For the same reason Close parks
 // the server's goroutines instead of ending the stream.
+//
+// Copies: the server copies whatever the feeder gives it into its own
+// buffers (recv in hugelgupf/p9 v0.3.0 reads a Twrite's data into a fresh
+// payload slice), so nothing retains the feeder's bytes once Read returns.
+//   - A large Twrite is not copied by the device at all: the device copies
+//     and checks its first bytes (header, fid, offset, count) and the
+//     feeder then reads the data straight from the chain's guest buffers
+//     into the server's payload slice. At reset, orphanAll copies out what
+//     the server has not read yet, so that guest memory is never read after
+//     Reset returns.
+//   - Any other large request is read into a recycled buffer
+//     (bufferPool), returned to the pool once the feeder has handed its last
+//     byte to the server.
 
 // pending is one request handed to the server.
 type pending struct {
@@ -46,6 +62,46 @@ type pending struct {
 	mu       sync.Mutex // guards the fields below and writes to chain
 	orphaned bool       // the device was reset: drop the reply
 	failed   bool       // the chain could not take the reply
+
+	// The rest of a streamed Twrite (see above): dataLeft bytes the feeder
+	// still reads from data, the chain's reader or, after a reset, a copy.
+	data     io.Reader
+	dataLeft uint32
+	// dataFailed: guest memory failed mid-data; the server got zeros
+	// instead and the guest gets EIO instead of the server's reply.
+	dataFailed bool
+}
+
+// readData fills buf with the next bytes of a streamed Twrite's data (at
+// most what remains) for the server, and reports whether more remain. Bytes guest memory
+// cannot supply are sent as zeros: the message must keep its length.
+func (p *pending) readData(buf []byte) (n int, more bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	buf = buf[:min(uint64(len(buf)), uint64(p.dataLeft))]
+	n, err := io.ReadFull(p.data, buf)
+	if err != nil {
+		clear(buf[n:])
+		p.dataFailed = true
+	}
+	p.dataLeft -= uint32(len(buf))
+	if p.dataLeft == 0 {
+		p.data = nil
+	}
+	return len(buf), p.dataLeft > 0
+}
+
+// detachData copies the data the server has not read yet out of guest
+// memory, so that the chain is never read after a reset. Called with mu.
+func (p *pending) detachData() {
+	if p.dataLeft == 0 || p.data == nil {
+		return
+	}
+	rest := make([]byte, p.dataLeft)
+	if _, err := io.ReadFull(p.data, rest); err != nil {
+		p.dataFailed = true // the rest stays zero
+	}
+	p.data = bytes.NewReader(rest)
 }
 
 // bridge owns the server connection and the tags in flight.
@@ -53,8 +109,9 @@ type bridge struct {
 	log  *slog.Logger
 	warn func(msg string, args ...any)
 
-	feed     chan []byte // messages for the server, in order
+	feed     chan request // messages for the server, in order
 	freeTags chan uint16
+	buffers  bufferPool
 
 	mu      sync.Mutex
 	pending map[uint16]*pending // by bridge tag
@@ -67,7 +124,7 @@ func newBridge(attacher p9lib.Attacher, maxInFlight int, log *slog.Logger, warn 
 	b := &bridge{
 		log:      log,
 		warn:     warn,
-		feed:     make(chan []byte, maxInFlight),
+		feed:     make(chan request, maxInFlight),
 		freeTags: make(chan uint16, maxInFlight),
 		pending:  make(map[uint16]*pending),
 		byGuest:  make(map[uint16]uint16),
@@ -83,22 +140,39 @@ func newBridge(attacher p9lib.Attacher, maxInFlight int, log *slog.Logger, warn 
 				log.Error("virtio-9p: 9P server stopped", "panic", r, "stack", string(debug.Stack()))
 			}
 		}()
-		_ = srv.Handle(&feeder{ch: b.feed}, &b.demux)
+		_ = srv.Handle(&feeder{ch: b.feed, buffers: &b.buffers}, &b.demux)
 	}()
 	return b
 }
 
+// request is one message queued for the server.
+type request struct {
+	msg []byte
+	// buf, when set, is the pooled buffer behind msg: the feeder returns
+	// it to the pool after the server has read msg's last byte.
+	buf *[]byte
+	// data, when set, supplies the message's bytes after msg (a streamed
+	// Twrite's data).
+	data *pending
+}
+
 // submit hands one message (its tag field is overwritten) to the server
-// under bridge tag, registering p to receive the reply.
-func (b *bridge) submit(tag uint16, msg []byte, p *pending) {
+// under bridge tag, registering p to receive the reply. buf is msg's
+// pooled buffer or nil; either way the caller must not touch msg again.
+// When p.dataLeft > 0, the message goes on with that many bytes of p.data.
+func (b *bridge) submit(tag uint16, msg []byte, buf *[]byte, p *pending) {
 	binary.LittleEndian.PutUint16(msg[5:7], tag)
+	req := request{msg: msg, buf: buf}
+	if p.dataLeft > 0 {
+		req.data = p
+	}
 	b.mu.Lock()
 	b.pending[tag] = p
 	if p.chain != nil {
 		b.byGuest[p.guestTag] = tag
 	}
 	b.mu.Unlock()
-	b.feed <- msg // never blocks: at most maxInFlight tags exist
+	b.feed <- req // never blocks: at most maxInFlight tags exist
 }
 
 // bridgeTagFor maps a guest tag (Tflush's oldtag) to the bridge tag of a
@@ -114,7 +188,8 @@ func (b *bridge) bridgeTagFor(guestTag uint16) uint16 {
 
 // orphanAll marks every request in flight as belonging to a reset device:
 // their replies are dropped, their chains never touched again. When it
-// returns, no reply is being written into guest memory.
+// returns, no reply is being written into guest memory and no request is
+// being read from it.
 func (b *bridge) orphanAll() {
 	b.mu.Lock()
 	all := make([]*pending, 0, len(b.pending))
@@ -126,6 +201,7 @@ func (b *bridge) orphanAll() {
 	for _, p := range all {
 		p.mu.Lock()
 		p.orphaned = true
+		p.detachData()
 		p.mu.Unlock()
 	}
 }
@@ -152,23 +228,77 @@ func (b *bridge) lookup(tag uint16) *pending {
 // server reads with one goroutine at a time (its receive mutex). It never
 // reports end of stream (see above).
 type feeder struct {
-	mu  sync.Mutex
-	ch  chan []byte
-	cur []byte
+	mu      sync.Mutex
+	ch      chan request
+	buffers *bufferPool
+	cur     request // the rest of the message being read
 }
 
 func (f *feeder) Read(p []byte) (int, error) {
+	if len(p) == 0 {
+		return 0, nil
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	for len(f.cur) == 0 {
-		f.cur = <-f.ch
+	for {
+		switch {
+		case len(f.cur.msg) > 0:
+			n := copy(p, f.cur.msg)
+			f.cur.msg = f.cur.msg[n:]
+			if len(f.cur.msg) == 0 {
+				// The server holds its own copy of every byte: recycle.
+				f.buffers.put(f.cur.buf)
+				f.cur.buf = nil
+			}
+			return n, nil
+		case f.cur.data != nil:
+			n, more := f.cur.data.readData(p)
+			if !more {
+				f.cur.data = nil
+			}
+			if n > 0 {
+				return n, nil
+			}
+		default:
+			f.cur = <-f.ch
+		}
 	}
-	n := copy(p, f.cur)
-	f.cur = f.cur[n:]
-	return n, nil
 }
 
 func (f *feeder) Close() error { return nil }
+
+// pooledMessageMin is the smallest request read into a pooled buffer;
+// smaller ones are cheap to allocate and would pin a whole msize buffer.
+const pooledMessageMin = 8 << 10
+
+// bufferPool recycles request buffers of at least pooledMessageMin bytes.
+// A sync.Pool rather than a fixed free list, so that an idle device gives
+// the memory back; in flight there are at most maxInFlight of them.
+type bufferPool struct {
+	pool sync.Pool // of *[]byte
+}
+
+// get returns a buffer of len size, or nil when size is below
+// pooledMessageMin. A new buffer gets capacity (the negotiated msize, so
+// that it fits any later request) when that is larger than size.
+func (bp *bufferPool) get(size, capacity uint32) *[]byte {
+	if size < pooledMessageMin {
+		return nil
+	}
+	if b, ok := bp.pool.Get().(*[]byte); ok && uint32(cap(*b)) >= size {
+		*b = (*b)[:size]
+		return b
+	}
+	b := make([]byte, size, max(size, capacity))
+	return &b
+}
+
+// put recycles b; nil is ignored.
+func (bp *bufferPool) put(b *[]byte) {
+	if b != nil {
+		bp.pool.Put(b)
+	}
+}
 
 // demux is the server's writer. The server writes each R-message whole,
 // under its send mutex, in one or more Write calls.
@@ -223,7 +353,13 @@ func (d *demux) begin() {
 	} else if p := d.cur; p.chain != nil {
 		p.mu.Lock()
 		if !p.orphaned {
-			if h.size > p.chain.WritableLen() {
+			if p.dataFailed {
+				// The server wrote zeros for what guest memory could
+				// not supply: do not report success.
+				p.failed = true
+				d.b.warn("cannot read a 9P write's data from guest memory; answering EIO")
+				d.written = d.writeChain(p, rlerror(p.guestTag, linux.EIO))
+			} else if h.size > p.chain.WritableLen() {
 				// The guest's reply buffers are too small: tell it so
 				// instead of truncating a reply it would misparse.
 				p.failed = true

@@ -221,7 +221,7 @@ func (d *Device) Close() {
 func (d *Device) sendInternal(msg []byte) {
 	tag := <-d.bridge.freeTags
 	p := &pending{done: make(chan struct{})}
-	d.bridge.submit(tag, msg, p)
+	d.bridge.submit(tag, msg, nil, p)
 	<-p.done
 }
 
@@ -303,14 +303,41 @@ func (d *Device) handle(q *virtio.Queue, irq virtio.Interrupt, chain *virtio.Cha
 		d.warn("9P message larger than the negotiated msize", "size", h.size, "msize", d.msize)
 		return d.complete(q, irq, chain, rlerror(h.tag, errMsgSize))
 	}
-	msg := make([]byte, h.size)
+	// A large Twrite's data stays in the chain: only its first bytes are
+	// read and checked here; the feeder streams the rest (see bridge.go).
+	readLen, streamed := h.size, uint32(0)
+	if h.typ == msgTwrite && h.size >= pooledMessageMin {
+		readLen = headerSize + twriteFixedSize
+		streamed = h.size - readLen
+	}
+	// Another large message goes into a pooled buffer, which the bridge
+	// recycles once the server has read it; every early return below
+	// recycles it.
+	buf := d.bridge.buffers.get(readLen, d.msize)
+	var msg []byte
+	if buf != nil {
+		msg = *buf
+	} else {
+		msg = make([]byte, readLen)
+	}
+	defer func() {
+		if buf != nil {
+			d.bridge.buffers.put(buf)
+		}
+	}()
 	copy(msg, hb[:])
 	if _, err := io.ReadFull(chain.Reader(), msg[headerSize:]); err != nil {
 		d.warn("cannot read a 9P message", "err", err)
 		return d.complete(q, irq, chain, rlerror(h.tag, linux.EIO))
 	}
 	body := msg[headerSize:]
-	if err := checkBody(h.typ, body); err != nil {
+	if streamed > 0 {
+		// What checkBody checks of a Twrite: count covers the rest exactly.
+		if count := u32(body, twriteFixedSize-4); count != streamed {
+			d.warn("malformed 9P message", "err", fmt.Errorf("%w: Twrite count %d but %d data bytes", errMalformed, count, streamed))
+			return d.complete(q, irq, chain, rlerror(h.tag, linux.EINVAL))
+		}
+	} else if err := checkBody(h.typ, body); err != nil {
 		var errno linux.Errno
 		if !errors.As(err, &errno) {
 			d.warn("malformed 9P message", "err", err)
@@ -320,6 +347,7 @@ func (d *Device) handle(q *virtio.Queue, irq virtio.Interrupt, chain *virtio.Cha
 	}
 
 	// Messages the device answers itself (see the package doc).
+	var offered uint32 // Tversion's msize, kept: msg is not ours after submit
 	switch h.typ {
 	case msgTxattrwalk:
 		if xattrwalkName(body) != "" {
@@ -337,7 +365,8 @@ func (d *Device) handle(q *virtio.Queue, irq virtio.Interrupt, chain *virtio.Cha
 			// Tversion included: the guest could never recover.
 			return d.complete(q, irq, chain, rlerror(h.tag, linux.EINVAL))
 		}
-		binary.LittleEndian.PutUint32(body[0:4], min(requested, d.opts.MaxMessageSize))
+		offered = min(requested, d.opts.MaxMessageSize)
+		binary.LittleEndian.PutUint32(body[0:4], offered)
 	}
 	if errno := d.trackFids(h.typ, body); errno != 0 {
 		return d.complete(q, irq, chain, rlerror(h.tag, errno))
@@ -358,13 +387,17 @@ func (d *Device) handle(q *virtio.Queue, irq virtio.Interrupt, chain *virtio.Cha
 	if h.typ == msgTversion {
 		p.capture = make([]byte, 0, 64)
 	}
-	d.bridge.submit(tag, msg, p)
+	if streamed > 0 {
+		p.data, p.dataLeft = chain.Reader(), streamed
+	}
+	d.bridge.submit(tag, msg, buf, p)
+	buf = nil // the bridge owns it now
 	if h.typ == msgTversion {
 		// Tversion is a barrier: learn the server's new limit before
 		// passing on anything that depends on it.
 		select {
 		case <-p.done:
-			d.noteVersion(body, p.capture)
+			d.noteVersion(offered, p.capture)
 		case <-stop:
 			return false
 		}
@@ -372,8 +405,9 @@ func (d *Device) handle(q *virtio.Queue, irq virtio.Interrupt, chain *virtio.Cha
 	return true
 }
 
-// noteVersion records the msize the server adopted.
-func (d *Device) noteVersion(tbody, reply []byte) {
+// noteVersion records the msize the server adopted, given the msize the
+// device offered it.
+func (d *Device) noteVersion(offered uint32, reply []byte) {
 	// Rversion: header, msize[4], version[s]; msize 0 / "unknown" = refused.
 	if len(reply) < headerSize+4 || reply[4] != msgRversion {
 		return
@@ -385,7 +419,7 @@ func (d *Device) noteVersion(tbody, reply []byte) {
 	if m < minMessageSize {
 		d.warn("guest negotiated a tiny msize", "msize", m)
 	}
-	d.msize = min(m, maxServerMessage, u32(tbody, 0))
+	d.msize = min(m, maxServerMessage, offered)
 }
 
 // trackFids records the fids a request creates and forgets the ones it

@@ -213,6 +213,10 @@ func TestMalformedMessagesGetRlerror(t *testing.T) {
 		{"string length past the end", message(msgTattach, 5, cat(le32(0), le32(noFid), []byte{0xff, 0xff})), linux.EINVAL},
 		{"write count mismatch", message(msgTwrite, 5, cat(le32(1), le64(0), le32(10), []byte("abc"))), linux.EINVAL},
 		{"write count overflow", message(msgTwrite, 5, cat(le32(1), le64(0), le32(0xFFFFFFFF), []byte("abc"))), linux.EINVAL},
+		// Twrites of pooledMessageMin bytes or more are streamed from the chain.
+		{"streamed write count mismatch", message(msgTwrite, 5, cat(le32(1), le64(0), le32(100), make([]byte, 8192-headerSize-twriteFixedSize))), linux.EINVAL},
+		{"streamed write count overflow", message(msgTwrite, 5, cat(le32(1), le64(0), le32(0xFFFFFFFF), make([]byte, 8192-headerSize-twriteFixedSize))), linux.EINVAL},
+		{"streamed write to an unknown fid", message(msgTwrite, 5, cat(le32(77), le64(0), le32(8192-headerSize-twriteFixedSize), make([]byte, 8192-headerSize-twriteFixedSize))), linux.EBADF},
 		{"attach with NOFID", message(msgTattach, 5, cat(le32(noFid), le32(noFid), str9(""), str9("s"), le32(0))), linux.EINVAL},
 	}
 	for _, tc := range cases {

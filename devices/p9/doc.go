@@ -6,7 +6,9 @@
 // The guest is hostile. Every message is copied out of guest memory once
 // and checked before the server sees it: its size against its buffers and
 // the negotiated msize, its body against the layout the server will decode
-// (msg.go). A bad message is answered with Rlerror (EINVAL, EMSGSIZE,
+// (msg.go). The one exception is a large Twrite's data, opaque bytes whose
+// length is checked: the server reads it straight from the chain (no copy
+// of the device's own; see bridge.go). A bad message is answered with Rlerror (EINVAL, EMSGSIZE,
 // EOPNOTSUPP), a chain too small to answer completes with length 0, and the
 // device keeps serving. Requests run concurrently, at most MaxInFlight at
 // once, each under a tag of the device's own (bridge.go); fids are bounded

@@ -24,6 +24,8 @@ func FuzzDeviceMessage(f *testing.F) {
 	f.Add(message(msgTxattrwalk, 9, cat(le32(1), le32(3), str9("user.x"))))
 	f.Add(message(msgTflush, 10, []byte{1, 0}))
 	f.Add(message(msgTclunk, 11, le32(2)))
+	f.Add(message(msgTwrite, 12, cat(le32(2), le64(0), le32(8192-headerSize-twriteFixedSize), make([]byte, 8192-headerSize-twriteFixedSize))))
+	f.Add(message(msgTwrite, 13, cat(le32(2), le64(0), le32(8000), make([]byte, 8192-headerSize-twriteFixedSize))))
 	f.Add([]byte{7, 0, 0, 0, 200, 1, 0})
 	f.Add([]byte{1, 2})
 

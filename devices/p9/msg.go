@@ -27,6 +27,9 @@ const (
 	minMessageSize = 4096
 	// rlerrorSize is the size of an Rlerror reply.
 	rlerrorSize = headerSize + 4
+	// twriteFixedSize is Twrite's body before its data: fid[4] offset[8]
+	// count[4].
+	twriteFixedSize = 16
 )
 
 // Message types the device looks at.
