@@ -18,29 +18,7 @@ import (
 // outer guest, on our VMM (1 and 2 vCPUs) and on qemu -M microvm, and
 // reports the boot figures and their ratio.
 func TestNestedBootGuestKernel(t *testing.T) {
-	if err := Available(); err != nil {
-		t.Skipf("nested harness unavailable: %v", err)
-	}
-	guestKernel, err := kernel.Find(kernel.Guest)
-	if err != nil {
-		t.Skipf("guest kernel: %v", err)
-	}
-	initrd := filepath.Join(t.TempDir(), "initrd.cpio.gz")
-	require.NoError(t, guestboot.BuildInitramfs(context.Background(), initrd))
-
-	res := RunGoTestWith(t, GoTest{
-		Pkg: "github.com/cowork-vmm/cowork-vmm/internal/nested/guestboot",
-		Run: "^TestBoot",
-		Files: map[string]string{
-			"vmlinux":        guestKernel,
-			"initrd.cpio.gz": initrd,
-		},
-		Env: []string{
-			guestboot.EnvKernel + "=/payload/vmlinux",
-			guestboot.EnvInitrd + "=/payload/initrd.cpio.gz",
-		},
-		Timeout: 15 * time.Minute,
-	})
+	res := runGuestbootTest(t, "^TestBoot", 15*time.Minute)
 
 	figures := map[string]map[int]guestboot.Boot{}
 	sc := bufio.NewScanner(strings.NewReader(res.Output))
@@ -66,4 +44,33 @@ func TestNestedBootGuestKernel(t *testing.T) {
 				cpus, q.Ready.Round(time.Millisecond), q.GuestUptime, q.Exit.Round(time.Millisecond))
 		}
 	}
+}
+
+// runGuestbootTest runs the guestboot package's tests matching run inside
+// the outer guest, with the guest kernel and testinit's initramfs in the
+// payload, or skips when the harness or the kernel is missing.
+func runGuestbootTest(t *testing.T, run string, timeout time.Duration, env ...string) Result {
+	t.Helper()
+	if err := Available(); err != nil {
+		t.Skipf("nested harness unavailable: %v", err)
+	}
+	guestKernel, err := kernel.Find(kernel.Guest)
+	if err != nil {
+		t.Skipf("guest kernel: %v", err)
+	}
+	initrd := filepath.Join(t.TempDir(), "initrd.cpio.gz")
+	require.NoError(t, guestboot.BuildInitramfs(context.Background(), initrd))
+	return RunGoTestWith(t, GoTest{
+		Pkg: "github.com/cowork-vmm/cowork-vmm/internal/nested/guestboot",
+		Run: run,
+		Files: map[string]string{
+			"vmlinux":        guestKernel,
+			"initrd.cpio.gz": initrd,
+		},
+		Env: append([]string{
+			guestboot.EnvKernel + "=/payload/vmlinux",
+			guestboot.EnvInitrd + "=/payload/initrd.cpio.gz",
+		}, env...),
+		Timeout: timeout,
+	})
 }

@@ -2,8 +2,6 @@ package nested
 
 import (
 	"bufio"
-	"context"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -12,7 +10,6 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/cowork-vmm/cowork-vmm/guest/kernel"
 	"github.com/cowork-vmm/cowork-vmm/internal/nested/guestboot"
 )
 
@@ -23,30 +20,8 @@ import (
 // and ratios ours/qemu. Throughput is reported, not asserted: it fails
 // only when a guest reports an error or no figure.
 func TestNested9pThroughput(t *testing.T) {
-	if err := Available(); err != nil {
-		t.Skipf("nested harness unavailable: %v", err)
-	}
-	guestKernel, err := kernel.Find(kernel.Guest)
-	if err != nil {
-		t.Skipf("guest kernel: %v", err)
-	}
-	initrd := filepath.Join(t.TempDir(), "initrd.cpio.gz")
-	require.NoError(t, guestboot.BuildInitramfs(context.Background(), initrd))
-
-	res := RunGoTestWith(t, GoTest{
-		Pkg: "github.com/cowork-vmm/cowork-vmm/internal/nested/guestboot",
-		Run: "^TestThroughput9p$",
-		Files: map[string]string{
-			"vmlinux":        guestKernel,
-			"initrd.cpio.gz": initrd,
-		},
-		Env: []string{
-			guestboot.EnvKernel + "=/payload/vmlinux",
-			guestboot.EnvInitrd + "=/payload/initrd.cpio.gz",
-			guestboot.EnvNinePMiB + "=" + strconv.Itoa(guestboot.DefaultNinePMiB),
-		},
-		Timeout: 10 * time.Minute,
-	})
+	res := runGuestbootTest(t, "^TestThroughput9p$", 10*time.Minute,
+		guestboot.EnvNinePMiB+"="+strconv.Itoa(guestboot.DefaultNinePMiB))
 
 	runs := map[string][]guestboot.NinePFigure{}
 	sc := bufio.NewScanner(strings.NewReader(res.Output))
