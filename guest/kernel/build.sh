@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build a cowork-vmm kernel from Debian's linux-source-6.1.
 #
-#   guest/kernel/build.sh guest   # the kernel our VMM boots (guest.fragment)
+#   guest/kernel/build.sh guest   # the kernel our VMM boots (guest.fragment + guest-only.fragment)
 #   guest/kernel/build.sh outer   # the nested-test outer kernel (guest + outer-kvm)
 #
 # Output: $KERNEL_CACHE/<flavour>-<hash>/{vmlinux,bzImage,config}, and the
@@ -25,7 +25,7 @@ SCRIPT_VERSION=1
 flavour=${1:-}
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 case "$flavour" in
-guest) fragments=("$here/guest.fragment") ;;
+guest) fragments=("$here/guest.fragment" "$here/guest-only.fragment") ;;
 outer) fragments=("$here/guest.fragment" "$here/outer-kvm.fragment") ;;
 *)
 	echo "usage: $0 guest|outer" >&2
