@@ -120,12 +120,12 @@ func (f initrdFile) WriteTo(mem x86.GuestWriter, addr uint64) error {
 		return err
 	}
 	defer src.Close()
-	w := loader.NewGuestStream(mem, addr, f.size)
-	if _, err := io.Copy(w, src); err != nil {
-		return fmt.Errorf("copying the initrd %s: %w", f.path, err)
-	}
-	if w.Written() != f.size {
-		return fmt.Errorf("the initrd %s shrank from %d to %d bytes while it was loaded", f.path, f.size, w.Written())
+	err = loader.WriteStream(mem, addr, f.size, func(w io.Writer) error {
+		_, err := io.Copy(w, src)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("copying the initrd %s (did it change while it was loaded?): %w", f.path, err)
 	}
 	return nil
 }

@@ -3,6 +3,7 @@ package loader
 import (
 	"errors"
 	"fmt"
+	"io"
 
 	"github.com/cowork-vmm/cowork-vmm/vmm/x86"
 )
@@ -102,3 +103,22 @@ func (s *GuestStream) Write(p []byte) (int, error) {
 
 // Written is the number of bytes written so far.
 func (s *GuestStream) Written() uint64 { return s.written }
+
+// ErrStreamShort is returned by WriteStream when fewer bytes came than were
+// reserved.
+var ErrStreamShort = errors.New("fewer bytes than the space reserved in guest memory")
+
+// WriteStream has write fill exactly size bytes of guest memory from addr
+// through a GuestStream: more fails the write that overruns (ErrStreamFull),
+// fewer fails with ErrStreamShort. It is how an InitrdSource that learned
+// its size from a stat writes itself.
+func WriteStream(mem x86.GuestWriter, addr, size uint64, write func(io.Writer) error) error {
+	w := NewGuestStream(mem, addr, size)
+	if err := write(w); err != nil {
+		return err
+	}
+	if w.written != size {
+		return fmt.Errorf("%w: %d of %d bytes", ErrStreamShort, w.written, size)
+	}
+	return nil
+}

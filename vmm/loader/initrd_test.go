@@ -1,6 +1,7 @@
 package loader
 
 import (
+	"io"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -125,4 +126,17 @@ func TestGuestStreamRefusesToOverrunItsReservation(t *testing.T) {
 	require.ErrorIs(t, err, ErrStreamFull)
 	require.Zero(t, n)
 	require.Zero(t, w.Written())
+}
+
+func TestWriteStreamWantsExactlyItsSize(t *testing.T) {
+	const mem = 32 << 20
+	m := newSparseMemory(mem)
+	data := pattern(0x1000, 5)
+	write := func(p []byte) func(io.Writer) error {
+		return func(w io.Writer) error { _, err := w.Write(p); return err }
+	}
+	require.NoError(t, WriteStream(m, 0x100000, 0x1000, write(data)))
+	require.Equal(t, data, m.read(0x100000, 0x1000))
+	require.ErrorIs(t, WriteStream(m, 0x100000, 0x1000, write(data[:0xfff])), ErrStreamShort)
+	require.ErrorIs(t, WriteStream(m, 0x100000, 0xfff, write(data)), ErrStreamFull)
 }
