@@ -140,14 +140,7 @@ func parseClientArgs(args []string, stderr io.Writer, defaultSocket string) (cli
 		o.mounts[name] = m
 		return nil
 	}}, "mount", "share HOST:NAME[:ro] (repeatable)")
-	flags.Var(listFlag{func(s string) error {
-		k, v, ok := strings.Cut(s, "=")
-		if !ok || k == "" {
-			return fmt.Errorf("--env %q: want KEY=VALUE", s)
-		}
-		o.env[k] = v
-		return nil
-	}}, "env", "set KEY=VALUE (repeatable)")
+	flags.Var(envFlag(o.env), "env", "set KEY=VALUE (repeatable)")
 	flags.Usage = func() { clientUsage(stderr, defaultSocket) }
 	if err := flags.Parse(args); err != nil {
 		return o, err

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -96,6 +97,18 @@ type listFlag struct{ add func(string) error }
 func (l listFlag) String() string     { return "" }
 func (l listFlag) Set(s string) error { return l.add(s) }
 
+// envFlag is a repeatable --env KEY=VALUE flag filling env.
+func envFlag(env map[string]string) flag.Value {
+	return listFlag{func(s string) error {
+		k, v, ok := strings.Cut(s, "=")
+		if !ok || k == "" {
+			return fmt.Errorf("--env %q: want KEY=VALUE", s)
+		}
+		env[k] = v
+		return nil
+	}}
+}
+
 func parseRunArgs(args []string, stderr io.Writer) (runOptions, error) {
 	o := runOptions{env: map[string]string{}}
 	fs := flagSet("cowork-vmm run", stderr)
@@ -104,14 +117,7 @@ func parseRunArgs(args []string, stderr io.Writer) (runOptions, error) {
 		o.mounts = append(o.mounts, m)
 		return err
 	}}, "mount", "share HOST:GUEST[:ro] (repeatable)")
-	fs.Var(listFlag{func(s string) error {
-		k, v, ok := strings.Cut(s, "=")
-		if !ok || k == "" {
-			return fmt.Errorf("--env %q: want KEY=VALUE", s)
-		}
-		o.env[k] = v
-		return nil
-	}}, "env", "set KEY=VALUE in the guest (repeatable)")
+	fs.Var(envFlag(o.env), "env", "set KEY=VALUE in the guest (repeatable)")
 	fs.StringVar(&o.workdir, "workdir", "", "guest working directory")
 	fs.IntVar(&o.memMiB, "mem", 0, "guest memory in MiB")
 	fs.IntVar(&o.cpus, "cpus", 0, "guest vCPUs")
