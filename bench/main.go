@@ -78,7 +78,7 @@ func stage(dir, binary, vmlinux string) (string, string, error) {
 		return "", "", err
 	}
 	copies := [][2]string{{binary, "cowork-vmm"}, {vmlinux, "vmlinux"}}
-	if bz := filepath.Join(filepath.Dir(vmlinux), "bzImage"); isFile(bz) {
+	if bz := BzImageBeside(vmlinux); bz != "" {
 		copies = append(copies, [2]string{bz, "bzImage"})
 	}
 	for _, c := range copies {
@@ -268,10 +268,7 @@ func Run(ctx context.Context, opts Options, progress io.Writer) (Report, error) 
 		if err := writeInitramfs(initrd, binary); err != nil {
 			return Report{}, err
 		}
-		cand := filepath.Join(filepath.Dir(vmlinux), "bzImage")
-		if isFile(cand) {
-			bzImage = cand
-		}
+		bzImage = BzImageBeside(vmlinux)
 		only := map[string]bool{}
 		for _, p := range splitList(opts.Peers) {
 			only[p] = true

@@ -259,6 +259,15 @@ func findOVMF() (code, vars string) {
 	return "", ""
 }
 
+// BzImageBeside returns the bzImage of the same kernel build beside
+// vmlinux (what build.sh puts there), or "" when there is none.
+func BzImageBeside(vmlinux string) string {
+	if bz := filepath.Join(filepath.Dir(vmlinux), "bzImage"); isFile(bz) {
+		return bz
+	}
+	return ""
+}
+
 func isFile(p string) bool {
 	info, err := os.Stat(p)
 	return err == nil && info.Mode().IsRegular()

@@ -11,7 +11,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -94,7 +93,7 @@ func runNested(ctx context.Context, opts bench.Options, cpus int, timeout time.D
 		}
 	}
 	files := map[string]string{"cowork-bench": self, "cowork-vmm": opts.Binary, "kernel/vmlinux": vmlinux}
-	if bz := filepath.Join(filepath.Dir(vmlinux), "bzImage"); fileExists(bz) {
+	if bz := bench.BzImageBeside(vmlinux); bz != "" {
 		files["kernel/bzImage"] = bz
 	}
 	payload, err := os.MkdirTemp("", "cowork-bench-payload-")
@@ -135,9 +134,4 @@ func runNested(ctx context.Context, opts bench.Options, cpus int, timeout time.D
 		}
 	}
 	return bench.PrintReport(stdout, filepath.Join(opts.Out, "report.json"))
-}
-
-func fileExists(p string) bool {
-	_, err := os.Stat(p)
-	return !errors.Is(err, os.ErrNotExist) && err == nil
 }
