@@ -47,12 +47,26 @@ type Config struct {
 	Resolver Resolver
 	// Dialer defaults to a net.Dialer.
 	Dialer Dialer
-	// AllowAddr says whether a resolved (or literal) address may be dialled,
-	// whatever the policy; default DefaultAllowAddr (no loopback, link-local,
-	// multicast or unspecified: the guest must not reach the host's own
-	// services or the cloud metadata address). Tests allow loopback.
+	// AllowAddr, when set, replaces the whole address filter: it alone says
+	// whether a resolved (or literal) address may be dialled. Tests and the
+	// helper's test mode allow loopback with it. The default filter (see
+	// addrfilter.go) refuses the host's loopback, 0.0.0.0/8, link-local,
+	// multicast and broadcast addresses and every address of the host's own
+	// interfaces, and the private ranges unless AllowPrivate.
 	AllowAddr func(netip.Addr) bool
-	Logger    *slog.Logger
+	// AllowPrivate lets the default filter dial the private ranges
+	// (10/8, 172.16/12, 192.168/16, 100.64/10, fc00::/7, fec0::/10): the
+	// LAN, a VPN, a corporate network. The helper sets it from
+	// AllowPrivateEnv. It never opens the host's own addresses.
+	AllowPrivate bool
+	// HostAddrs lists the host's own addresses for the default filter;
+	// default: the kernel's interface addresses, read at each dial. Tests
+	// inject one.
+	HostAddrs func() ([]netip.Addr, error)
+	// UpstreamProxy, when not nil, carries the connections its NO_PROXY
+	// does not exclude (the host's proxy setting, UpstreamProxyFromEnv).
+	UpstreamProxy *UpstreamProxy
+	Logger        *slog.Logger
 	// MaxConns bounds concurrent connections (handshaking or spliced);
 	// beyond it a connection is refused at once.
 	MaxConns         int
@@ -61,22 +75,14 @@ type Config struct {
 	IdleTimeout      time.Duration // a spliced pair with no traffic either way
 }
 
-// DefaultAllowAddr refuses addresses that would reach the host itself, its
-// link (including 169.254.169.254) or nothing sensible.
-func DefaultAllowAddr(a netip.Addr) bool {
-	a = a.Unmap()
-	return a.IsValid() && !a.IsLoopback() && !a.IsUnspecified() && !a.IsLinkLocalUnicast() &&
-		!a.IsLinkLocalMulticast() && !a.IsInterfaceLocalMulticast() && !a.IsMulticast() &&
-		a != netip.AddrFrom4([4]byte{255, 255, 255, 255})
-}
-
 // Server serves egress connections from the guest proxy (one
 // protocol.EgressRequest per connection, see protocol/egress.go).
 type Server struct {
-	cfg   Config
-	log   *slog.Logger
-	slots chan struct{}
-	warn  *rateLimiter
+	cfg    Config
+	log    *slog.Logger
+	slots  chan struct{}
+	filter addrFilter
+	warn   *rateLimiter
 	// ctx ends with Close, cutting short resolutions and dials.
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -96,8 +102,8 @@ func NewServer(cfg Config) *Server {
 	if cfg.Dialer == nil {
 		cfg.Dialer = &net.Dialer{KeepAlive: 30 * time.Second}
 	}
-	if cfg.AllowAddr == nil {
-		cfg.AllowAddr = DefaultAllowAddr
+	if cfg.HostAddrs == nil {
+		cfg.HostAddrs = hostInterfaceAddrs
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
@@ -117,6 +123,13 @@ func NewServer(cfg Config) *Server {
 	if cfg.Lookup == nil {
 		cfg.Lookup = func(string, string) (Policy, bool) { return Policy{}, false }
 	}
+	if p := cfg.UpstreamProxy; p != nil {
+		if p.Err() != nil {
+			cfg.Logger.Warn("egress: the host's proxy setting is unusable; connections it would carry fail", "proxy", p, "err", p.Err())
+		} else {
+			cfg.Logger.Info("egress goes through the host's proxy", "proxy", p)
+		}
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	return &Server{
 		ctx:       ctx,
@@ -124,6 +137,7 @@ func NewServer(cfg Config) *Server {
 		cfg:       cfg,
 		log:       cfg.Logger,
 		slots:     make(chan struct{}, cfg.MaxConns),
+		filter:    addrFilter{custom: cfg.AllowAddr, allowPrivate: cfg.AllowPrivate, hostAddrs: cfg.HostAddrs},
 		warn:      newRateLimiter(time.Second, 20),
 		conns:     map[net.Conn]struct{}{},
 		listeners: map[net.Listener]struct{}{},
@@ -221,20 +235,25 @@ func (s *Server) open(ctx context.Context, req protocol.EgressRequest) (net.Conn
 		s.warnf("egress refused: unknown spawn or wrong token", "spawn", req.SpawnID, "host", req.Host)
 		return nil, protocol.EgressReply{Error: fmt.Sprintf("spawn %q has no egress registered (it ended, or the token is wrong)", req.SpawnID)}
 	}
-	if !policy.Allows(req.Host) {
+	if !policy.AllowsPort(req.Host, req.Port) {
 		s.warnf("egress blocked by allowedDomains", "spawn", req.SpawnID, "host", req.Host, "port", req.Port)
 		return nil, protocol.EgressReply{Blocked: true, Error: BlockedPrefix + ": " + req.Host}
 	}
 	conn, err := s.dial(ctx, req.Host, req.Port)
 	if err != nil {
-		s.warnf("egress dial failed", "spawn", req.SpawnID, "host", req.Host, "port", req.Port, "err", err)
+		msg := "egress dial failed"
+		if isAddrRefused(err) {
+			msg = "egress refused by the address filter"
+		}
+		s.warnf(msg, "spawn", req.SpawnID, "host", req.Host, "port", req.Port, "err", err)
 		return nil, protocol.EgressReply{Error: err.Error()}
 	}
 	return conn, protocol.EgressReply{OK: true}
 }
 
-// DialContext resolves and dials like a guest connection would, without a
-// spawn policy but with AllowAddr: the helper's own apiReachability probe
+// DialContext dials like a guest connection would, without a spawn policy
+// but with the address filter and the upstream proxy: the helper's own
+// apiReachability probe
 // uses it so that it takes the guest's path out
 // (http.Transport{DialContext: srv.DialContext}).
 func (s *Server) DialContext(ctx context.Context, network, address string) (net.Conn, error) {
@@ -252,32 +271,44 @@ func (s *Server) DialContext(ctx context.Context, network, address string) (net.
 	return s.dial(ctx, host, port)
 }
 
-// dial resolves host (unless it is an IP literal), drops addresses AllowAddr
-// refuses, and tries the rest in order until one connects.
+// dial connects to host:port for the guest: through the upstream proxy
+// when it carries host, else by resolving host (unless it is an IP literal),
+// dropping the addresses the filter refuses and trying the rest in order
+// until one connects.
 func (s *Server) dial(ctx context.Context, host string, port int) (net.Conn, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.DialTimeout)
 	defer cancel()
-	var addrs []netip.Addr
-	if addr, ok := parseIPLiteral(host); ok {
-		addrs = []netip.Addr{addr}
-	} else {
-		if !validHostName(normaliseName(host)) {
-			return nil, fmt.Errorf("%q is not a valid host name", host)
+	literal, isLiteral := parseIPLiteral(host)
+	name := normaliseName(host)
+	if !isLiteral && !validHostName(name) {
+		return nil, fmt.Errorf("%q is not a valid host name", host)
+	}
+	if s.cfg.UpstreamProxy.route(host, port) {
+		target := name
+		if isLiteral {
+			if _, err := s.allowedAddrs(host, []netip.Addr{literal}); err != nil {
+				return nil, err
+			}
+			target = literal.String()
+		} else if isLocalhostName(name) {
+			return nil, &AddrRefusedError{Host: host, Refused: []RefusedAddr{{netip.AddrFrom4([4]byte{127, 0, 0, 1}), "loopback (what localhost names mean, RFC 6761)"}}}
 		}
-		found, err := s.cfg.Resolver.LookupNetIP(ctx, "ip", normaliseName(host))
+		return s.cfg.UpstreamProxy.connect(ctx, s.cfg.Dialer, target, port)
+	}
+	addrs := []netip.Addr{literal}
+	if !isLiteral {
+		found, err := s.cfg.Resolver.LookupNetIP(ctx, "ip", name)
 		if err != nil {
 			return nil, fmt.Errorf("resolving %s: %w", host, err)
 		}
 		addrs = found
 	}
+	allowed, err := s.allowedAddrs(host, addrs)
+	if err != nil {
+		return nil, err
+	}
 	var lastErr error
-	tried := 0
-	for _, addr := range addrs {
-		addr = addr.Unmap()
-		if !s.cfg.AllowAddr(addr) {
-			continue
-		}
-		tried++
+	for _, addr := range allowed {
 		conn, err := s.cfg.Dialer.DialContext(ctx, "tcp", netip.AddrPortFrom(addr, uint16(port)).String())
 		if err == nil {
 			return conn, nil
@@ -287,10 +318,23 @@ func (s *Server) dial(ctx context.Context, host string, port int) (net.Conn, err
 			break
 		}
 	}
-	if tried == 0 {
-		return nil, fmt.Errorf("%s resolves only to addresses the guest may not reach (loopback, link-local, multicast)", host)
-	}
 	return nil, fmt.Errorf("connecting to %s port %d: %w", host, port, lastErr)
+}
+
+// allowedAddrs keeps the addresses of host the filter lets the guest reach;
+// none is an *AddrRefusedError.
+func (s *Server) allowedAddrs(host string, addrs []netip.Addr) ([]netip.Addr, error) {
+	allowed, refused, err := s.filter.split(addrs)
+	if err != nil {
+		return nil, err
+	}
+	if len(allowed) == 0 {
+		return nil, &AddrRefusedError{Host: host, Refused: refused}
+	}
+	if len(refused) > 0 {
+		s.log.Debug("egress: skipping addresses the guest may not reach", "host", host, "refused", refused)
+	}
+	return allowed, nil
 }
 
 // Close closes the listeners given to Serve, ends every connection, waits

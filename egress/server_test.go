@@ -5,6 +5,7 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"strconv"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -138,4 +139,20 @@ func TestServerConnectionLimitAndClose(t *testing.T) {
 	_, err = io.ReadAll(c1)
 	require.NoError(t, err, "Close ends spliced connections (EOF)")
 	c1.Close()
+}
+
+// TestServerPolicyPort: the server asks the policy about the requested
+// port, so a "host:port" entry opens that port only.
+func TestServerPolicyPort(t *testing.T) {
+	port := echoServer(t)
+	reg := NewRegistry()
+	token, _ := reg.Register("s", []string{"echo.test:" + strconv.Itoa(port)})
+	s := NewServer(Config{Lookup: reg.Lookup, Resolver: loopbackResolver{}, AllowAddr: func(a netip.Addr) bool { return a.IsLoopback() }})
+	defer s.Close()
+	rep, guest := exchange(t, s, protocol.EgressRequest{SpawnID: "s", Token: token, Host: "echo.test", Port: port})
+	guest.Close()
+	require.True(t, rep.OK, rep.Error)
+	rep, guest = exchange(t, s, protocol.EgressRequest{SpawnID: "s", Token: token, Host: "echo.test", Port: port + 1})
+	guest.Close()
+	require.True(t, rep.Blocked, "another port of the same host")
 }

@@ -102,7 +102,8 @@ func (th *testHosts) allowAddr(a netip.Addr) bool { return th.addrs[a.Unmap()] }
 
 // newEgressServer makes the helper's egress server for opts.
 func newEgressServer(opts Options, reg *egress.Registry, log *slog.Logger) (*egress.Server, *testHosts, error) {
-	cfg := egress.Config{Lookup: reg.Lookup, Logger: log.With("component", "egress")}
+	cfg := egress.Config{Lookup: reg.Lookup, Logger: log.With("component", "egress"),
+		AllowPrivate: opts.EgressAllowPrivate, UpstreamProxy: opts.EgressProxy}
 	var th *testHosts
 	if opts.EgressTestHosts != "" {
 		var err error
@@ -111,6 +112,7 @@ func newEgressServer(opts Options, reg *egress.Registry, log *slog.Logger) (*egr
 		}
 		cfg.Resolver = th
 		cfg.AllowAddr = th.allowAddr
+		cfg.UpstreamProxy = nil // test names are served on loopback, never by a proxy
 		log.Warn("TEST MODE: egress resolves only the names of "+EgressTestHostsEnv+" and dials only their loopback addresses; never use this in production",
 			"hosts", opts.EgressTestHosts)
 	}

@@ -65,6 +65,12 @@ type Options struct {
 	// EgressTestHosts is the value of EgressTestHostsEnv (tests only; see
 	// there). Empty in production.
 	EgressTestHosts string
+	// EgressAllowPrivate lets guests reach the private ranges
+	// (egress.Config.AllowPrivate; the binary reads egress.AllowPrivateEnv).
+	EgressAllowPrivate bool
+	// EgressProxy is the host's proxy setting that egress dials through
+	// (egress.UpstreamProxyFromEnv); nil dials directly.
+	EgressProxy *egress.UpstreamProxy
 }
 
 // DefaultDataDir is $XDG_DATA_HOME/cowork-vmm, or ~/.local/share/cowork-vmm.

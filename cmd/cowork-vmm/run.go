@@ -17,6 +17,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/cowork-vmm/cowork-vmm/egress"
 	"github.com/cowork-vmm/cowork-vmm/helper"
 	"github.com/cowork-vmm/cowork-vmm/helper/vm"
 	"github.com/cowork-vmm/cowork-vmm/machine"
@@ -175,7 +176,8 @@ func runWith(args []string, stderr io.Writer, backends func(*slog.Logger, io.Wri
 	backend, fallback := chooseRunBackend(factories, stderr)
 	for {
 		svc, err := helper.New(helper.Options{Backend: backend, Backends: factories, Logger: log, LogLevel: level,
-			EgressTestHosts: os.Getenv(helper.EgressTestHostsEnv)})
+			EgressTestHosts:    os.Getenv(helper.EgressTestHostsEnv),
+			EgressAllowPrivate: os.Getenv(egress.AllowPrivateEnv) == "1", EgressProxy: egress.UpstreamProxyFromEnv(os.Getenv)})
 		if err != nil {
 			fmt.Fprintln(stderr, "cowork-vmm run:", err)
 			return 1

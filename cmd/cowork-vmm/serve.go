@@ -9,6 +9,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/cowork-vmm/cowork-vmm/egress"
 	"github.com/cowork-vmm/cowork-vmm/helper"
 	"github.com/cowork-vmm/cowork-vmm/protocol"
 )
@@ -38,8 +39,10 @@ func helperMain(args []string, stderr io.Writer) int {
 		Backends: backendFactories(log, stderr), // the agent logs beside the helper
 		Logger:   log,
 		// Test-only (see helper.EgressTestHostsEnv); logged loudly when set.
-		EgressTestHosts: os.Getenv(helper.EgressTestHostsEnv),
-		LogLevel:        level,
+		EgressTestHosts:    os.Getenv(helper.EgressTestHostsEnv),
+		EgressAllowPrivate: os.Getenv(egress.AllowPrivateEnv) == "1",
+		EgressProxy:        egress.UpstreamProxyFromEnv(os.Getenv),
+		LogLevel:           level,
 		OnDebugLogging: func(on bool) {
 			if srv != nil {
 				srv.SetDebug(on)
