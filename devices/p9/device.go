@@ -358,6 +358,13 @@ func (d *Device) handle(q *virtio.Queue, irq virtio.Interrupt, chain *virtio.Cha
 		return d.complete(q, irq, chain, rlerror(h.tag, linux.EOPNOTSUPP))
 	case msgTgetlock:
 		return d.complete(q, irq, chain, rgetlockNoConflict(h.tag, body))
+	case msgTreaddir:
+		// The server builds a reply of up to count bytes whatever msize
+		// says (hugelgupf/p9 v0.3.0 passes count through): clamp it to
+		// what an Rreaddir within the negotiated msize can carry.
+		if limit := max(d.msize, rreaddirHeaderSize) - rreaddirHeaderSize; u32(body, treaddirCountOffset) > limit {
+			binary.LittleEndian.PutUint32(body[treaddirCountOffset:], limit)
+		}
 	case msgTversion:
 		requested := u32(body, 0)
 		if requested < minMessageSize {

@@ -13,7 +13,9 @@
 // device keeps serving. Requests run concurrently, at most MaxInFlight at
 // once, each under a tag of the device's own (bridge.go); fids are bounded
 // by MaxFids and the msize a guest may negotiate by MaxMessageSize, so a
-// guest holds at most MaxInFlight × MaxMessageSize bytes of host memory.
+// guest holds at most MaxInFlight × MaxMessageSize bytes of host memory;
+// Treaddir's count is lowered to what an Rreaddir within the negotiated
+// msize carries (the server would build a reply of any count).
 //
 // Answered by the device itself, because hugelgupf/p9 answers them wrongly
 // for the Linux client: Txattrwalk (ENODATA for a name, EOPNOTSUPP for the

@@ -30,6 +30,11 @@ const (
 	// twriteFixedSize is Twrite's body before its data: fid[4] offset[8]
 	// count[4].
 	twriteFixedSize = 16
+	// treaddirCountOffset is where count sits in Treaddir's body: fid[4]
+	// offset[8] count[4].
+	treaddirCountOffset = 12
+	// rreaddirHeaderSize is Rreaddir before its entries: header, count[4].
+	rreaddirHeaderSize = headerSize + 4
 )
 
 // Message types the device looks at.

@@ -1,6 +1,7 @@
 package fs
 
 import (
+	"maps"
 	"os"
 	"path/filepath"
 	"testing"
@@ -26,18 +27,8 @@ func TestReadOnlyExportRefusesEveryMutation(t *testing.T) {
 
 	d := walk(t, root, "d")
 	target := walk(t, root, "f.txt")
-	mutations := map[string]func() error{
-		"create": func() error {
-			_, _, _, err := walk(t, root).Create("new", p9.ReadWrite, 0o644, p9.NoUID, p9.NoGID)
-			return err
-		},
-		"mkdir":   func() error { _, err := root.Mkdir("nd", 0o755, p9.NoUID, p9.NoGID); return err },
-		"symlink": func() error { _, err := root.Symlink("x", "sl", p9.NoUID, p9.NoGID); return err },
-		"mknod": func() error {
-			_, err := root.Mknod("fifo", p9.FileMode(unix.S_IFIFO|0o644), 0, 0, p9.NoUID, p9.NoGID)
-			return err
-		},
-		"link":     func() error { return root.Link(target, "hard") },
+	mutations := creations(t, root, target, "new")
+	maps.Copy(mutations, map[string]func() error{
 		"renameat": func() error { return root.RenameAt("f.txt", d, "moved") },
 		"rename":   func() error { return walk(t, root, "f.txt").Rename(d, "moved") },
 		"unlinkat": func() error { return root.UnlinkAt("f.txt", 0) },
@@ -57,7 +48,7 @@ func TestReadOnlyExportRefusesEveryMutation(t *testing.T) {
 			_, _, err := walk(t, root, "f.txt").Open(p9.ReadOnly | p9.OpenFlags(unix.O_TRUNC))
 			return err
 		},
-	}
+	})
 	for name, op := range mutations {
 		assert.ErrorIs(t, op(), linux.EROFS, name)
 	}
@@ -252,7 +243,7 @@ func TestExportsRegistry(t *testing.T) {
 	assert.Error(t, x.Add("file", file, false), "an export is a directory")
 	assert.Equal(t, []string{"s1"}, x.Names())
 
-	// A removed export stays usable through files already held.
+	// A removed export is gone, also for the files already held.
 	root, err := x.Attach()
 	require.NoError(t, err)
 	_, held, err := root.Walk([]string{"s1"})
@@ -260,8 +251,9 @@ func TestExportsRegistry(t *testing.T) {
 	x.Remove("s1")
 	_, _, err = root.Walk([]string{"s1"})
 	assert.ErrorIs(t, err, linux.ENOENT)
-	_, err = held.Mkdir("still", 0o755, p9.NoUID, p9.NoGID)
-	assert.NoError(t, err)
+	_, err = held.Mkdir("after-removal", 0o755, p9.NoUID, p9.NoGID)
+	assert.ErrorIs(t, err, linux.ESTALE)
+	assert.NoDirExists(t, filepath.Join(dir, "after-removal"))
 	require.NoError(t, held.Close())
 	x.Remove("s1") // unknown: no-op
 }

@@ -20,6 +20,33 @@
 //
 // Read-only exports answer every mutating operation with EROFS.
 //
+// A single-file export (Exports.AddFile) serves one host file as the only
+// entry of a directory: the guest can walk to, list, read and (read-write)
+// write and chmod that file, nothing else of the directory holding it. The
+// file is found by name beneath that directory's descriptor each time, so
+// an editor's save by rename-over on the host shows; see AddFile.
+//
+// Withdrawal: Exports.Remove revokes an export at once. New attaches fail,
+// every operation on a fid the guest still holds in it fails with ESTALE,
+// and every host descriptor of the export is closed before Remove returns
+// (not when the guest clunks). An RWMutex per export (held shared by each
+// operation, exclusively by the revocation) keeps a descriptor from being
+// closed, and its number reused, under an operation.
+//
+// Directory listings are not cached: Treaddir's offset is the host's own
+// directory position (getdents64's d_off, which lseek takes back), so a
+// listing holds no memory between requests however many fids read it; one
+// request reads at most count bytes of entries (count clamped to 1 MiB
+// here, and to the negotiated msize by the virtio-9p device).
+//
+// Set-user-ID and set-group-ID bits never come from the guest: they are
+// dropped from the mode of Tlcreate, Tmkdir, Tmknod and Tsetattr, and
+// cleared on the host file before a Twrite or a truncation (Tsetattr size,
+// Tlopen O_TRUNC) — the set-group-ID bit only on a group-executable file —
+// as Linux does for a writer without CAP_FSETID and virtiofsd's
+// killpriv_v2 relies on. The helper may run with CAP_FSETID; a guest must
+// not be able to plant or modify a privileged program on the host.
+//
 // Choices for what hugelgupf/p9 leaves to the file system:
 //   - Lock (Tlock) always succeeds: the Linux client first takes the lock
 //     in the guest kernel, so guest processes exclude each other; the host

@@ -4,9 +4,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"path/filepath"
 	"sort"
 	"sync"
 
+	"github.com/hugelgupf/p9/linux"
 	"github.com/hugelgupf/p9/p9"
 	"golang.org/x/sys/unix"
 )
@@ -25,35 +27,92 @@ type Exports struct {
 	exports map[string]*export
 }
 
-// export is one registered host directory.
+// export is one registered host directory, or one host file shown in a
+// directory of its own (a single-file export).
 type export struct {
 	name     string
-	hostDir  string
+	hostPath string
 	readOnly bool
-	// rootFd is an O_PATH descriptor of hostDir, opened at registration;
-	// everything the guest reaches is resolved beneath it.
+	// viewName is set for a single-file export: the one name its root
+	// lists and lets the guest walk to. fileName is the host file's own
+	// name beneath rootFd (they differ when the registered path was a
+	// symlink, resolved at registration).
+	viewName string
+	fileName string
+
+	// gate is held shared by every operation while it uses a descriptor
+	// of the export, and exclusively by revoke, so no descriptor is closed
+	// (and its number reused) under a running operation.
+	gate sync.RWMutex
+	// revoked (guarded by gate) is set by revoke: every operation then
+	// fails with ESTALE.
+	revoked bool
+	// rootFd is an O_PATH descriptor of the exported directory (of the
+	// file's directory, for a single-file export), opened at registration;
+	// everything the guest reaches is resolved beneath it. Closed by
+	// revoke, under gate.
 	rootFd int
-	// refs counts the root descriptor's users (the registry and every
-	// open File of the export); the descriptor is closed at zero.
-	mu   sync.Mutex
-	refs int
+
+	// filesMu guards files, every file of the export that still holds
+	// descriptors (revoke closes them).
+	filesMu sync.Mutex
+	files   map[*file]struct{}
 }
 
-func (e *export) acquire() {
-	e.mu.Lock()
-	e.refs++
-	e.mu.Unlock()
-}
-
-func (e *export) release() {
-	e.mu.Lock()
-	e.refs--
-	last := e.refs == 0
-	e.mu.Unlock()
-	if last {
-		_ = unix.Close(e.rootFd)
+// enter starts an operation that uses the export's descriptors: it holds
+// the gate shared until exit, or fails with ESTALE once the export is
+// withdrawn. Operations never nest enter calls (a waiting revoke would
+// block the inner one).
+func (e *export) enter() error {
+	e.gate.RLock()
+	if e.revoked {
+		e.gate.RUnlock()
+		return linux.ESTALE
 	}
+	return nil
 }
+
+func (e *export) exit() { e.gate.RUnlock() }
+
+// track records a file that holds descriptors of the export; called
+// between enter and exit, so never after revoke.
+func (e *export) track(f *file) {
+	e.filesMu.Lock()
+	e.files[f] = struct{}{}
+	e.filesMu.Unlock()
+}
+
+// forget drops a file whose descriptors are closed.
+func (e *export) forget(f *file) {
+	e.filesMu.Lock()
+	delete(e.files, f)
+	e.filesMu.Unlock()
+}
+
+// revoke withdraws the export: it waits for the operations in progress,
+// then closes every descriptor the export and its files hold. The files
+// stay allocated until the guest clunks them, but every operation on them
+// fails with ESTALE from now on.
+func (e *export) revoke() {
+	e.gate.Lock()
+	defer e.gate.Unlock()
+	if e.revoked {
+		return
+	}
+	e.revoked = true
+	e.filesMu.Lock()
+	files := e.files
+	e.files = make(map[*file]struct{})
+	e.filesMu.Unlock()
+	for f := range files {
+		f.closeDescriptors()
+	}
+	_ = unix.Close(e.rootFd)
+	e.rootFd = -1
+}
+
+// isFileView says whether this is a single-file export.
+func (e *export) isFileView() bool { return e.viewName != "" }
 
 // NewExports returns an empty registry. logger nil = slog.Default().
 func NewExports(logger *slog.Logger) *Exports {
@@ -76,28 +135,80 @@ func (x *Exports) Add(name, hostDir string, readOnly bool) error {
 	if err != nil {
 		return fmt.Errorf("p9 export %q: open %s: %w", name, hostDir, err)
 	}
-	ex := &export{name: name, hostDir: hostDir, readOnly: readOnly, rootFd: fd, refs: 1}
+	return x.register(&export{name: name, hostPath: hostDir, readOnly: readOnly, rootFd: fd})
+}
+
+// AddFile registers a single-file export of hostFile under name. Its root
+// is a directory that holds one name, filepath.Base(hostFile), and nothing
+// else: a walk to any other name fails with ENOENT, a listing shows only
+// that name, and no name in it can be created, removed or renamed (EPERM;
+// EROFS when read-only). The file itself is read and, unless readOnly,
+// written in place.
+//
+// hostFile must name a regular file; a symlink there (a dotfile manager's
+// ~/.gitconfig, say) is resolved once, here, by the host. The directory
+// holding the file is opened now, so a later rename of a directory on the
+// host does not redirect the export. The file is found by its name beneath
+// that descriptor (openat2 RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS, never
+// following a final symlink) each time the guest walks to it, opens it or
+// asks for its attributes through an unopened fid: an editor that saves by
+// writing a new file and renaming it over the old one is seen at once. If
+// the name is missing or no longer names a regular file (a symlink or a
+// directory put there), the guest keeps the last regular file it reached.
+func (x *Exports) AddFile(name, hostFile string, readOnly bool) error {
+	if err := checkName(name); err != nil {
+		return fmt.Errorf("p9 export name %q: %w", name, err)
+	}
+	view := filepath.Base(hostFile)
+	if err := checkName(view); err != nil || !filepath.IsAbs(hostFile) {
+		return fmt.Errorf("p9 export %q: %s does not name a file", name, hostFile)
+	}
+	resolved, err := filepath.EvalSymlinks(hostFile)
+	if err != nil {
+		return fmt.Errorf("p9 export %q: %w", name, err)
+	}
+	dirFd, err := unix.Open(filepath.Dir(resolved), unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("p9 export %q: open the directory of %s: %w", name, resolved, err)
+	}
+	ex := &export{name: name, hostPath: hostFile, readOnly: readOnly, rootFd: dirFd,
+		viewName: view, fileName: filepath.Base(resolved)}
+	fd, _, err := openRegularBeneath(dirFd, ex.fileName)
+	if err != nil {
+		_ = unix.Close(dirFd)
+		return fmt.Errorf("p9 export %q: %s is not a regular file that can be opened: %w", name, resolved, err)
+	}
+	_ = unix.Close(fd)
+	return x.register(ex)
+}
+
+// register adds ex (which owns an open rootFd) to the registry.
+func (x *Exports) register(ex *export) error {
+	ex.files = make(map[*file]struct{})
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	if _, ok := x.exports[name]; ok {
-		_ = unix.Close(fd)
-		return fmt.Errorf("p9 export %q: %w", name, ErrExportExists)
+	if _, ok := x.exports[ex.name]; ok {
+		_ = unix.Close(ex.rootFd)
+		return fmt.Errorf("p9 export %q: %w", ex.name, ErrExportExists)
 	}
-	x.exports[name] = ex
-	x.log.Info("p9 export added", "name", name, "dir", hostDir, "readOnly", readOnly)
+	x.exports[ex.name] = ex
+	x.log.Info("p9 export added", "name", ex.name, "path", ex.hostPath, "readOnly", ex.readOnly, "singleFile", ex.isFileView())
 	return nil
 }
 
-// Remove unregisters name. New attaches to it fail; files the guest
-// already holds keep working until it clunks them. Removing an unknown
-// name is not an error.
+// Remove withdraws name: new attaches to it fail (ENOENT), every file the
+// guest already holds in it fails every operation with ESTALE, and every
+// host descriptor the export held is closed before Remove returns (it
+// waits for operations in progress on the export). The guest's fids stay
+// allocated until it clunks them. Removing an unknown name is not an
+// error.
 func (x *Exports) Remove(name string) {
 	x.mu.Lock()
 	ex, ok := x.exports[name]
 	delete(x.exports, name)
 	x.mu.Unlock()
 	if ok {
-		ex.release()
+		ex.revoke()
 		x.log.Info("p9 export removed", "name", name)
 	}
 }
@@ -125,9 +236,6 @@ func (x *Exports) lookup(name string) (*export, bool) {
 	x.mu.RLock()
 	defer x.mu.RUnlock()
 	ex, ok := x.exports[name]
-	if ok {
-		ex.acquire()
-	}
 	return ex, ok
 }
 

@@ -2,6 +2,8 @@ package fs
 
 import (
 	"errors"
+	"io"
+	"math"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -20,13 +22,26 @@ const resolveFlags = unix.RESOLVE_BENEATH | unix.RESOLVE_NO_MAGICLINKS | unix.RE
 // access mode (9P2000.L uses the Linux values).
 const passOpenFlags = unix.O_TRUNC | unix.O_APPEND | unix.O_SYNC | unix.O_DSYNC
 
-// maxDirEntries bounds a directory listing held in memory for one open
-// directory.
-const maxDirEntries = 1 << 20
+// privBits are the set-user-ID and set-group-ID bits: the guest never sets
+// them on the host (see the package doc).
+const privBits = unix.S_ISUID | unix.S_ISGID
+
+// maxReaddirBytes caps one Readdir's reply whatever count the guest asks
+// for (the virtio-9p device already clamps count to the negotiated msize).
+const maxReaddirBytes = 1 << 20
+
+// direntBufSize is the getdents64 buffer a Readdir reads the host
+// directory with (pooled: at most one per request in flight).
+const direntBufSize = 32 << 10
+
+var direntBufs = sync.Pool{New: func() any { b := make([]byte, direntBufSize); return &b }}
 
 // file is one node of an export, held by an O_PATH descriptor. The p9
 // server may call its methods concurrently (reads and writes on one open
-// file, for example); mu guards the mutable fields.
+// file, for example); mu guards the mutable fields. Every method that
+// uses a descriptor runs between f.ex.enter and f.ex.exit, so a withdrawn
+// export's files fail with ESTALE and revoke never closes a descriptor an
+// operation is using.
 type file struct {
 	ex *export
 
@@ -34,24 +49,25 @@ type file struct {
 	// plus one per child whose parent this is. Descriptors are closed at 0.
 	refs atomic.Int32
 
-	mu      sync.Mutex
-	fd      int    // O_PATH|O_NOFOLLOW descriptor of this node
-	parent  *file  // the directory holding this node; nil for the export root
-	name    string // name within parent ("" for the export root)
-	mode    uint32 // st_mode at walk time (type bits are stable)
-	openFd  int    // real descriptor after Open/Create; -1 before
-	dirents []p9.Dirent
+	mu     sync.Mutex
+	fd     int    // O_PATH|O_NOFOLLOW descriptor of this node; -1 once closed
+	parent *file  // the directory holding this node; nil for the export root
+	name   string // name within parent ("" for the export root)
+	mode   uint32 // st_mode at walk time (type bits are stable)
+	openFd int    // real descriptor after Open/Create; -1 before
+	dev    uint64 // st_dev of an open directory (its entries' QIDs)
 }
 
-// newFile returns a file with one reference, taking a reference on parent
-// and on the export.
+// newFile returns a file with one reference, taking a reference on parent;
+// the export tracks it until its descriptors are closed. Called between
+// ex.enter and ex.exit.
 func newFile(ex *export, fd int, parent *file, name string, mode uint32, openFd int) *file {
 	f := &file{ex: ex, fd: fd, parent: parent, name: name, mode: mode, openFd: openFd}
 	f.refs.Store(1)
 	if parent != nil {
 		parent.refs.Add(1)
 	}
-	ex.acquire()
+	ex.track(f)
 	return f
 }
 
@@ -60,21 +76,28 @@ func (f *file) unref() {
 	if f.refs.Add(-1) != 0 {
 		return
 	}
+	f.closeDescriptors()
+	f.ex.forget(f)
 	f.mu.Lock()
-	for _, fd := range []*int{&f.openFd, &f.fd} {
-		if *fd >= 0 {
-			_ = unix.Close(*fd)
-			*fd = -1
-		}
-	}
-	f.dirents = nil
 	parent := f.parent
 	f.parent = nil
 	f.mu.Unlock()
 	if parent != nil {
 		parent.unref()
 	}
-	f.ex.release()
+}
+
+// closeDescriptors closes whatever host descriptors f still holds (at its
+// last reference, or when its export is revoked).
+func (f *file) closeDescriptors() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, fd := range []*int{&f.openFd, &f.fd} {
+		if *fd >= 0 {
+			_ = unix.Close(*fd)
+			*fd = -1
+		}
+	}
 }
 
 // parentAndName returns the current parent and name under f.mu.
@@ -86,8 +109,10 @@ func (f *file) parentAndName() (*file, string) {
 
 var _ p9.File = (*file)(nil)
 
-// newRootFile returns a File for the export's root directory.
-func newRootFile(ex *export) (*file, error) {
+// newRootFile returns a File for the export's root directory (the view
+// directory of a single-file export) and its attributes. Called between
+// ex.enter and ex.exit.
+func newRootFile(ex *export) (*file, *unix.Stat_t, error) {
 	fd, err := unix.Openat2(ex.rootFd, ".", &unix.OpenHow{
 		Flags:   unix.O_PATH | unix.O_DIRECTORY | unix.O_CLOEXEC,
 		Resolve: resolveFlags,
@@ -96,16 +121,14 @@ func newRootFile(ex *export) (*file, error) {
 		fd, err = unix.Openat(ex.rootFd, ".", unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	}
 	if err != nil {
-		return nil, errno(err)
+		return nil, nil, errno(err)
 	}
 	st, err := fstat(fd)
 	if err != nil {
 		_ = unix.Close(fd)
-		return nil, err
+		return nil, nil, err
 	}
-	f := newFile(ex, fd, nil, "", st.Mode, -1)
-	ex.release() // newFile took its own reference; the caller's is handed over
-	return f, nil
+	return newFile(ex, fd, nil, "", st.Mode, -1), st, nil
 }
 
 // openBeneath opens one name in dirFd as an O_PATH descriptor, never
@@ -124,6 +147,24 @@ func openBeneath(dirFd int, name string) (int, error) {
 		fd, err = unix.Openat(dirFd, name, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	}
 	return fd, errno(err)
+}
+
+// openRegularBeneath is openBeneath for a name that must be a regular file
+// (ENOENT otherwise); it returns the descriptor and its attributes.
+func openRegularBeneath(dirFd int, name string) (int, *unix.Stat_t, error) {
+	fd, err := openBeneath(dirFd, name)
+	if err != nil {
+		return -1, nil, err
+	}
+	st, err := fstat(fd)
+	if err == nil && st.Mode&unix.S_IFMT != unix.S_IFREG {
+		err = linux.ENOENT
+	}
+	if err != nil {
+		_ = unix.Close(fd)
+		return -1, nil, err
+	}
+	return fd, st, nil
 }
 
 func fstat(fd int) (*unix.Stat_t, error) {
@@ -161,8 +202,43 @@ func (f *file) mutable() error {
 	return nil
 }
 
+// namesMutable refuses creating, removing and renaming names: EROFS in a
+// read-only export, EPERM in a single-file export (its one name is fixed).
+func (f *file) namesMutable() error {
+	if err := f.mutable(); err != nil {
+		return err
+	}
+	if f.ex.isFileView() {
+		return linux.EPERM
+	}
+	return nil
+}
+
+// isViewRoot says whether f is the directory of a single-file export.
+func (f *file) isViewRoot() bool { return f.ex.isFileView() && f.parent == nil }
+
+// refresh finds a single-file export's file again by its name (see
+// Exports.AddFile) for a fid that is not open; when the name no longer
+// names a regular file, f keeps the one it had. Called with f.mu held,
+// between enter and exit.
+func (f *file) refresh() {
+	if !f.ex.isFileView() || f.parent == nil || f.openFd >= 0 {
+		return
+	}
+	fd, st, err := openRegularBeneath(f.ex.rootFd, f.ex.fileName)
+	if err != nil {
+		return
+	}
+	_ = unix.Close(f.fd)
+	f.fd, f.mode = fd, st.Mode
+}
+
 // Walk implements p9.File. The server walks at most one name at a time.
 func (f *file) Walk(names []string) ([]p9.QID, p9.File, error) {
+	if err := f.ex.enter(); err != nil {
+		return nil, nil, err
+	}
+	defer f.ex.exit()
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	switch len(names) {
@@ -179,6 +255,9 @@ func (f *file) Walk(names []string) ([]p9.QID, p9.File, error) {
 	if !f.isDir() {
 		return nil, nil, linux.ENOTDIR
 	}
+	if f.isViewRoot() {
+		return f.walkView(names[0])
+	}
 	fd, err := openBeneath(f.fd, names[0])
 	if err != nil {
 		return nil, nil, err
@@ -189,6 +268,21 @@ func (f *file) Walk(names []string) ([]p9.QID, p9.File, error) {
 		return nil, nil, err
 	}
 	return []p9.QID{qidFor(st)}, newFile(f.ex, fd, f, names[0], st.Mode, -1), nil
+}
+
+// walkView walks from a single-file export's directory to its one name.
+func (f *file) walkView(name string) ([]p9.QID, p9.File, error) {
+	if err := checkName(name); err != nil {
+		return nil, nil, err
+	}
+	if name != f.ex.viewName {
+		return nil, nil, linux.ENOENT
+	}
+	fd, st, err := openRegularBeneath(f.fd, f.ex.fileName)
+	if err != nil {
+		return nil, nil, err
+	}
+	return []p9.QID{qidFor(st)}, newFile(f.ex, fd, f, f.ex.fileName, st.Mode, -1), nil
 }
 
 // WalkGetAttr implements p9.File.
@@ -207,6 +301,12 @@ func (f *file) WalkGetAttr(names []string) ([]p9.QID, p9.File, p9.AttrMask, p9.A
 
 // StatFS implements p9.File.
 func (f *file) StatFS() (p9.FSStat, error) {
+	if err := f.ex.enter(); err != nil {
+		return p9.FSStat{}, err
+	}
+	defer f.ex.exit()
+	f.mu.Lock()
+	defer f.mu.Unlock()
 	var st unix.Statfs_t
 	if err := unix.Fstatfs(f.fd, &st); err != nil {
 		return p9.FSStat{}, errno(err)
@@ -226,6 +326,13 @@ func (f *file) StatFS() (p9.FSStat, error) {
 
 // GetAttr implements p9.File.
 func (f *file) GetAttr(req p9.AttrMask) (p9.QID, p9.AttrMask, p9.Attr, error) {
+	if err := f.ex.enter(); err != nil {
+		return p9.QID{}, p9.AttrMask{}, p9.Attr{}, err
+	}
+	defer f.ex.exit()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.refresh()
 	st, err := fstat(f.fd)
 	if err != nil {
 		return p9.QID{}, p9.AttrMask{}, p9.Attr{}, err
@@ -234,13 +341,22 @@ func (f *file) GetAttr(req p9.AttrMask) (p9.QID, p9.AttrMask, p9.Attr, error) {
 	return qidFor(st), valid, attr, nil
 }
 
-// SetAttr implements p9.File.
+// SetAttr implements p9.File. Set-user-ID and set-group-ID bits are
+// dropped from a new mode, and cleared before a truncation (killPriv).
 func (f *file) SetAttr(valid p9.SetAttrMask, attr p9.SetAttr) error {
+	if err := f.ex.enter(); err != nil {
+		return err
+	}
+	defer f.ex.exit()
 	if err := f.mutable(); err != nil {
 		return err
 	}
+	if f.isViewRoot() {
+		return linux.EPERM // the host directory around the one file
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	f.refresh()
 	if f.isSymlink() {
 		// Only times make sense on a link itself; do them by name with
 		// AT_SYMLINK_NOFOLLOW (never through the link).
@@ -253,7 +369,7 @@ func (f *file) SetAttr(valid p9.SetAttrMask, attr p9.SetAttr) error {
 		return nil
 	}
 	if valid.Permissions {
-		if err := unix.Chmod(procPath(f.fd), uint32(attr.Permissions)&0o7777); err != nil {
+		if err := unix.Chmod(procPath(f.fd), uint32(attr.Permissions)&0o7777&^privBits); err != nil {
 			return errno(err)
 		}
 	}
@@ -272,6 +388,9 @@ func (f *file) SetAttr(valid p9.SetAttrMask, attr p9.SetAttr) error {
 	if valid.Size {
 		if attr.Size > 1<<62 {
 			return linux.EFBIG
+		}
+		if err := killPriv(f.fd); err != nil {
+			return err
 		}
 		if err := unix.Truncate(procPath(f.fd), int64(attr.Size)); err != nil {
 			return errno(err)
@@ -311,7 +430,6 @@ func (f *file) Close() error {
 		_ = unix.Close(f.openFd)
 		f.openFd = -1
 	}
-	f.dirents = nil
 	f.mu.Unlock()
 	f.unref()
 	return nil
@@ -320,8 +438,13 @@ func (f *file) Close() error {
 // Open implements p9.File. Only regular files and directories are opened
 // on the host (a FIFO or device node would block or reach host devices).
 func (f *file) Open(flags p9.OpenFlags) (p9.QID, uint32, error) {
+	if err := f.ex.enter(); err != nil {
+		return p9.QID{}, 0, err
+	}
+	defer f.ex.exit()
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	f.refresh()
 	if f.openFd >= 0 {
 		return p9.QID{}, 0, linux.EINVAL
 	}
@@ -347,15 +470,22 @@ func (f *file) Open(flags p9.OpenFlags) (p9.QID, uint32, error) {
 		return p9.QID{}, 0, errno(err)
 	}
 	st, err := fstat(fd)
+	if err == nil && osFlags&unix.O_TRUNC != 0 {
+		err = killPriv(fd)
+	}
 	if err != nil {
 		_ = unix.Close(fd)
 		return p9.QID{}, 0, err
 	}
 	f.openFd = fd
-	f.dirents = nil
+	f.dev = st.Dev
 	return qidFor(st), 0, nil
 }
 
+// openDescriptor returns the descriptor of an open file. The caller is
+// between enter and exit, so the descriptor stays open while it uses it:
+// only revoke (excluded by enter) and the last Close (which the server
+// never runs beside another operation on the fid) close it.
 func (f *file) openDescriptor() (int, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -365,8 +495,35 @@ func (f *file) openDescriptor() (int, error) {
 	return f.openFd, nil
 }
 
+// killPriv clears, before the file behind fd is written or truncated, its
+// set-user-ID bit and (when it is group-executable) its set-group-ID bit,
+// as Linux does for a writer without CAP_FSETID — virtiofsd's killpriv_v2
+// relies on the same rule. The helper may hold CAP_FSETID; the guest must
+// still not leave a privileged program modified on the host.
+func killPriv(fd int) error {
+	st, err := fstat(fd)
+	if err != nil {
+		return err
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFREG {
+		return nil
+	}
+	kill := st.Mode & unix.S_ISUID
+	if st.Mode&(unix.S_ISGID|unix.S_IXGRP) == unix.S_ISGID|unix.S_IXGRP {
+		kill |= unix.S_ISGID
+	}
+	if kill == 0 {
+		return nil
+	}
+	return errno(unix.Chmod(procPath(fd), st.Mode&0o7777&^kill))
+}
+
 // ReadAt implements p9.File.
 func (f *file) ReadAt(p []byte, offset int64) (int, error) {
+	if err := f.ex.enter(); err != nil {
+		return 0, err
+	}
+	defer f.ex.exit()
 	fd, err := f.openDescriptor()
 	if err != nil {
 		return 0, err
@@ -381,8 +538,13 @@ func (f *file) ReadAt(p []byte, offset int64) (int, error) {
 	return n, errno(err)
 }
 
-// WriteAt implements p9.File.
+// WriteAt implements p9.File. A set-user-ID or set-group-ID bit of the
+// file is cleared first (killPriv).
 func (f *file) WriteAt(p []byte, offset int64) (int, error) {
+	if err := f.ex.enter(); err != nil {
+		return 0, err
+	}
+	defer f.ex.exit()
 	if err := f.mutable(); err != nil {
 		return 0, err
 	}
@@ -393,6 +555,9 @@ func (f *file) WriteAt(p []byte, offset int64) (int, error) {
 	if offset < 0 {
 		return 0, linux.EINVAL
 	}
+	if err := killPriv(fd); err != nil {
+		return 0, err
+	}
 	n, err := unix.Pwrite(fd, p, offset)
 	if n < 0 {
 		n = 0
@@ -402,6 +567,10 @@ func (f *file) WriteAt(p []byte, offset int64) (int, error) {
 
 // SetXattr implements p9.File: not supported.
 func (f *file) SetXattr(string, []byte, p9.XattrFlags) error {
+	if err := f.ex.enter(); err != nil {
+		return err
+	}
+	defer f.ex.exit()
 	if err := f.mutable(); err != nil {
 		return err
 	}
@@ -409,13 +578,29 @@ func (f *file) SetXattr(string, []byte, p9.XattrFlags) error {
 }
 
 // GetXattr implements p9.File: no attribute exists.
-func (f *file) GetXattr(string) ([]byte, error) { return nil, linux.ENODATA }
+func (f *file) GetXattr(string) ([]byte, error) {
+	if err := f.ex.enter(); err != nil {
+		return nil, err
+	}
+	f.ex.exit()
+	return nil, linux.ENODATA
+}
 
 // ListXattrs implements p9.File: none.
-func (f *file) ListXattrs() ([]string, error) { return nil, nil }
+func (f *file) ListXattrs() ([]string, error) {
+	if err := f.ex.enter(); err != nil {
+		return nil, err
+	}
+	f.ex.exit()
+	return nil, nil
+}
 
 // RemoveXattr implements p9.File: not supported.
 func (f *file) RemoveXattr(string) error {
+	if err := f.ex.enter(); err != nil {
+		return err
+	}
+	defer f.ex.exit()
 	if err := f.mutable(); err != nil {
 		return err
 	}
@@ -424,6 +609,10 @@ func (f *file) RemoveXattr(string) error {
 
 // FSync implements p9.File.
 func (f *file) FSync() error {
+	if err := f.ex.enter(); err != nil {
+		return err
+	}
+	defer f.ex.exit()
 	fd, err := f.openDescriptor()
 	if err != nil {
 		return nil // nothing written through this fid
@@ -433,12 +622,20 @@ func (f *file) FSync() error {
 
 // Lock implements p9.File: local-only semantics (see the package doc).
 func (f *file) Lock(int, p9.LockType, p9.LockFlags, uint64, uint64, string) (p9.LockStatus, error) {
+	if err := f.ex.enter(); err != nil {
+		return p9.LockStatusError, err
+	}
+	f.ex.exit()
 	return p9.LockStatusOK, nil
 }
 
 // Create implements p9.File.
 func (f *file) Create(name string, flags p9.OpenFlags, perm p9.FileMode, _ p9.UID, _ p9.GID) (p9.File, p9.QID, uint32, error) {
-	if err := f.mutable(); err != nil {
+	if err := f.ex.enter(); err != nil {
+		return nil, p9.QID{}, 0, err
+	}
+	defer f.ex.exit()
+	if err := f.namesMutable(); err != nil {
 		return nil, p9.QID{}, 0, err
 	}
 	if err := checkName(name); err != nil {
@@ -447,13 +644,14 @@ func (f *file) Create(name string, flags p9.OpenFlags, perm p9.FileMode, _ p9.UI
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	osFlags := flags.OSFlags() | int(uint32(flags)&passOpenFlags)
+	mode := uint32(perm.Permissions()) &^ privBits
 	openFd, err := unix.Openat2(f.fd, name, &unix.OpenHow{
 		Flags:   uint64(osFlags | unix.O_CREAT | unix.O_EXCL | unix.O_NOFOLLOW | unix.O_CLOEXEC),
-		Mode:    uint64(perm.Permissions()),
+		Mode:    uint64(mode),
 		Resolve: resolveFlags,
 	})
 	if errors.Is(err, unix.ENOSYS) {
-		openFd, err = unix.Openat(f.fd, name, osFlags|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, uint32(perm.Permissions()))
+		openFd, err = unix.Openat(f.fd, name, osFlags|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, mode)
 	}
 	if err != nil {
 		return nil, p9.QID{}, 0, errno(err)
@@ -465,7 +663,9 @@ func (f *file) Create(name string, flags p9.OpenFlags, perm p9.FileMode, _ p9.UI
 	}
 	st, err := fstat(pathFd)
 	if err == nil {
-		return newFile(f.ex, pathFd, f, name, st.Mode, openFd), qidFor(st), 0, nil
+		nf := newFile(f.ex, pathFd, f, name, st.Mode, openFd)
+		nf.dev = st.Dev
+		return nf, qidFor(st), 0, nil
 	}
 	_ = unix.Close(pathFd)
 	_ = unix.Close(openFd)
@@ -482,14 +682,22 @@ func (f *file) statChild(name string) (p9.QID, error) {
 }
 
 // Mkdir implements p9.File.
+// Set-user-ID and set-group-ID bits are dropped from the mode (a
+// directory's set-group-ID bit only makes new entries inherit its group,
+// but the guest has no say in host groups; the host may still set it when
+// the parent directory has it).
 func (f *file) Mkdir(name string, perm p9.FileMode, _ p9.UID, _ p9.GID) (p9.QID, error) {
-	if err := f.mutable(); err != nil {
+	if err := f.ex.enter(); err != nil {
+		return p9.QID{}, err
+	}
+	defer f.ex.exit()
+	if err := f.namesMutable(); err != nil {
 		return p9.QID{}, err
 	}
 	if err := checkName(name); err != nil {
 		return p9.QID{}, err
 	}
-	if err := unix.Mkdirat(f.fd, name, uint32(perm.Permissions())); err != nil {
+	if err := unix.Mkdirat(f.fd, name, uint32(perm.Permissions())&^privBits); err != nil {
 		return p9.QID{}, errno(err)
 	}
 	return f.statChild(name)
@@ -498,7 +706,11 @@ func (f *file) Mkdir(name string, perm p9.FileMode, _ p9.UID, _ p9.GID) (p9.QID,
 // Symlink implements p9.File. The target is stored as given: it is only
 // ever resolved by the guest, in the guest.
 func (f *file) Symlink(target, name string, _ p9.UID, _ p9.GID) (p9.QID, error) {
-	if err := f.mutable(); err != nil {
+	if err := f.ex.enter(); err != nil {
+		return p9.QID{}, err
+	}
+	defer f.ex.exit()
+	if err := f.namesMutable(); err != nil {
 		return p9.QID{}, err
 	}
 	if err := checkName(name); err != nil {
@@ -515,7 +727,11 @@ func (f *file) Symlink(target, name string, _ p9.UID, _ p9.GID) (p9.QID, error) 
 
 // Link implements p9.File (a hard link to target, in this directory).
 func (f *file) Link(target p9.File, name string) error {
-	if err := f.mutable(); err != nil {
+	if err := f.ex.enter(); err != nil {
+		return err
+	}
+	defer f.ex.exit()
+	if err := f.namesMutable(); err != nil {
 		return err
 	}
 	if err := checkName(name); err != nil {
@@ -535,8 +751,13 @@ func (f *file) Link(target p9.File, name string) error {
 }
 
 // Mknod implements p9.File: regular files, FIFOs and sockets only.
+// Set-user-ID and set-group-ID bits are dropped from the mode.
 func (f *file) Mknod(name string, mode p9.FileMode, _, _ uint32, _ p9.UID, _ p9.GID) (p9.QID, error) {
-	if err := f.mutable(); err != nil {
+	if err := f.ex.enter(); err != nil {
+		return p9.QID{}, err
+	}
+	defer f.ex.exit()
+	if err := f.namesMutable(); err != nil {
 		return p9.QID{}, err
 	}
 	if err := checkName(name); err != nil {
@@ -548,7 +769,7 @@ func (f *file) Mknod(name string, mode p9.FileMode, _, _ uint32, _ p9.UID, _ p9.
 	default:
 		return p9.QID{}, linux.EPERM
 	}
-	if err := unix.Mknodat(f.fd, name, typ|uint32(mode.Permissions()), 0); err != nil {
+	if err := unix.Mknodat(f.fd, name, typ|uint32(mode.Permissions())&^privBits, 0); err != nil {
 		return p9.QID{}, errno(err)
 	}
 	return f.statChild(name)
@@ -556,7 +777,11 @@ func (f *file) Mknod(name string, mode p9.FileMode, _, _ uint32, _ p9.UID, _ p9.
 
 // Rename implements p9.File (Trename: this node moves to newDir/newName).
 func (f *file) Rename(newDir p9.File, newName string) error {
-	if err := f.mutable(); err != nil {
+	if err := f.ex.enter(); err != nil {
+		return err
+	}
+	defer f.ex.exit()
+	if err := f.namesMutable(); err != nil {
 		return err
 	}
 	if err := checkName(newName); err != nil {
@@ -575,7 +800,11 @@ func (f *file) Rename(newDir p9.File, newName string) error {
 
 // RenameAt implements p9.File (Trenameat: oldName in this directory).
 func (f *file) RenameAt(oldName string, newDir p9.File, newName string) error {
-	if err := f.mutable(); err != nil {
+	if err := f.ex.enter(); err != nil {
+		return err
+	}
+	defer f.ex.exit()
+	if err := f.namesMutable(); err != nil {
 		return err
 	}
 	if err := checkName(oldName); err != nil {
@@ -593,7 +822,11 @@ func (f *file) RenameAt(oldName string, newDir p9.File, newName string) error {
 
 // UnlinkAt implements p9.File.
 func (f *file) UnlinkAt(name string, flags uint32) error {
-	if err := f.mutable(); err != nil {
+	if err := f.ex.enter(); err != nil {
+		return err
+	}
+	defer f.ex.exit()
+	if err := f.namesMutable(); err != nil {
 		return err
 	}
 	if err := checkName(name); err != nil {
@@ -602,86 +835,134 @@ func (f *file) UnlinkAt(name string, flags uint32) error {
 	return errno(unix.Unlinkat(f.fd, name, int(flags)&unix.AT_REMOVEDIR))
 }
 
-// Readdir implements p9.File. Offsets are entry indices: the listing is
-// read from the host when offset is 0 (or nothing is cached) and served
-// from that snapshot after, as much as fits count bytes.
+// Readdir implements p9.File. Nothing is cached between calls: the offset
+// is the host's own position in the directory (getdents64's d_off, the
+// cookie lseek takes back; 0 is the start), so each call seeks the open
+// directory there and reads on, as much as fits count bytes. A directory
+// listing holds no memory between requests, however many fids list it.
 func (f *file) Readdir(offset uint64, count uint32) (p9.Dirents, error) {
+	if err := f.ex.enter(); err != nil {
+		return nil, err
+	}
+	defer f.ex.exit()
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.openFd < 0 || !f.isDir() {
 		return nil, linux.EBADF
 	}
-	if offset == 0 || f.dirents == nil {
-		st, err := fstat(f.openFd)
-		if err != nil {
-			return nil, err
-		}
-		ents, err := readDir(f.openFd, st.Dev)
-		if err != nil {
-			return nil, err
-		}
-		f.dirents = ents
+	count = min(count, maxReaddirBytes)
+	if f.isViewRoot() {
+		return f.viewDirents(offset, count)
 	}
-	if offset >= uint64(len(f.dirents)) {
-		return nil, nil
-	}
-	var out p9.Dirents
-	used := uint32(0)
-	for _, d := range f.dirents[offset:] {
-		size := uint32(13 + 8 + 1 + 2 + len(d.Name)) // qid, offset, type, name
-		if used+size > count {
-			break
-		}
-		used += size
-		out = append(out, d)
-	}
-	return out, nil
+	return readDir(f.openFd, f.dev, offset, count)
 }
 
-// readDir reads a whole directory from the start with getdents64.
-// QID paths are derived as in qidFor, with the directory's device.
-func readDir(fd int, dev uint64) ([]p9.Dirent, error) {
-	if _, err := unix.Seek(fd, 0, 0); err != nil {
+// direntSize is what one entry takes in an Rreaddir: qid[13] offset[8]
+// type[1] name[s].
+func direntSize(name string) uint32 { return uint32(13 + 8 + 1 + 2 + len(name)) }
+
+// fitDirents returns the entries from ents that fit count bytes.
+func fitDirents(ents p9.Dirents, count uint32, used *uint32) (p9.Dirents, bool) {
+	for i, d := range ents {
+		size := direntSize(d.Name)
+		if *used+size > count {
+			return ents[:i], false
+		}
+		*used += size
+	}
+	return ents, true
+}
+
+// readDir reads the directory open as fd from the host position offset
+// with getdents64, as many entries as fit count bytes. QID paths are
+// derived as in qidFor, with the directory's device.
+func readDir(fd int, dev uint64, offset uint64, count uint32) (p9.Dirents, error) {
+	if offset > math.MaxInt64 {
+		return nil, nil // no host position: the end
+	}
+	if _, err := unix.Seek(fd, int64(offset), io.SeekStart); err != nil {
 		return nil, errno(err)
 	}
-	buf := make([]byte, 32*1024)
-	ents := []p9.Dirent{}
+	bp := direntBufs.Get().(*[]byte)
+	defer direntBufs.Put(bp)
+	var out p9.Dirents
+	used := uint32(0)
 	for {
-		n, err := unix.Getdents(fd, buf)
+		n, err := unix.Getdents(fd, *bp)
 		if err != nil {
+			if len(out) > 0 {
+				return out, nil // the next call meets the error again
+			}
 			return nil, errno(err)
 		}
 		if n <= 0 {
-			return ents, nil
+			return out, nil
 		}
-		b := buf[:n]
-		for len(b) >= 19 {
-			ino := leUint64(b[0:8])
-			reclen := int(uint16(b[16]) | uint16(b[17])<<8)
-			if reclen < 19 || reclen > len(b) {
-				return nil, linux.EIO
-			}
-			typ := b[18]
-			nameBytes := b[19:reclen]
-			for i, c := range nameBytes {
-				if c == 0 {
-					nameBytes = nameBytes[:i]
-					break
-				}
-			}
-			b = b[reclen:]
-			if len(ents) >= maxDirEntries {
-				return nil, linux.ENOMEM
-			}
-			qt := direntQIDType(typ)
-			ents = append(ents, p9.Dirent{
-				QID:    p9.QID{Type: qt, Path: ino ^ (dev * qidDevMix)},
-				Offset: uint64(len(ents) + 1),
-				Type:   qt,
-				Name:   string(nameBytes),
-			})
+		ents, err := parseDirents((*bp)[:n], dev)
+		if err != nil {
+			return nil, err
+		}
+		fit, all := fitDirents(ents, count, &used)
+		out = append(out, fit...)
+		if !all {
+			return out, nil
 		}
 	}
+}
+
+// parseDirents decodes a getdents64 buffer: ino[8] off[8] reclen[2]
+// type[1] name (NUL-terminated, padded).
+func parseDirents(b []byte, dev uint64) (p9.Dirents, error) {
+	var ents p9.Dirents
+	for len(b) >= 19 {
+		ino, off := leUint64(b[0:8]), leUint64(b[8:16])
+		reclen := int(uint16(b[16]) | uint16(b[17])<<8)
+		if reclen < 19 || reclen > len(b) {
+			return nil, linux.EIO
+		}
+		typ := b[18]
+		nameBytes := b[19:reclen]
+		for i, c := range nameBytes {
+			if c == 0 {
+				nameBytes = nameBytes[:i]
+				break
+			}
+		}
+		b = b[reclen:]
+		qt := direntQIDType(typ)
+		ents = append(ents, p9.Dirent{
+			QID:    p9.QID{Type: qt, Path: ino ^ (dev * qidDevMix)},
+			Offset: off,
+			Type:   qt,
+			Name:   string(nameBytes),
+		})
+	}
+	return ents, nil
+}
+
+// viewDirents lists a single-file export's directory: ".", ".." and the
+// one name while it names a regular file, at offsets 1, 2, 3.
+func (f *file) viewDirents(offset uint64, count uint32) (p9.Dirents, error) {
+	st, err := fstat(f.fd)
+	if err != nil {
+		return nil, err
+	}
+	dir := qidFor(st)
+	ents := p9.Dirents{
+		{QID: dir, Offset: 1, Type: dir.Type, Name: "."},
+		{QID: dir, Offset: 2, Type: dir.Type, Name: ".."},
+	}
+	if fd, fst, err := openRegularBeneath(f.fd, f.ex.fileName); err == nil {
+		_ = unix.Close(fd)
+		q := qidFor(fst)
+		ents = append(ents, p9.Dirent{QID: q, Offset: 3, Type: q.Type, Name: f.ex.viewName})
+	}
+	if offset >= uint64(len(ents)) {
+		return nil, nil
+	}
+	used := uint32(0)
+	fit, _ := fitDirents(ents[offset:], count, &used)
+	return fit, nil
 }
 
 func leUint64(b []byte) uint64 {
@@ -701,6 +982,12 @@ func direntQIDType(t byte) p9.QIDType {
 
 // Readlink implements p9.File.
 func (f *file) Readlink() (string, error) {
+	if err := f.ex.enter(); err != nil {
+		return "", err
+	}
+	defer f.ex.exit()
+	f.mu.Lock()
+	defer f.mu.Unlock()
 	if !f.isSymlink() {
 		return "", linux.EINVAL
 	}

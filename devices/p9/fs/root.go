@@ -37,14 +37,12 @@ func (r *rootFile) Walk(names []string) ([]p9.QID, p9.File, error) {
 	if !ok {
 		return nil, nil, linux.ENOENT
 	}
-	f, err := newRootFile(ex)
-	if err != nil {
-		ex.release()
-		return nil, nil, err
+	if ex.enter() != nil {
+		return nil, nil, linux.ENOENT // withdrawn since the lookup
 	}
-	st, err := fstat(f.fd)
+	defer ex.exit()
+	f, st, err := newRootFile(ex)
 	if err != nil {
-		_ = f.Close()
 		return nil, nil, err
 	}
 	return []p9.QID{qidFor(st)}, f, nil
