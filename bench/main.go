@@ -152,21 +152,21 @@ func splitList(s string) []string {
 	return out
 }
 
-// hostKVM says whether this host's KVM can boot a Linux guest: "real", or
-// why not ("none", "pvm", "no access").
+// hostKVM says whether this host's KVM can boot a Linux guest (the probe
+// doctor and the kvm backend use): "real", or why not ("none", "pvm",
+// "unusable").
 func hostKVM() (state, reason string) {
-	if _, err := os.Stat(kvm.DevicePath); err != nil {
-		return "none", "this host has no " + kvm.DevicePath
+	p := kvm.ProbeHost(kvm.DevicePath)
+	err := p.BootsLinux()
+	switch {
+	case err == nil:
+		return "real", ""
+	case errors.Is(p.OpenErr, kvm.ErrNoKVM):
+		return "none", err.Error()
+	case p.PVM:
+		return "pvm", err.Error()
 	}
-	if pvm, why := kvm.IsPVM(); pvm {
-		return "pvm", "this host's KVM is PVM (" + why + "), which cannot boot a Linux guest"
-	}
-	sys, err := kvm.Open()
-	if err != nil {
-		return "no access", err.Error()
-	}
-	sys.Close()
-	return "real", ""
+	return "unusable", err.Error()
 }
 
 // nestedHost reports whether this machine is itself a guest (the CPU's

@@ -10,8 +10,9 @@
 // for a terminal and JSON with stable field names.
 //
 // Every host probe goes through Host, a struct of functions, so tests run
-// the checks against faked hosts. The KVM probe calls package vmm/kvm, the
-// PVM detection kvm.IsPVM, the kernel locations guest/kernel and
+// the checks against faked hosts. The KVM probe is kvm.ProbeHost, the one
+// answer to "can this KVM boot Linux?" that the kvm backend's preflight and
+// the tests use too; the kernel locations are guest/kernel and
 // guest/kernel/embedded, the data directory helper.DefaultDataDir, and the
 // trial boot the helper/vm and helper/process backends themselves.
 package doctor

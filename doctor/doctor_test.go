@@ -83,7 +83,7 @@ func TestKVMRegisteredButNoNode(t *testing.T) {
 
 func TestKVMPermissionDenied(t *testing.T) {
 	h := healthyHost()
-	h.kvm = KVMProbe{OpenErr: fmt.Errorf("%w: cannot open /dev/kvm (permission denied)", kvm.ErrKVMPermission)}
+	h.kvm = kvm.HostProbe{OpenErr: fmt.Errorf("%w: cannot open /dev/kvm (permission denied)", kvm.ErrKVMPermission)}
 	dev := h.files["/dev/kvm"]
 	dev.noAccess = true
 	h.files["/dev/kvm"] = dev
@@ -100,7 +100,7 @@ func TestKVMPermissionDenied(t *testing.T) {
 
 func TestKVMGroupNeedsNewLogin(t *testing.T) {
 	h := healthyHost()
-	h.kvm = KVMProbe{OpenErr: fmt.Errorf("%w: denied", kvm.ErrKVMPermission)}
+	h.kvm = kvm.HostProbe{OpenErr: fmt.Errorf("%w: denied", kvm.ErrKVMPermission)}
 	h.files["/dev/kvm"] = fakeFile{mode: fs.ModeDevice | fs.ModeCharDevice | 0o660, gid: 108}
 	h.files["/etc/passwd"] = fakeFile{data: []byte("root:x:0:0::/root:/bin/sh\nu:x:1000:1000::/home/u:/bin/sh\n")}
 	h.files["/etc/group"] = fakeFile{data: []byte("root:x:0:\nkvm:x:108:alice,u\n")}
@@ -120,7 +120,7 @@ func TestPVMCannotBootLinux(t *testing.T) {
 	h.files["/proc/cpuinfo"] = fakeFile{data: []byte("flags\t: fpu sse2\n")}
 	r := h.run(t, Options{Boot: true})
 	c := wantStatus(t, r, CheckKVMLinux, StatusFail)
-	wantContains(t, "detail", c.Detail, "cannot boot Linux guests", "PVM", "kvm_pvm")
+	wantContains(t, "detail", c.Detail, "cannot boot a Linux guest", "PVM", "kvm_pvm")
 	wantContains(t, "fix", c.Fix, "COWORK_VMM_BACKEND=process")
 	wantStatus(t, r, CheckBootKVM, StatusSkip)
 	wantStatus(t, r, CheckBootProcess, StatusOK)
@@ -152,13 +152,13 @@ func TestPVMModuleWithoutDevice(t *testing.T) {
 	wantContains(t, "detail", dev.Detail, "kvm_pvm", "registered no KVM device", "no vmx/svm")
 	wantContains(t, "fix", dev.Fix, "enable nested virtualization", "COWORK_VMM_BACKEND=process")
 	linux := wantStatus(t, r, CheckKVMLinux, StatusFail)
-	wantContains(t, "detail", linux.Detail, "cannot boot Linux guests", "does not even provide /dev/kvm")
+	wantContains(t, "detail", linux.Detail, "cannot boot a Linux guest", "does not even provide /dev/kvm")
 	wantContains(t, "summary", r.Verdict.Summary, "PVM", "COWORK_VMM_BACKEND=process")
 }
 
 func TestKVMAPIAndCapabilities(t *testing.T) {
 	h := healthyHost()
-	h.kvm = KVMProbe{APIVersion: 11}
+	h.kvm = kvm.HostProbe{APIVersion: 11}
 	r := h.run(t, Options{})
 	c := wantStatus(t, r, CheckKVMAPI, StatusFail)
 	wantContains(t, "detail", c.Detail, "version 11", "needs 12")
@@ -170,7 +170,7 @@ func TestKVMAPIAndCapabilities(t *testing.T) {
 	}
 	caps["KVM_CAP_IRQFD"] = false
 	caps["KVM_CAP_PIT2"] = false
-	h.kvm = KVMProbe{APIVersion: 12, Capabilities: caps}
+	h.kvm = kvm.HostProbe{APIVersion: 12, Capabilities: caps}
 	r = h.run(t, Options{})
 	c = wantStatus(t, r, CheckKVMCaps, StatusFail)
 	wantContains(t, "detail", c.Detail, "KVM_CAP_IRQFD", "KVM_CAP_PIT2")
@@ -179,7 +179,7 @@ func TestKVMAPIAndCapabilities(t *testing.T) {
 	}
 	wantUsable(t, r, BackendProcess)
 
-	h.kvm = KVMProbe{APIVersion: 12, CapabilitiesErr: errors.New("this kernel's KVM lacks KVM_CAP_IMMEDIATE_EXIT")}
+	h.kvm = kvm.HostProbe{APIVersion: 12, CapabilitiesErr: errors.New("this kernel's KVM lacks KVM_CAP_IMMEDIATE_EXIT")}
 	c = wantStatus(t, h.run(t, Options{}), CheckKVMCaps, StatusFail)
 	wantContains(t, "detail", c.Detail, "KVM_CAP_IMMEDIATE_EXIT")
 }
@@ -481,7 +481,7 @@ func TestJSONFieldNames(t *testing.T) {
 
 func TestTextOutput(t *testing.T) {
 	h := healthyHost()
-	h.kvm = KVMProbe{OpenErr: fmt.Errorf("%w: denied", kvm.ErrKVMPermission)}
+	h.kvm = kvm.HostProbe{OpenErr: fmt.Errorf("%w: denied", kvm.ErrKVMPermission)}
 	var out, errOut bytes.Buffer
 	code := runMain(context.Background(), nil, &out, &errOut, h.host())
 	if code != 1 {

@@ -54,7 +54,7 @@ type fakeHost struct {
 	free      uint64
 	pvm       bool
 	pvmWhy    string
-	kvm       KVMProbe
+	kvm       kvm.HostProbe
 	usernsErr error
 	embedded  []byte
 	cache     string // KernelCache answer; "" = none built
@@ -95,7 +95,7 @@ func healthyHost() *fakeHost {
 		},
 		path:  map[string]string{"qemu-system-x86_64": "/usr/bin/qemu-system-x86_64"},
 		free:  50 << 30,
-		kvm:   KVMProbe{APIVersion: kvm.APIVersion, Capabilities: caps},
+		kvm:   kvm.HostProbe{APIVersion: kvm.APIVersion, Capabilities: caps, Tried: true},
 		cache: "/home/u/.cache/k/vmlinux",
 		exe:   "/usr/local/bin/cowork-vmm",
 		boot:  map[string]error{},
@@ -167,8 +167,7 @@ func (f *fakeHost) host() *Host {
 			}
 			return f.embedded, nil
 		},
-		DetectPVM:   func() (bool, string) { return f.pvm, f.pvmWhy },
-		ProbeKVM:    func(string) KVMProbe { return f.kvm },
+		ProbeKVM:    f.probeKVM,
 		ProbeUserNS: func(context.Context) error { return f.usernsErr },
 		TrialBoot: func(ctx context.Context, backend string) (BootResult, error) {
 			f.mu.Lock()
@@ -235,4 +234,16 @@ func wantUsable(t *testing.T, r Report, want ...string) {
 	if got != strings.Join(want, ",") {
 		t.Errorf("usable backends %q, want %q (summary: %s)", got, strings.Join(want, ","), r.Verdict.Summary)
 	}
+}
+
+// probeKVM is the canned probe: f.kvm with f.pvm's marks, and on a usable
+// PVM the trial guest's failure, as kvm.ProbeHost finds them there.
+func (f *fakeHost) probeKVM(string) kvm.HostProbe {
+	p := f.kvm
+	p.Device = kvm.DevicePath
+	p.PVM, p.PVMReason = f.pvm, f.pvmWhy
+	if f.pvm && p.Usable() == nil {
+		p.Tried, p.TrialErr = true, errors.New("its instruction emulator cannot execute int3 in protected mode")
+	}
+	return p
 }

@@ -52,11 +52,9 @@ type Host struct {
 	// EmbeddedKernel is the kernel compiled into this binary
 	// (embedded.Kernel); embedded.ErrNotEmbedded when there is none.
 	EmbeddedKernel func() ([]byte, error)
-	// DetectPVM says whether this host's KVM is PVM (kvm.IsPVM).
-	DetectPVM func() (pvm bool, reason string)
-	// ProbeKVM opens the KVM device at path and reads its API version and
-	// capabilities.
-	ProbeKVM func(path string) KVMProbe
+	// ProbeKVM is the one answer to "can this host's KVM boot Linux?" and
+	// the facts behind it (kvm.ProbeHost on the device at path).
+	ProbeKVM func(path string) kvm.HostProbe
 	// ProbeUserNS starts a short-lived child in the namespaces the process
 	// backend uses; nil means it worked.
 	ProbeUserNS func(ctx context.Context) error
@@ -66,23 +64,6 @@ type Host struct {
 	// BuildInfo reads the Go module path and version embedded in the
 	// binary at path (debug/buildinfo), without running it.
 	BuildInfo func(path string) (modulePath, version string, err error)
-}
-
-// KVMProbe is what opening the KVM device found.
-type KVMProbe struct {
-	// OpenErr is the error opening the device read-write; nil if it opened.
-	// It wraps kvm.ErrNoKVM or kvm.ErrKVMPermission when those apply.
-	OpenErr error
-	// APIVersion is KVM_GET_API_VERSION's answer (0 if not read).
-	APIVersion int
-	// APIErr is the error reading the API version.
-	APIErr error
-	// Capabilities maps each capability the VMM requires
-	// (kvm.RequiredCapabilities) to whether this KVM has it; nil if not read.
-	Capabilities map[string]bool
-	// CapabilitiesErr is kvm's error when the capabilities could not be
-	// read or some are missing (it names each missing one).
-	CapabilitiesErr error
 }
 
 // BootResult is a trial boot's outcome.
@@ -111,8 +92,7 @@ func RealHost() Host {
 		DataDir:        helper.DefaultDataDir,
 		KernelCache:    func() (string, error) { return kernel.Find(kernel.Guest) },
 		EmbeddedKernel: embedded.Kernel,
-		DetectPVM:      kvm.IsPVM,
-		ProbeKVM:       probeKVM,
+		ProbeKVM:       kvm.ProbeHost,
 		ProbeUserNS:    probeUserNS,
 		TrialBoot:      trialBoot,
 		BuildInfo:      readBuildInfo,
@@ -167,9 +147,6 @@ func (h Host) withDefaults() Host {
 	if h.EmbeddedKernel == nil {
 		h.EmbeddedKernel = r.EmbeddedKernel
 	}
-	if h.DetectPVM == nil {
-		h.DetectPVM = r.DetectPVM
-	}
 	if h.ProbeKVM == nil {
 		h.ProbeKVM = r.ProbeKVM
 	}
@@ -191,51 +168,6 @@ func freeBytes(path string) (uint64, error) {
 		return 0, fmt.Errorf("statfs %s: %w", path, err)
 	}
 	return st.Bavail * uint64(st.Bsize), nil
-}
-
-// ioctlKVMGetAPIVersion is _IO(KVMIO, 0x00). Package kvm has it unexported
-// and offers the version only through OpenPath, which also fails on missing
-// capabilities; doctor reads the version on its own to tell the two apart.
-const ioctlKVMGetAPIVersion = 0xAE00
-
-// probeKVM opens the KVM device the way the VMM does (kvm.OpenPath) and
-// reports the API version and each required capability separately.
-func probeKVM(path string) KVMProbe {
-	fd, err := unix.Open(path, unix.O_RDWR|unix.O_CLOEXEC, 0)
-	if err != nil {
-		// kvm.OpenPath fails the same way and its error names the fix.
-		if _, kerr := kvm.OpenPath(path); kerr != nil {
-			return KVMProbe{OpenErr: kerr}
-		}
-		return KVMProbe{OpenErr: fmt.Errorf("open %s: %w", path, err)}
-	}
-	version, verr := unix.IoctlRetInt(fd, ioctlKVMGetAPIVersion)
-	unix.Close(fd)
-	if verr != nil {
-		return KVMProbe{APIErr: fmt.Errorf("KVM_GET_API_VERSION on %s: %w", path, verr)}
-	}
-	p := KVMProbe{APIVersion: version}
-	if version != kvm.APIVersion {
-		return p
-	}
-	sys, err := kvm.OpenPath(path)
-	if err != nil {
-		// The version is right, so kvm's error is about capabilities and
-		// names every missing one.
-		p.CapabilitiesErr = err
-		return p
-	}
-	defer sys.Close()
-	p.Capabilities = make(map[string]bool, len(kvm.RequiredCapabilities))
-	for _, c := range kvm.RequiredCapabilities {
-		n, err := sys.CheckExtension(c)
-		if err != nil {
-			p.CapabilitiesErr = fmt.Errorf("KVM_CHECK_EXTENSION %s: %w", c, err)
-			return p
-		}
-		p.Capabilities[c.String()] = n > 0
-	}
-	return p
 }
 
 // userNSProbeTimeout bounds the user-namespace probe's child.

@@ -61,7 +61,8 @@ func cpuVirt(cpuinfo []byte) (flag string, known bool) {
 func (r *runner) kvmChecks() kvmFacts {
 	var f kvmFacts
 	h := r.h
-	f.pvm, f.pvmReason = h.DetectPVM()
+	p := h.ProbeKVM(kvm.DevicePath)
+	f.pvm, f.pvmReason = p.PVM, p.PVMReason
 	cpuinfo, _ := h.ReadFile(cpuinfoPath)
 	virtFlag, virtKnown := cpuVirt(cpuinfo)
 	_, pvmErr := h.Stat(pvmModuleDir)
@@ -96,7 +97,6 @@ func (r *runner) kvmChecks() kvmFacts {
 	if !f.devicePresent {
 		skipAll("no KVM device (see above)", &access, &api, &caps)
 	} else {
-		p := h.ProbeKVM(kvm.DevicePath)
 		switch {
 		case p.OpenErr != nil && errors.Is(p.OpenErr, kvm.ErrKVMPermission):
 			access.Status = StatusFail
@@ -147,17 +147,34 @@ func (r *runner) kvmChecks() kvmFacts {
 	r.add(api)
 	r.add(caps)
 
-	// Can this KVM boot Linux at all?
+	r.add(r.linuxCheck(&f, p, virtFlag, virtKnown))
+	return f
+}
+
+// linuxCheck answers "can this KVM boot Linux?": the probe's trial guest
+// decides where the device is usable; otherwise what the host shows.
+func (r *runner) linuxCheck(f *kvmFacts, p kvm.HostProbe, virtFlag string, virtKnown bool) Check {
 	linux := Check{ID: CheckKVMLinux, Group: GroupCoworkVMM, Title: "Linux guests on this KVM"}
+	const isolationFix = "; for VM isolation, run on a host with hardware virtualization (VT-x/AMD-V) or with nested virtualization enabled"
 	switch {
+	case f.capsOK:
+		if err := p.BootsLinux(); err != nil {
+			linux.Status = StatusFail
+			linux.Detail = err.Error()
+			linux.Fix = processHint + isolationFix
+			break
+		}
+		f.linuxOK = true
+		linux.Status = StatusOK
+		linux.Detail = "a trial guest ran int3 in protected mode as a hardware-assisted KVM does: this KVM boots Linux guests"
 	case f.pvm:
 		linux.Status = StatusFail
-		linux.Detail = fmt.Sprintf("this KVM cannot boot Linux guests: it is PVM, a paravirtual KVM inside another VM (%s), "+
-			"whose instruction emulator fails on code every Linux kernel runs at boot", f.pvmReason)
+		linux.Detail = fmt.Sprintf("%v: it is PVM, a paravirtual KVM inside another VM (%s), "+
+			"whose instruction emulator fails on code every Linux kernel runs at boot", kvm.ErrCannotBootLinux, f.pvmReason)
 		if !f.devicePresent {
 			linux.Detail += "; here it does not even provide /dev/kvm"
 		}
-		linux.Fix = processHint + "; for VM isolation, run on a host with hardware virtualization (VT-x/AMD-V) or with nested virtualization enabled"
+		linux.Fix = processHint + isolationFix
 	case virtKnown && virtFlag != "":
 		f.linuxOK = true
 		linux.Status = StatusOK
@@ -166,15 +183,14 @@ func (r *runner) kvmChecks() kvmFacts {
 			linux.Detail += " once /dev/kvm is there"
 		}
 	default:
-		// Neither PVM nor a visible vmx/svm flag (cpuinfo unreadable):
-		// nothing says it cannot, the trial boot will tell.
+		// No usable device, neither PVM nor a visible vmx/svm flag
+		// (cpuinfo unreadable): nothing says it cannot.
 		f.linuxOK = true
 		linux.Status = StatusWarn
 		linux.Detail = "could not read the CPU's flags from /proc/cpuinfo; nothing indicates a paravirtual KVM"
 		linux.Fix = "run `cowork-vmm doctor --boot` to try a real boot"
 	}
-	r.add(linux)
-	return f
+	return linux
 }
 
 // noKVMDevice explains a missing /dev/kvm from what the host shows.
@@ -263,7 +279,7 @@ func userName(h Host, uid int) string {
 }
 
 // capabilities fills the capabilities check from the probe.
-func (r *runner) capabilities(c *Check, p KVMProbe) bool {
+func (r *runner) capabilities(c *Check, p kvm.HostProbe) bool {
 	if p.CapabilitiesErr != nil {
 		c.Status = StatusFail
 		c.Detail = p.CapabilitiesErr.Error()

@@ -1,7 +1,6 @@
 package machine
 
 import (
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -69,17 +68,13 @@ type Config struct {
 	Console io.Writer
 	// Logger receives the VMM's log (nil: slog.Default()).
 	Logger *slog.Logger
-	// AllowPVM boots even when the host KVM is PVM, which cannot run a
-	// stock Linux kernel (see HOST-FACTS): for tiny guests and experiments.
-	AllowPVM bool
+	// SkipBootProbe skips New's check that this host's KVM can boot Linux
+	// (kvm.ProbeHost): for tiny guests that are not Linux, and for callers
+	// that probed already.
+	SkipBootProbe bool
 	// KVMDevice overrides /dev/kvm.
 	KVMDevice string
 }
-
-// ErrPVM is returned by New when the host KVM is PVM and AllowPVM is not set.
-var ErrPVM = errors.New("this host's KVM is PVM (a paravirtual KVM inside another VM): " +
-	"its instruction emulator cannot execute what a Linux kernel runs at boot (cmpxchg16b, xsave, int3), " +
-	"so a Linux guest cannot boot here; use a host with hardware virtualisation (VT-x/AMD-V, or nested virtualisation enabled)")
 
 // withDefaults fills defaults and checks the sizes.
 func (c Config) withDefaults() (Config, error) {

@@ -13,6 +13,7 @@ import (
 	"github.com/cowork-vmm/cowork-vmm/devices/serial"
 	"github.com/cowork-vmm/cowork-vmm/devices/virtio"
 	"github.com/cowork-vmm/cowork-vmm/vmm"
+	"github.com/cowork-vmm/cowork-vmm/vmm/kvm"
 	"github.com/cowork-vmm/cowork-vmm/vmm/loader"
 	"github.com/cowork-vmm/cowork-vmm/vmm/x86"
 )
@@ -47,8 +48,9 @@ type Machine struct {
 // platform devices: the 8250 console at COM1 (0x3f8, IRQ 4), the i8042 at
 // 0x60–0x64 whose reset command ends the VM, and the boot timer at
 // 0x3f0 (armed by Start). It reads the kernel and initrd; they are loaded
-// into guest memory by Start. On a PVM host it returns ErrPVM unless
-// cfg.AllowPVM.
+// into guest memory by Start. On a host whose KVM cannot boot Linux it
+// returns an error wrapping kvm.ErrCannotBootLinux, unless
+// cfg.SkipBootProbe.
 func New(cfg Config) (*Machine, error) {
 	images, err := cfg.images()
 	if err != nil {
@@ -68,6 +70,11 @@ func assemble(cfg Config) (_ *Machine, err error) {
 	if cfg, err = cfg.withDefaults(); err != nil {
 		return nil, err
 	}
+	if !cfg.SkipBootProbe {
+		if err := kvm.ProbeHost(cfg.KVMDevice).BootsLinux(); err != nil {
+			return nil, fmt.Errorf("%w; use a host with hardware virtualisation (VT-x/AMD-V, or nested virtualisation enabled)", err)
+		}
+	}
 	vm, err := vmm.New(vmm.Config{
 		MemoryBytes: uint64(cfg.MemMiB) << 20,
 		CPUs:        cfg.CPUs,
@@ -82,9 +89,6 @@ func assemble(cfg Config) (_ *Machine, err error) {
 			vm.Close()
 		}
 	}()
-	if vm.IsPVM() && !cfg.AllowPVM {
-		return nil, ErrPVM
-	}
 	m := &Machine{cfg: cfg, log: cfg.Logger, vm: vm}
 
 	irq, err := vm.IRQLine(serial.COM1IRQ)

@@ -94,7 +94,7 @@ type Backend struct {
 	log  *slog.Logger
 
 	// Host facts, replaceable in tests.
-	detectPVM  func() (bool, string)
+	probe      func(device string) kvm.HostProbe
 	hostLimits func() hostLimits
 	kernels    func(executable string) kernelSources
 }
@@ -113,7 +113,7 @@ func New(opts Options) *Backend {
 	return &Backend{
 		opts:       opts,
 		log:        log,
-		detectPVM:  kvm.IsPVM,
+		probe:      kvm.ProbeHost,
 		hostLimits: currentHostLimits,
 		kernels:    func(exe string) kernelSources { return defaultKernelSources(opts.Kernel, exe) },
 	}
@@ -165,12 +165,16 @@ func (b *Backend) Start(ctx context.Context, cfg helper.GuestConfig) (helper.Gue
 	return g, nil
 }
 
-// preflight refuses hosts whose KVM cannot boot Linux, before any work.
+// preflight refuses hosts whose KVM cannot boot Linux, before any work,
+// with the probe doctor uses.
 func (b *Backend) preflight() error {
-	if pvm, why := b.detectPVM(); pvm {
-		return fmt.Errorf("this host's KVM cannot boot a Linux guest (%s): it is a paravirtual KVM (PVM) inside another VM, "+
-			"whose instruction emulator fails on what a Linux kernel runs at boot; use a host with hardware virtualisation "+
-			"(VT-x/AMD-V, or nested virtualisation enabled), or %s", why, fallbackHint)
+	p := b.probe(b.opts.KVMDevice)
+	if err := p.BootsLinux(); err != nil {
+		hint := fallbackHint
+		if p.PVM {
+			hint = "use a host with hardware virtualisation (VT-x/AMD-V, or nested virtualisation enabled), or " + fallbackHint
+		}
+		return fmt.Errorf("kvm backend: %w; %s", err, hint)
 	}
 	return nil
 }
@@ -218,9 +222,11 @@ func (b *Backend) create(memMiB, cpus int) (*guest, error) {
 		Console:      con,
 		Logger:       b.log,
 		KVMDevice:    b.opts.KVMDevice,
+		// preflight probed this host already.
+		SkipBootProbe: true,
 	})
 	if err != nil {
-		if errors.Is(err, machine.ErrPVM) || errors.Is(err, kvm.ErrNoKVM) || errors.Is(err, kvm.ErrKVMPermission) {
+		if errors.Is(err, kvm.ErrNoKVM) || errors.Is(err, kvm.ErrKVMPermission) {
 			return nil, fmt.Errorf("kvm backend: %w; or %s", err, fallbackHint)
 		}
 		return nil, fmt.Errorf("kvm backend: creating the VM: %w", err)

@@ -16,6 +16,7 @@ import (
 	"github.com/cowork-vmm/cowork-vmm/helper"
 	"github.com/cowork-vmm/cowork-vmm/protocol"
 	"github.com/cowork-vmm/cowork-vmm/vmm"
+	"github.com/cowork-vmm/cowork-vmm/vmm/kvm"
 
 	"github.com/hugelgupf/p9/p9"
 )
@@ -164,16 +165,32 @@ func TestAdjustSetupKeepsTheInitramfsRoot(t *testing.T) {
 	}
 }
 
+// probeFacts is what kvm.ProbeHost finds on a usable KVM whose trial guest
+// ended with trialErr; pvm adds the marks of PVM.
+func probeFacts(pvm bool, trialErr error) kvm.HostProbe {
+	caps := map[string]bool{}
+	for _, c := range kvm.RequiredCapabilities {
+		caps[c.String()] = true
+	}
+	p := kvm.HostProbe{Device: kvm.DevicePath, APIVersion: kvm.APIVersion, Capabilities: caps, Tried: true, TrialErr: trialErr}
+	if pvm {
+		p.PVM, p.PVMReason = true, "the kvm_pvm module is loaded"
+	}
+	return p
+}
+
 func TestPreflightRefusesPVM(t *testing.T) {
 	b := New(Options{Logger: quiet()})
-	b.detectPVM = func() (bool, string) { return true, "the kvm_pvm module is loaded" }
+	b.probe = func(string) kvm.HostProbe {
+		return probeFacts(true, errors.New("its instruction emulator cannot execute int3 in protected mode"))
+	}
 	kernelsLooked := false
 	b.kernels = func(string) kernelSources { kernelsLooked = true; return kernelSources{} }
 	_, err := b.Start(context.Background(), helper.GuestConfig{})
 	if err == nil {
 		t.Fatal("Start on a PVM host succeeded")
 	}
-	for _, want := range []string{"PVM", "kvm_pvm", "COWORK_VMM_BACKEND=process"} {
+	for _, want := range []string{"PVM", "kvm_pvm", "int3", "COWORK_VMM_BACKEND=process"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error lacks %q: %v", want, err)
 		}
@@ -185,7 +202,7 @@ func TestPreflightRefusesPVM(t *testing.T) {
 
 func TestStartWithoutKernelSaysHowToGetOne(t *testing.T) {
 	b := New(Options{Logger: quiet(), Executable: "/bin/true"})
-	b.detectPVM = func() (bool, string) { return false, "" }
+	b.probe = func(string) kvm.HostProbe { return probeFacts(false, nil) }
 	b.kernels = func(exe string) kernelSources {
 		return kernelSources{executable: filepath.Join(t.TempDir(), "cowork-vmm"),
 			cache: func() (string, error) { return "", errors.New("no guest kernel built") }}

@@ -8,7 +8,8 @@ import (
 )
 
 // This file holds every use of unsafe in the package: passing Go structures
-// to ioctl and storing immediate_exit into the shared kvm_run page.
+// to ioctl, storing immediate_exit into the shared kvm_run page and taking
+// the address of the probe's guest memory.
 
 // ioctlValue issues an ioctl whose argument is an integer, retrying on EINTR.
 func ioctlValue(fd int, req uintptr, arg uintptr) (uintptr, error) {
@@ -87,4 +88,10 @@ func storeImmediateExit(run []byte, on bool) {
 		v = 1 << 8
 	}
 	atomic.StoreUint32((*uint32)(unsafe.Pointer(&run[0])), v)
+}
+
+// sliceAddress is the host virtual address of b's first byte, for
+// KVM_SET_USER_MEMORY_REGION. b must stay mapped while KVM uses it.
+func sliceAddress(b []byte) uint64 {
+	return uint64(uintptr(unsafe.Pointer(&b[0])))
 }

@@ -3,7 +3,6 @@ package kvm
 import (
 	"encoding/binary"
 	"errors"
-	"os"
 	"strings"
 	"testing"
 
@@ -160,8 +159,8 @@ func TestExitDecodingValidatesKernelData(t *testing.T) {
 // openForTest opens /dev/kvm or skips the test, saying why.
 func openForTest(t *testing.T) *System {
 	t.Helper()
-	if _, err := os.Stat(DevicePath); err != nil {
-		t.Skipf("needs %s (%v); runs in the nested KVM harness", DevicePath, err)
+	if err := ProbeHost(DevicePath).Usable(); err != nil {
+		t.Skipf("needs a usable %s (%v); runs in the nested KVM harness", DevicePath, err)
 	}
 	s, err := Open()
 	if err != nil {
