@@ -132,11 +132,21 @@ func subscribe(t *testing.T, socket string, params any) *events {
 	return e
 }
 
-// wait blocks until some event satisfies match and returns it.
+// wait blocks until some event satisfies match and returns it, failing
+// the test after callTimeout.
 func (e *events) wait(what string, match func(protocol.Event) bool) protocol.Event {
 	e.t.Helper()
-	deadline := time.Now().Add(callTimeout)
-	timer := time.AfterFunc(callTimeout, func() {
+	ev, err := e.tryWait(what, callTimeout, match)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return ev
+}
+
+// tryWait is wait that returns an error instead of failing the test.
+func (e *events) tryWait(what string, timeout time.Duration, match func(protocol.Event) bool) (protocol.Event, error) {
+	deadline := time.Now().Add(timeout)
+	timer := time.AfterFunc(timeout, func() {
 		e.mu.Lock()
 		e.cond.Broadcast()
 		e.mu.Unlock()
@@ -147,14 +157,14 @@ func (e *events) wait(what string, match func(protocol.Event) bool) protocol.Eve
 	for {
 		for _, ev := range e.all {
 			if match(ev) {
-				return ev
+				return ev, nil
 			}
 		}
 		if e.err != nil {
-			e.t.Fatalf("waiting for %s: subscription ended: %v", what, e.err)
+			return protocol.Event{}, fmt.Errorf("waiting for %s: subscription ended: %w", what, e.err)
 		}
 		if time.Now().After(deadline) {
-			e.t.Fatalf("timed out waiting for %s; events so far: %+v", what, e.all)
+			return protocol.Event{}, fmt.Errorf("timed out waiting for %s; events so far: %+v", what, e.all)
 		}
 		e.cond.Wait()
 	}

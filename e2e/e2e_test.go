@@ -20,6 +20,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/cowork-vmm/cowork-vmm/guest/kernel"
+	"github.com/cowork-vmm/cowork-vmm/internal/nested"
 	"github.com/cowork-vmm/cowork-vmm/protocol"
 )
 
@@ -41,11 +43,16 @@ func (s *syncBuffer) String() string {
 	return s.b.String()
 }
 
-// helperBinary returns COWORK_VMM_E2E_BIN or builds the binary.
-func helperBinary(t *testing.T) string {
+// helperBinary returns COWORK_VMM_E2E_BIN or builds the binary: with the
+// race detector under -race, except for the kvm backend, whose guest /init
+// (the binary itself) must be static.
+func helperBinary(t *testing.T, backend string) string {
 	t.Helper()
 	if bin := os.Getenv("COWORK_VMM_E2E_BIN"); bin != "" {
 		return bin
+	}
+	if backend == "kvm" {
+		return nested.BuildCoworkVMM(t)
 	}
 	_, here, _, _ := runtime.Caller(0)
 	root := filepath.Dir(filepath.Dir(here))
@@ -98,7 +105,7 @@ const e2eTestHosts = "allowed.test=127.0.0.1,blocked.test=127.0.0.1,sub.wild.tes
 // entries (KEY=VALUE) override its environment.
 func startHelper(t *testing.T, backend string, extraEnv ...string) *harness {
 	t.Helper()
-	bin := helperBinary(t)
+	bin := helperBinary(t, backend)
 	runtimeDir := t.TempDir()
 	require.NoError(t, os.Chmod(runtimeDir, 0o700)) // as XDG_RUNTIME_DIR is
 	dataDir := t.TempDir()
@@ -161,8 +168,40 @@ func e2eBackend(t *testing.T) string {
 	return backend
 }
 
-func TestClientFlow(t *testing.T) {
-	backend := e2eBackend(t)
+// kvmBackend skips t unless the kvm backend can boot a guest here: this
+// host's KVM boots Linux (wrapper runs t in the nested harness otherwise)
+// and a guest kernel is found ($COWORK_VMM_KERNEL or the build cache).
+func kvmBackend(t *testing.T, wrapper string) string {
+	t.Helper()
+	nested.RequireLinuxBoot(t, wrapper)
+	if os.Getenv("COWORK_VMM_KERNEL") == "" {
+		if _, err := kernel.Find(kernel.Guest); err != nil {
+			t.Skipf("no guest kernel: %v", err)
+		}
+	}
+	return "kvm"
+}
+
+// recordBoot notes a kvm-backend test that passed: it booted Linux.
+func recordBoot(t *testing.T) {
+	t.Helper()
+	if !t.Failed() {
+		nested.RecordLinuxBoot(t)
+	}
+}
+
+func TestClientFlow(t *testing.T) { clientFlow(t, e2eBackend(t)) }
+
+// TestKVMClientFlow is TestClientFlow on the kvm backend, where this host's
+// KVM boots Linux (TestNestedKVMClientFlow runs it in the harness elsewhere).
+func TestKVMClientFlow(t *testing.T) {
+	clientFlow(t, kvmBackend(t, "TestNestedKVMClientFlow"))
+	recordBoot(t)
+}
+
+// clientFlow drives the built binary through the desktop client's whole
+// flow on backend.
+func clientFlow(t *testing.T, backend string) {
 	h := startHelper(t, backend)
 	const profile, profileRoot = "e2e-profile", "/home/e2e/.config/Claude"
 

@@ -26,8 +26,17 @@ const curlPath = "/usr/bin/curl"
 // its proxy and only to its allowedDomains. The test servers listen on
 // 127.0.0.1; COWORK_VMM_EGRESS_TEST_HOSTS maps the test names to them (see
 // e2eTestHosts), so nothing leaves loopback.
-func TestEgressAllowedDomains(t *testing.T) {
-	backend := e2eBackend(t)
+func TestEgressAllowedDomains(t *testing.T) { egressAllowedDomains(t, e2eBackend(t)) }
+
+// TestKVMEgressAllowedDomains is TestEgressAllowedDomains on the kvm
+// backend, over the VM's egress vsock port (TestNestedKVMEgress runs it in
+// the harness where this KVM cannot boot Linux).
+func TestKVMEgressAllowedDomains(t *testing.T) {
+	egressAllowedDomains(t, kvmBackend(t, "TestNestedKVMEgress"))
+	recordBoot(t)
+}
+
+func egressAllowedDomains(t *testing.T, backend string) {
 	if _, err := os.Stat(curlPath); err != nil {
 		t.Skipf("%s is needed as the guest's HTTP client: %v", curlPath, err)
 	}

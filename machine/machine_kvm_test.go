@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -14,16 +15,12 @@ import (
 
 	"github.com/cowork-vmm/cowork-vmm/devices/rng"
 	"github.com/cowork-vmm/cowork-vmm/devices/virtio"
+	"github.com/cowork-vmm/cowork-vmm/guest/kernel"
+	"github.com/cowork-vmm/cowork-vmm/internal/nested"
+	"github.com/cowork-vmm/cowork-vmm/internal/nested/guestboot"
 	"github.com/cowork-vmm/cowork-vmm/vmm"
 	"github.com/cowork-vmm/cowork-vmm/vmm/kvm"
 )
-
-func requireKVM(t testing.TB) {
-	t.Helper()
-	if _, err := os.Stat(kvm.DevicePath); err != nil {
-		t.Skipf("needs %s (%v); runs inside the nested KVM harness (TestNestedKVM)", kvm.DevicePath, err)
-	}
-}
 
 func quietLogger() *slog.Logger { return slog.New(slog.DiscardHandler) }
 
@@ -79,9 +76,9 @@ func waitDone(t *testing.T, m *Machine) vmm.Exit {
 // A tiny real-mode guest prints on the console through the 8250, writes the
 // boot timer and resets the machine through the i8042.
 func TestKVMConsoleBootTimerAndReset(t *testing.T) {
-	requireKVM(t)
+	nested.RequireKVM(t)
 	console := &syncBuffer{}
-	m, err := assemble(Config{MemMiB: 2, Console: console, Logger: quietLogger(), AllowPVM: true})
+	m, err := assemble(Config{MemMiB: 2, Console: console, Logger: quietLogger(), SkipBootProbe: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -119,8 +116,8 @@ func TestKVMConsoleBootTimerAndReset(t *testing.T) {
 }
 
 func TestKVMVirtioMMIOSlots(t *testing.T) {
-	requireKVM(t)
-	m, err := assemble(Config{MemMiB: 16, Logger: quietLogger(), AllowPVM: true})
+	nested.RequireKVM(t)
+	m, err := assemble(Config{MemMiB: 16, Logger: quietLogger(), SkipBootProbe: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -151,8 +148,8 @@ func TestKVMVirtioMMIOSlots(t *testing.T) {
 }
 
 func TestKVMStopBeforeStartReleasesEverything(t *testing.T) {
-	requireKVM(t)
-	m, err := assemble(Config{MemMiB: 2, Logger: quietLogger(), AllowPVM: true})
+	nested.RequireKVM(t)
+	m, err := assemble(Config{MemMiB: 2, Logger: quietLogger(), SkipBootProbe: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -166,18 +163,14 @@ func TestKVMStopBeforeStartReleasesEverything(t *testing.T) {
 }
 
 // TestKVMBootLinux boots our guest kernel with the test init (it prints
-// TESTINIT OK, writes the boot timer and restarts) on 1 and 2 vCPUs.
-// Kernel and initramfs come from COWORK_TEST_KERNEL / COWORK_TEST_INITRD
-// (TestNestedKVM sets them); without them it skips.
+// TESTINIT OK, writes the boot timer and restarts) on 1 and 2 vCPUs, where
+// this host's KVM boots Linux (TestNestedKVM runs it in the harness
+// elsewhere). Kernel and initramfs come from COWORK_TEST_KERNEL and
+// COWORK_TEST_INITRD (the harness sets them), else the build cache and a
+// test initramfs built here.
 func TestKVMBootLinux(t *testing.T) {
-	requireKVM(t)
-	kernelPath, initrdPath := os.Getenv("COWORK_TEST_KERNEL"), os.Getenv("COWORK_TEST_INITRD")
-	if kernelPath == "" || initrdPath == "" {
-		t.Skip("set COWORK_TEST_KERNEL (vmlinux) and COWORK_TEST_INITRD (test initramfs); TestNestedKVM does")
-	}
-	if pvm, why := kvm.IsPVM(); pvm {
-		t.Skipf("this KVM is PVM (%s): Linux cannot boot on it", why)
-	}
+	nested.RequireLinuxBoot(t, "TestNestedKVM")
+	kernelPath, initrdPath := testBootImages(t)
 	for _, cpus := range []int{1, 2} {
 		t.Run(map[int]string{1: "1cpu", 2: "2cpus"}[cpus], func(t *testing.T) {
 			console := &syncBuffer{}
@@ -218,8 +211,31 @@ func TestKVMBootLinux(t *testing.T) {
 				t.Errorf("the guest did not bring up its second CPU")
 			}
 			t.Logf("BOOT-FIGURE cpus=%d boot_timer_ms=%.1f", cpus, float64(bootTime)/float64(time.Millisecond))
+			if !t.Failed() {
+				nested.RecordLinuxBoot(t)
+			}
 		})
 	}
+}
+
+// testBootImages returns the guest kernel and test initramfs to boot, or
+// skips when no kernel is built.
+func testBootImages(t *testing.T) (kernelPath, initrdPath string) {
+	t.Helper()
+	kernelPath, initrdPath = os.Getenv("COWORK_TEST_KERNEL"), os.Getenv("COWORK_TEST_INITRD")
+	if kernelPath == "" {
+		var err error
+		if kernelPath, err = kernel.Find(kernel.Guest); err != nil {
+			t.Skipf("no guest kernel (%v): make kernel builds it", err)
+		}
+	}
+	if initrdPath == "" {
+		initrdPath = filepath.Join(t.TempDir(), "initrd.cpio.gz")
+		if err := guestboot.BuildInitramfs(context.Background(), initrdPath); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return kernelPath, initrdPath
 }
 
 type testLogWriter struct{ t *testing.T }
@@ -230,13 +246,13 @@ func (w testLogWriter) Write(p []byte) (int, error) {
 }
 
 func TestKVMRunKernelRejectsBadImage(t *testing.T) {
-	requireKVM(t)
+	nested.RequireKVM(t)
 	_, err := RunKernel(context.Background(), Config{KernelImage: []byte("not a kernel at all"), MemMiB: 16,
-		Logger: quietLogger(), AllowPVM: true})
+		Logger: quietLogger(), SkipBootProbe: true})
 	if err == nil || !strings.Contains(err.Error(), "loading the kernel") {
 		t.Fatalf("bad image: %v", err)
 	}
-	if errors.Is(err, ErrPVM) {
-		t.Fatal("unexpected PVM error")
+	if errors.Is(err, kvm.ErrCannotBootLinux) {
+		t.Fatal("the boot probe ran although SkipBootProbe was set")
 	}
 }

@@ -7,13 +7,15 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/cowork-vmm/cowork-vmm/internal/nested"
 )
 
 // BenchmarkKVMSetup measures the VMM's set-up time: from opening /dev/kvm
 // (New) to the guest's first exit back to the VMM, i.e. through the first
 // KVM_RUN, for a 1-vCPU, 256 MiB VM.
 func BenchmarkKVMSetup(b *testing.B) {
-	requireKVM(b)
+	nested.RequireKVM(b)
 	var total time.Duration
 	for i := 0; i < b.N; i++ {
 		start := time.Now()
@@ -36,7 +38,7 @@ func BenchmarkKVMSetup(b *testing.B) {
 // guest runs a tiny program: the VMM's own overhead, since the guest touches
 // only a few pages.
 func BenchmarkKVMRSS(b *testing.B) {
-	requireKVM(b)
+	nested.RequireKVM(b)
 	var rss, before uint64
 	for i := 0; i < b.N; i++ {
 		before = residentKiB(b)

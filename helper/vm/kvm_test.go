@@ -15,30 +15,26 @@ import (
 	"time"
 
 	"github.com/cowork-vmm/cowork-vmm/helper"
+	"github.com/cowork-vmm/cowork-vmm/internal/nested"
 	"github.com/cowork-vmm/cowork-vmm/protocol"
-	"github.com/cowork-vmm/cowork-vmm/vmm/kvm"
 )
 
 // TestBinEnv names a static cowork-vmm binary for the KVM tests: the
 // guest's /init (the test binary itself is not an agent).
 const TestBinEnv = "COWORK_VMM_TEST_BIN"
 
-// requireKVMBoot skips unless a real Linux guest can boot here: /dev/kvm,
-// not PVM, a guest kernel and a cowork-vmm binary.
+// requireKVMBoot skips unless a real Linux guest can boot here (the probe
+// says so and a guest kernel is built) and returns the cowork-vmm binary
+// that is the guest's /init: $COWORK_VMM_TEST_BIN, else one built here.
 func requireKVMBoot(t *testing.T) string {
 	t.Helper()
-	if _, err := os.Stat(kvm.DevicePath); err != nil {
-		t.Skipf("needs %s (%v); runs inside the nested KVM harness (TestNestedKVMBackend)", kvm.DevicePath, err)
-	}
-	if pvm, why := kvm.IsPVM(); pvm {
-		t.Skipf("this KVM cannot boot Linux: %s", why)
-	}
+	nested.RequireLinuxBoot(t, "TestNestedKVMBackend")
 	bin := os.Getenv(TestBinEnv)
-	if bin == "" {
-		t.Skipf("set %s to a static cowork-vmm binary (the guest's /init)", TestBinEnv)
-	}
 	if _, err := locateKernel(defaultKernelSources("", bin)); err != nil {
 		t.Skipf("no guest kernel: %v", err)
+	}
+	if bin == "" {
+		bin = nested.BuildCoworkVMM(t)
 	}
 	return bin
 }
@@ -198,6 +194,9 @@ func TestKVMBootAgentMountsAndShutdown(t *testing.T) {
 	}
 	slices.Sort(connectTimes)
 	t.Logf("KVMFIGURE start_to_agent_hello median=%v all=%v", connectTimes[len(connectTimes)/2], connectTimes)
+	if !t.Failed() {
+		nested.RecordLinuxBoot(t)
+	}
 }
 
 // exerciseGuest sets the guest's root up over 9p (the system directories

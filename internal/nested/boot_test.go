@@ -51,9 +51,7 @@ func TestNestedBootGuestKernel(t *testing.T) {
 // payload, or skips when the harness or the kernel is missing.
 func runGuestbootTest(t *testing.T, run string, timeout time.Duration, env ...string) Result {
 	t.Helper()
-	if err := Available(); err != nil {
-		t.Skipf("nested harness unavailable: %v", err)
-	}
+	RequireHarness(t)
 	guestKernel, err := kernel.Find(kernel.Guest)
 	if err != nil {
 		t.Skipf("guest kernel: %v", err)

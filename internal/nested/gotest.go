@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/cowork-vmm/cowork-vmm/internal/nested/job"
 )
 
 // GoTest describes a package's tests to run inside the outer guest.
@@ -50,9 +52,15 @@ func RunGoTestWith(t testing.TB, gt GoTest) Result {
 	}
 	// Run in the package's source directory (visible read-only through the
 	// host root) so tests find their testdata.
-	dir := "/payload"
-	if out, err := exec.Command("go", "list", "-f", "{{.Dir}}", gt.Pkg).Output(); err == nil {
-		dir = strings.TrimSpace(string(out))
+	dir, shares := "/payload", []string(nil)
+	if out, err := exec.Command("go", "list", "-f", "{{.Dir}}\t{{.Module.Dir}}", gt.Pkg).Output(); err == nil {
+		pkgDir, modDir, _ := strings.Cut(strings.TrimSpace(string(out)), "\t")
+		dir = pkgDir
+		// A clone under /tmp (or /root, /run) is not in the outer guest's
+		// root: share the module there.
+		if job.HiddenInGuest(modDir) {
+			shares = []string{modDir}
+		}
 	}
 	args := []string{"/payload/pkg.test", "-test.v", "-test.count=1"}
 	if gt.Run != "" {
@@ -71,8 +79,9 @@ func RunGoTestWith(t testing.TB, gt GoTest) Result {
 		PayloadDir: payload,
 		Files:      gt.Files,
 		Cmd:        args,
-		Env:        gt.Env,
+		Env:        append(gt.Env, LedgerEnv+"="+filepath.Join(job.PayloadDir, payloadLedger)),
 		Dir:        dir,
+		Shares:     shares,
 		MemMiB:     gt.MemMiB,
 		CPUs:       gt.CPUs,
 		Timeout:    gt.Timeout,
@@ -80,6 +89,9 @@ func RunGoTestWith(t testing.TB, gt GoTest) Result {
 	})
 	if err != nil {
 		t.Fatalf("nested run of %s: %v", gt.Pkg, err)
+	}
+	if err := mergeNestedLedger(payload); err != nil {
+		t.Errorf("nested run of %s: %v", gt.Pkg, err)
 	}
 	t.Logf("nested run of %s: exit %d, wall %v, outer /init after %v wall (%v guest uptime)", gt.Pkg, res.ExitCode, res.Wall.Round(time.Millisecond), res.InitWall.Round(time.Millisecond), res.InitUptime)
 	if strings.Contains(res.Output, "testing: warning: no tests to run") {

@@ -53,8 +53,12 @@ type Options struct {
 	// Env is added to the payload's environment (KEY=value).
 	Env []string
 	// Dir is the payload's working directory in the guest; default /payload.
-	// The host's directories are visible read-only at their own paths.
+	// The host's directories are visible read-only at their own paths,
+	// except those under /tmp, /run, /root and /var/tmp (job.HiddenInGuest).
 	Dir string
+	// Shares are host directories to make visible read-only at their own
+	// paths even there (at most job.MaxShares).
+	Shares []string
 	// MemMiB and CPUs size the outer guest (defaults 2048 and 1).
 	MemMiB int
 	CPUs   int
@@ -143,7 +147,7 @@ func Run(ctx context.Context, opts Options) (Result, error) {
 	if err != nil {
 		return Result{}, err
 	}
-	j := job.Job{Token: token, Cmd: opts.Cmd, Env: opts.Env, Dir: opts.Dir, Timeout: opts.Timeout}
+	j := job.Job{Token: token, Cmd: opts.Cmd, Env: opts.Env, Dir: opts.Dir, Timeout: opts.Timeout, Shares: opts.Shares}
 	if err := j.Validate(); err != nil {
 		return Result{}, fmt.Errorf("nested: %w", err)
 	}
@@ -270,7 +274,7 @@ func qemuArgs(opts Options, payload, initrd string) []string {
 	if opts.CPUs > 1 {
 		accel = "tcg,thread=multi"
 	}
-	return []string{
+	args := []string{
 		"-accel", accel,
 		"-M", "microvm,acpi=off",
 		"-cpu", "qemu64,+svm,+npt", // TCG has no nrip-save; asking only warns
@@ -287,6 +291,12 @@ func qemuArgs(opts Options, payload, initrd string) []string {
 		"-fsdev", "local,id=payload,path=" + payload + ",security_model=none",
 		"-device", "virtio-9p-device,fsdev=payload,mount_tag=" + job.PayloadTag,
 	}
+	for i, dir := range opts.Shares {
+		tag := job.ShareTag(i)
+		args = append(args, "-fsdev", "local,id="+tag+",path="+dir+",security_model=none,readonly=on",
+			"-device", "virtio-9p-device,fsdev="+tag+",mount_tag="+tag)
+	}
+	return args
 }
 
 func runQemu(ctx context.Context, opts Options, payload, initrd, token string) (Result, error) {

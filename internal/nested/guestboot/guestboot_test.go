@@ -5,12 +5,15 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/cowork-vmm/cowork-vmm/guest/kernel"
+	"github.com/cowork-vmm/cowork-vmm/internal/nested"
 	"github.com/cowork-vmm/cowork-vmm/machine"
 	"github.com/cowork-vmm/cowork-vmm/vmm"
 )
@@ -44,18 +47,25 @@ func TestConsoleWatcher(t *testing.T) {
 	require.True(t, strings.HasPrefix(w.Console(), "[ 0.1] booting"))
 }
 
-// guestFiles returns the test guest's kernel and initramfs, skipping unless
-// this runs where they and /dev/kvm exist (inside the nested harness).
-func guestFiles(t *testing.T) (kernel, initrd string) {
+// guestFiles returns the test guest's kernel and initramfs (EnvKernel and EnvInitrd,
+// which the harness sets; else the build cache and one built here),
+// skipping unless this host's KVM boots Linux (internal/nested's
+// TestNestedBootGuestKernel runs these tests in the harness elsewhere).
+func guestFiles(t *testing.T) (kernelPath, initrd string) {
 	t.Helper()
-	kernel, initrd = os.Getenv(EnvKernel), os.Getenv(EnvInitrd)
-	if kernel == "" || initrd == "" {
-		t.Skipf("%s and %s unset: runs inside the nested harness (internal/nested TestNestedBootGuestKernel)", EnvKernel, EnvInitrd)
+	nested.RequireLinuxBoot(t, "internal/nested TestNestedBootGuestKernel")
+	kernelPath, initrd = os.Getenv(EnvKernel), os.Getenv(EnvInitrd)
+	if kernelPath == "" {
+		var err error
+		if kernelPath, err = kernel.Find(kernel.Guest); err != nil {
+			t.Skipf("no guest kernel: %v", err)
+		}
 	}
-	if _, err := os.Stat("/dev/kvm"); err != nil {
-		t.Skipf("no /dev/kvm: %v", err)
+	if initrd == "" {
+		initrd = filepath.Join(t.TempDir(), "initrd.cpio.gz")
+		require.NoError(t, BuildInitramfs(context.Background(), initrd))
 	}
-	return kernel, initrd
+	return kernelPath, initrd
 }
 
 // TestBootQemuMicrovm times qemu -M microvm booting the test guest: the
@@ -111,4 +121,5 @@ func TestBootCoworkVMM(t *testing.T) {
 		require.Equal(t, onlineWant(cpus), b.GuestCPUs)
 		t.Log(b.FigureLine())
 	}
+	nested.RecordLinuxBoot(t)
 }

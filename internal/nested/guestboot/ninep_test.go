@@ -18,6 +18,7 @@ import (
 
 	"github.com/cowork-vmm/cowork-vmm/devices/p9"
 	"github.com/cowork-vmm/cowork-vmm/devices/p9/fs"
+	"github.com/cowork-vmm/cowork-vmm/internal/nested"
 	"github.com/cowork-vmm/cowork-vmm/internal/nested/guestboot/ninep"
 	"github.com/cowork-vmm/cowork-vmm/machine"
 	"github.com/cowork-vmm/cowork-vmm/vmm"
@@ -105,6 +106,7 @@ func TestThroughput9p(t *testing.T) {
 			t.Log(NinePFigure{VMM: name, Run: run, Result: res, Window: wall, Busy: busy}.FigureLine())
 		}
 	}
+	nested.RecordLinuxBoot(t)
 }
 
 // ninePOnCoworkVMM boots the test guest on our VMM with our 9p device

@@ -7,6 +7,9 @@ package job
 import (
 	"encoding/json"
 	"fmt"
+	"path"
+	"strconv"
+	"strings"
 	"time"
 )
 
@@ -25,6 +28,53 @@ type Job struct {
 	// Timeout bounds the payload; outerinit kills it and reports
 	// TimeoutExitCode.
 	Timeout time.Duration `json:"timeout"`
+	// Shares are host directories outerinit mounts read-only at their own
+	// path (virtio-9p tag ShareTag(i)): ones the payload's root would not
+	// show, because they lie under a FreshDir (a clone in /tmp, say).
+	Shares []string `json:"shares,omitempty"`
+}
+
+// MaxShares bounds Job.Shares (each is a virtio-mmio device).
+const MaxShares = 4
+
+// ShareTag is the virtio-9p mount tag of Job.Shares[i].
+func ShareTag(i int) string { return "share" + strconv.Itoa(i) }
+
+// FreshDir says whether the payload's root gives the host's top-level
+// directory name a fresh filesystem instead of the host's (kind: "proc",
+// "sysfs", "dev", "tmpfs" or "payload"), so nothing of the host's under it
+// is visible in the outer guest.
+func FreshDir(name string) (kind string, fresh bool) {
+	switch name {
+	case "proc":
+		return "proc", true
+	case "sys":
+		return "sysfs", true
+	case "dev":
+		return "dev", true
+	case "tmp", "run", "root":
+		return "tmpfs", true
+	case "payload":
+		return "payload", true
+	}
+	return "", false
+}
+
+// FreshDirNames lists every name FreshDir says is fresh.
+func FreshDirNames() []string {
+	return []string{"proc", "sys", "dev", "tmp", "run", "root", "payload"}
+}
+
+// HiddenInGuest says whether the host path p (absolute, clean) is not
+// visible at the same path in the payload's root: it lies under a
+// FreshDir, or under /var/tmp, which outerinit also replaces.
+func HiddenInGuest(p string) bool {
+	rel := strings.TrimPrefix(path.Clean(p), "/")
+	top, _, _ := strings.Cut(rel, "/")
+	if _, fresh := FreshDir(top); fresh {
+		return true
+	}
+	return rel == "var/tmp" || strings.HasPrefix(rel, "var/tmp/")
 }
 
 // Guest-side names shared by the harness and outerinit.
@@ -69,6 +119,14 @@ func (j *Job) Validate() error {
 		return fmt.Errorf("job: timeout %v must be positive", j.Timeout)
 	case j.Dir == "" || j.Dir[0] != '/':
 		return fmt.Errorf("job: working directory %q must be absolute", j.Dir)
+	case len(j.Shares) > MaxShares:
+		return fmt.Errorf("job: %d shared directories, at most %d", len(j.Shares), MaxShares)
+	}
+	for _, d := range j.Shares {
+		// qemu's -fsdev takes the path in a comma-separated option list.
+		if d == "" || d[0] != '/' || path.Clean(d) != d || d == "/" || strings.ContainsAny(d, ",\x00") {
+			return fmt.Errorf("job: shared directory %q must be an absolute, clean path other than / without commas", d)
+		}
 	}
 	return nil
 }

@@ -38,12 +38,6 @@ const (
 	ninePOptions = "trans=virtio,version=9p2000.L,msize=262144"
 )
 
-// Host top-level entries the payload root does not take from the host.
-var freshDirs = map[string]string{
-	"proc": "proc", "sys": "sysfs", "dev": "dev", "tmp": "tmpfs",
-	"run": "tmpfs", "root": "tmpfs", "payload": "payload",
-}
-
 func main() {
 	console := os.Stdout
 	token := "unknown"
@@ -82,6 +76,14 @@ func run(console *os.File, token *string) (int, error) {
 
 	if err := buildRoot(); err != nil {
 		return 0, err
+	}
+	if err := mountShares(j.Shares); err != nil {
+		return 0, err
+	}
+	// A chdir that fails in the child is reported as "fork/exec <cmd>: no
+	// such file or directory", which names the wrong thing: check first.
+	if _, err := os.Stat(filepath.Join(newRoot, j.Dir)); err != nil {
+		return 0, fmt.Errorf("the payload's working directory %s is not visible in the outer guest: %w", j.Dir, err)
 	}
 	if err := ensureKVMNode(filepath.Join(newRoot, "dev")); err != nil {
 		// Not fatal: a payload that needs no KVM still runs; one that does
@@ -156,7 +158,7 @@ func buildRoot() error {
 	}
 	for _, e := range entries {
 		name := e.Name()
-		if _, fresh := freshDirs[name]; fresh || name == "lost+found" {
+		if _, fresh := job.FreshDir(name); fresh || name == "lost+found" {
 			continue
 		}
 		src, dst := filepath.Join(hostRoot, name), filepath.Join(newRoot, name)
@@ -175,7 +177,8 @@ func buildRoot() error {
 			}
 		}
 	}
-	for name, kind := range freshDirs {
+	for _, name := range job.FreshDirNames() {
+		kind, _ := job.FreshDir(name)
 		dst := filepath.Join(newRoot, name)
 		var err error
 		switch kind {
@@ -206,6 +209,17 @@ func buildRoot() error {
 	} {
 		if err := mount(m.fstype, filepath.Join(newRoot, m.target), m.fstype, 0, m.data); err != nil {
 			return err
+		}
+	}
+	return nil
+}
+
+// mountShares mounts the job's shared host directories read-only at their
+// own paths in the payload's root (beneath a fresh tmpfs there).
+func mountShares(shares []string) error {
+	for i, dir := range shares {
+		if err := mount(job.ShareTag(i), filepath.Join(newRoot, dir), "9p", unix.MS_RDONLY, ninePOptions); err != nil {
+			return fmt.Errorf("sharing %s: %w", dir, err)
 		}
 	}
 	return nil

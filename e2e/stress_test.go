@@ -1,0 +1,135 @@
+package e2e
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/cowork-vmm/cowork-vmm/protocol"
+)
+
+// StressBootsEnv sets how many boots TestKVMStress2VCPUs makes; unset, the
+// stress tests skip (they are not for CI: `make nested-stress` runs them).
+const StressBootsEnv = "COWORK_VMM_STRESS_BOOTS"
+
+// stressBoots is $COWORK_VMM_STRESS_BOOTS, or skips t.
+func stressBoots(t *testing.T) int {
+	t.Helper()
+	n, err := strconv.Atoi(os.Getenv(StressBootsEnv))
+	if err != nil || n <= 0 {
+		t.Skipf("a stress test: set %s to the number of boots (make nested-stress)", StressBootsEnv)
+	}
+	return n
+}
+
+// TestKVMStress2VCPUs settles whether 2-vCPU guests boot reliably (the
+// desktop client's default cpuCount is 2): it boots a 2-vCPU guest through
+// the helper again and again, runs a spawn in each and stops it, counting
+// the boots that end cleanly. It keeps going after a failure and logs, for
+// each, the helper's log of that boot (a triple fault's dump among it).
+func TestKVMStress2VCPUs(t *testing.T) {
+	boots := stressBoots(t)
+	h := startHelper(t, kvmBackend(t, "TestNestedKVMStress"))
+	pipe, err := protocol.DialPipe(t.Context(), h.socket)
+	require.NoError(t, err)
+	defer pipe.Close()
+	h.pipe = pipe
+	h.call("configure", map[string]any{"userDataName": "stress", "userDataRoot": "/home/e2e/.config/Claude", "sessionOnly": true}, nil)
+	ev := subscribe(t, h.socket, map[string]any{"userDataName": "stress", "userDataRoot": "/home/e2e/.config/Claude"})
+
+	clean := 0
+	var failures []string
+	for i := range boots {
+		logStart := len(h.stderr.String())
+		start := time.Now()
+		err := stressBoot(h, ev, i)
+		if err == nil {
+			clean++
+			t.Logf("boot %d: clean in %v", i, time.Since(start).Round(time.Millisecond))
+			continue
+		}
+		log := h.stderr.String()[logStart:]
+		failures = append(failures, fmt.Sprintf("boot %d: %v\nhelper log of this boot:\n%s", i, err, lastLines(log, 80)))
+		t.Logf("boot %d: FAILED after %v: %v", i, time.Since(start).Round(time.Millisecond), err)
+	}
+	t.Logf("STRESSFIGURE vcpus=2 clean=%d total=%d", clean, boots)
+	for _, f := range failures {
+		t.Log(f)
+	}
+	if clean != boots {
+		t.Errorf("%d of %d 2-vCPU boots did not end cleanly", boots-clean, boots)
+	}
+}
+
+// stressBoot is one boot: startVM with 2 vCPUs, the agent connects, a spawn
+// sees both CPUs and exits 0, stopVM. The VM is stopped whatever happens.
+func stressBoot(h *harness, ev *events, i int) (err error) {
+	defer func() {
+		if resp := h.try("stopVM", nil); !resp.Success && err == nil {
+			err = fmt.Errorf("stopVM: %s", resp.Error)
+		}
+	}()
+	if resp := h.try("startVM", map[string]any{"bundlePath": "", "memoryGB": 1.0, "cpuCount": 2}); !resp.Success {
+		return fmt.Errorf("startVM: %s", resp.Error)
+	}
+	if err := tryConnected(h.client, 3*time.Minute); err != nil {
+		return err
+	}
+	id := "stress-" + strconv.Itoa(i)
+	resp := h.try("spawn", map[string]any{"id": id, "name": "stress", "command": "/bin/sh",
+		"args": []string{"-c", "echo " + id + "; nproc"}})
+	if !resp.Success {
+		return fmt.Errorf("spawn: %s", resp.Error)
+	}
+	exit, err := ev.tryWait("exit of "+id, 2*time.Minute, func(e protocol.Event) bool {
+		return (e.Type == protocol.EventExit && e.ID == id) || (e.Type == protocol.EventError && e.Fatal != nil && *e.Fatal)
+	})
+	if err != nil {
+		return err
+	}
+	if exit.Type == protocol.EventError {
+		return fmt.Errorf("the guest died: %s", exit.Message)
+	}
+	out := ev.output(protocol.EventStdout, id)
+	if exit.ExitCode == nil || *exit.ExitCode != 0 || out != id+"\n2\n" {
+		return fmt.Errorf("spawn exit %+v, stdout %q; want 0 and %q", exit, out, id+"\n2\n")
+	}
+	return nil
+}
+
+// tryConnected polls isGuestConnected as the client does, until true.
+func tryConnected(c *client, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for time.Now().Before(deadline) {
+		resp := c.try("isGuestConnected", nil)
+		if resp.Success && strings.Contains(string(resp.Result), "true") {
+			return nil
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return errors.New("the guest never connected")
+}
+
+func lastLines(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+// TestNestedKVMStress runs TestKVMStress2VCPUs inside the nested harness
+// with 2 outer CPUs (the kvm backend gives a guest at most the host's
+// CPUs), or skips like the other nested tests and when StressBootsEnv is
+// unset.
+func TestNestedKVMStress(t *testing.T) {
+	boots := stressBoots(t)
+	runNestedKVMWith(t, "^TestKVMStress2VCPUs$", time.Duration(boots)*2*time.Minute+5*time.Minute, 2,
+		StressBootsEnv+"="+strconv.Itoa(boots))
+}
