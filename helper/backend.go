@@ -30,9 +30,21 @@ type Guest interface {
 	// Agent blocks until the guest agent has connected (or ctx ends, or the
 	// guest dies) and returns the channel to it. Called once.
 	Agent(ctx context.Context) (io.ReadWriteCloser, error)
-	// Share makes a host directory available to the guest and returns how the
-	// agent mounts it: a bind path (process backend) or a 9p export (VM).
+	// Share makes a host directory, or a single regular file, available to
+	// the guest and returns how the agent mounts it: a bind path (process
+	// backend) or a 9p export (VM). For a file the source is a directory
+	// in which the agent finds the file under its base name
+	// (protocol.Mount.SourceFile): the VM exports a directory holding that
+	// one name and nothing else of the host; the process backend names the
+	// file's own directory, from which the agent binds only the file.
 	Share(hostPath string, readOnly bool) (protocol.MountSource, error)
+	// Unshare withdraws what Share or ShareSystem returned, once nothing is
+	// mounted from it any more: the guest can no longer reach it, also
+	// through files it still holds open (the VM's 9p files fail with
+	// ESTALE), and the host descriptors behind it are released. A no-op
+	// where the agent itself confines binds (process backend), or for a
+	// source already withdrawn.
+	Unshare(src protocol.MountSource)
 	// Done is closed when the guest has ended; Err then says why (nil for a
 	// clean stop).
 	Done() <-chan struct{}

@@ -6,6 +6,9 @@ import (
 	"errors"
 	"io"
 	"net"
+	"os"
+	"path/filepath"
+	"slices"
 	"strconv"
 	"sync"
 	"testing"
@@ -78,6 +81,9 @@ type fakeGuest struct {
 
 	mu     sync.Mutex
 	shares []protocol.MountSource
+	// sharedPaths are the host paths Share got; unshares what Unshare got.
+	sharedPaths []string
+	unshares    []protocol.MountSource
 	// systemShares are the host paths ShareSystem got (systemSharingGuest).
 	systemShares []string
 	stopped      bool
@@ -88,12 +94,32 @@ type fakeGuest struct {
 
 func (g *fakeGuest) Agent(ctx context.Context) (io.ReadWriteCloser, error) { return g.helperEnd, nil }
 
+// Share shares as the process backend does (a file's source is its
+// directory) and records the host path it got.
 func (g *fakeGuest) Share(hostPath string, readOnly bool) (protocol.MountSource, error) {
 	src := protocol.MountSource{Kind: "bind", Path: hostPath}
+	if fi, err := os.Stat(hostPath); err == nil && fi.Mode().IsRegular() {
+		src.Path = filepath.Dir(hostPath)
+	}
 	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.sharedPaths = append(g.sharedPaths, hostPath)
 	g.shares = append(g.shares, src)
-	g.mu.Unlock()
 	return src, nil
+}
+
+// Unshare records the withdrawal of src.
+func (g *fakeGuest) Unshare(src protocol.MountSource) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.unshares = append(g.unshares, src)
+}
+
+// shareState returns what Share got and what Unshare withdrew so far.
+func (g *fakeGuest) shareState() (sharedPaths []string, unshares []protocol.MountSource) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return slices.Clone(g.sharedPaths), slices.Clone(g.unshares)
 }
 
 func (g *fakeGuest) Done() <-chan struct{} { return g.done }
@@ -143,6 +169,7 @@ type fakeAgent struct {
 	files      map[string][]byte
 	ignorePing bool
 	spawnErr   string
+	mountErr   string
 }
 
 func newFakeAgent(conn net.Conn, g *fakeGuest) *fakeAgent {
@@ -201,6 +228,10 @@ func (a *fakeAgent) handle(f protocol.AgentFrame) {
 	case protocol.AgentMethodMount:
 		var p protocol.MountParams
 		_ = json.Unmarshal(f.Params, &p)
+		if a.mountErr != "" {
+			reply.Error = a.mountErr
+			break
+		}
 		a.mounts[p.Mount.Target] = p.Mount
 	case protocol.AgentMethodSpawn:
 		var p protocol.SpawnParams

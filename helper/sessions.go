@@ -120,49 +120,176 @@ func (s *Service) ensureSessionDir(name string) (string, error) {
 	return dir, nil
 }
 
+// mountRecord is what mount put at a guest target: what was asked for
+// (key) and the source the guest got for it (src), which is withdrawn
+// (Guest.Unshare) when the target is mounted anew, when its session is
+// deleted, and when its session's last process ends. A withdrawn record
+// stays (withdrawn set, src zero) so that readFile can mount it again.
+type mountRecord struct {
+	key       mountKey
+	src       protocol.MountSource
+	withdrawn bool
+}
+
+// mountTable is a guest's mount bookkeeping, guarded by
+// vmInstance.mountMu; its zero value is ready to use.
+type mountTable struct {
+	byTarget map[string]mountRecord
+	// users counts, per session, the calls that use its mounts while no
+	// process of theirs runs yet (a spawn until its process is registered,
+	// a readFile): withdrawIfIdle leaves the session alone meanwhile.
+	users map[string]int
+}
+
+func (t *mountTable) set(target string, r mountRecord) {
+	if t.byTarget == nil {
+		t.byTarget = make(map[string]mountRecord)
+	}
+	t.byTarget[target] = r
+}
+
+// inSession lists the targets of a session's mounts: its home and what
+// lies below it.
+func (t *mountTable) inSession(name string) []string {
+	prefix := guestSessionDir(name)
+	var targets []string
+	for target := range t.byTarget {
+		if target == prefix || strings.HasPrefix(target, prefix+"/") {
+			targets = append(targets, target)
+		}
+	}
+	return targets
+}
+
 // mount makes a host path visible at a guest target, unless the same thing
-// is mounted there already (spawns of one session repeat their mounts).
+// is mounted there already (spawns of one session repeat their mounts). A
+// single file is shared as itself (Guest.Share), never as its directory.
+// What was mounted at target before is withdrawn once the agent has
+// replaced it — and also if the agent failed to (it unmounts the old
+// mount first): a target remounted read-only must not stay writable.
 func (vm *vmInstance) mount(host, target string, readOnly bool) error {
 	fi, err := os.Stat(host)
 	if err != nil {
 		return fmt.Errorf("mount source: %w", err)
 	}
 	key := mountKey{host: host, readOnly: readOnly}
-	shareDir := host
 	if !fi.IsDir() {
 		if !fi.Mode().IsRegular() {
 			return fmt.Errorf("mount source %s is neither a directory nor a regular file", host)
 		}
-		shareDir, key.file = filepath.Dir(host), filepath.Base(host)
+		key.file = filepath.Base(host)
 	}
 	vm.mountMu.Lock()
 	defer vm.mountMu.Unlock()
-	if vm.mounted[target] == key {
+	old, had := vm.mounts.byTarget[target]
+	if had && old.key == key && !old.withdrawn {
 		return nil
 	}
-	src, err := vm.guest.Share(shareDir, readOnly)
+	src, err := vm.guest.Share(host, readOnly)
 	if err != nil {
 		return fmt.Errorf("sharing %s with the guest: %w", host, err)
 	}
 	m := protocol.Mount{Source: src, Target: target, ReadOnly: readOnly, SourceFile: key.file}
-	if err := vm.call(protocol.AgentMethodMount, protocol.MountParams{Mount: m}, nil); err != nil {
+	err = vm.call(protocol.AgentMethodMount, protocol.MountParams{Mount: m}, nil)
+	if had {
+		if !old.withdrawn {
+			vm.guest.Unshare(old.src)
+		}
+		delete(vm.mounts.byTarget, target)
+	}
+	if err != nil {
+		vm.guest.Unshare(src)
 		return err
 	}
-	vm.mounted[target] = key
+	vm.mounts.set(target, mountRecord{key: key, src: src})
 	return nil
 }
 
-// forgetSessionMounts drops the records of a session's mounts (its host
-// directory was deleted; the next spawn mounts it afresh).
+// forgetSessionMounts withdraws a session's mounts and drops their records
+// (its host directory was deleted; the next spawn mounts it afresh).
 func (vm *vmInstance) forgetSessionMounts(name string) {
-	prefix := guestSessionDir(name)
 	vm.mountMu.Lock()
 	defer vm.mountMu.Unlock()
-	for target := range vm.mounted {
-		if target == prefix || strings.HasPrefix(target, prefix+"/") {
-			delete(vm.mounted, target)
+	for _, target := range vm.mounts.inSession(name) {
+		if r := vm.mounts.byTarget[target]; !r.withdrawn {
+			vm.guest.Unshare(r.src)
+		}
+		delete(vm.mounts.byTarget, target)
+	}
+}
+
+// useSession marks a session's mounts in use by a call that has no running
+// process of the session to show for it yet (spawn, readFile); the
+// returned func ends the use and withdraws the mounts if the session is
+// then idle.
+func (vm *vmInstance) useSession(name string) (done func()) {
+	vm.mountMu.Lock()
+	if vm.mounts.users == nil {
+		vm.mounts.users = make(map[string]int)
+	}
+	vm.mounts.users[name]++
+	vm.mountMu.Unlock()
+	return func() {
+		vm.mountMu.Lock()
+		if vm.mounts.users[name]--; vm.mounts.users[name] <= 0 {
+			delete(vm.mounts.users, name)
+		}
+		vm.mountMu.Unlock()
+		vm.withdrawIfIdle(name)
+	}
+}
+
+// withdrawIfIdle withdraws a session's mounts when none of its processes
+// runs and no call uses them (its last process ended, or a spawn failed):
+// the guest keeps no way into the session's files; the records stay, and
+// the next spawn (or readFile) mounts them afresh. Lock order: mountMu,
+// then Service.mu.
+func (vm *vmInstance) withdrawIfIdle(name string) {
+	vm.mountMu.Lock()
+	defer vm.mountMu.Unlock()
+	if vm.mounts.users[name] > 0 {
+		return
+	}
+	vm.s.mu.Lock()
+	busy := vm.s.procs.sessionBusy(name)
+	vm.s.mu.Unlock()
+	if busy {
+		return
+	}
+	for _, target := range vm.mounts.inSession(name) {
+		r := vm.mounts.byTarget[target]
+		if r.withdrawn {
+			continue
+		}
+		vm.guest.Unshare(r.src)
+		vm.mounts.byTarget[target] = mountRecord{key: r.key, withdrawn: true}
+	}
+}
+
+// remountForRead mounts again, for readFile, the withdrawn mounts of a
+// session that lead to guestPath (its home, then a mount below it), so
+// that a read after the session's last process ended sees what it saw
+// before. The caller holds a useSession of the session.
+func (vm *vmInstance) remountForRead(session, guestPath string) error {
+	vm.mountMu.Lock()
+	var again []string
+	for _, target := range vm.mounts.inSession(session) {
+		if vm.mounts.byTarget[target].withdrawn && (guestPath == target || strings.HasPrefix(guestPath, target+"/")) {
+			again = append(again, target)
 		}
 	}
+	keys := make(map[string]mountKey, len(again))
+	for _, target := range again {
+		keys[target] = vm.mounts.byTarget[target].key
+	}
+	vm.mountMu.Unlock()
+	slices.SortFunc(again, func(a, b string) int { return len(a) - len(b) }) // outer first
+	for _, target := range again {
+		if err := vm.mount(keys[target].host, target, keys[target].readOnly); err != nil {
+			return fmt.Errorf("mounting %s again: %w", target, err)
+		}
+	}
+	return nil
 }
 
 // mountSession mounts a session's home directory.
@@ -231,6 +358,9 @@ func (s *Service) spawn(_ context.Context, p spawnParams) (spawnResult, error) {
 	if err != nil {
 		return res, fmt.Errorf("spawn: %w", err)
 	}
+	// A process of the session that ends while this one is being set up
+	// must not withdraw the mounts it is about to run in.
+	defer vm.useSession(p.Name)()
 	if err := s.mountSession(vm, p.Name); err != nil {
 		return res, fmt.Errorf("spawn: %w", err)
 	}
@@ -416,6 +546,10 @@ func (s *Service) readFile(_ context.Context, p readFileParams) (readFileResult,
 	}
 	vm, err := s.activeVM()
 	if err != nil {
+		return readFileResult{}, fmt.Errorf("readFile: %w", err)
+	}
+	defer vm.useSession(session)()
+	if err := vm.remountForRead(session, clean); err != nil {
 		return readFileResult{}, fmt.Errorf("readFile: %w", err)
 	}
 	var r protocol.ReadFileResult

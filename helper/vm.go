@@ -53,9 +53,10 @@ type vmInstance struct {
 	agent *agentClient
 
 	// mountMu serialises mounts so concurrent spawns of one session do not
-	// mount its home twice; mounted maps guest targets to what is there.
+	// mount its home twice; mounts records what is mounted where and which
+	// sessions are in use (sessions.go).
 	mountMu sync.Mutex
-	mounted map[string]mountKey
+	mounts  mountTable
 }
 
 type mountKey struct {
@@ -95,7 +96,7 @@ func (s *Service) startVM(ctx context.Context, p startVMParams) (empty, error) {
 		cpus = int(*p.CPUCount)
 	}
 	vmCtx, cancel := context.WithCancel(context.Background())
-	vm := &vmInstance{s: s, ctx: vmCtx, cancel: cancel, ended: make(chan struct{}), mounted: make(map[string]mountKey)}
+	vm := &vmInstance{s: s, ctx: vmCtx, cancel: cancel, ended: make(chan struct{})}
 	s.vm = vm
 	s.mu.Unlock()
 
@@ -456,6 +457,10 @@ func (s *Service) onAgentEvent(vm *vmInstance, ev protocol.Event) {
 		} else {
 			s.log.Info("process exited", "id", p.id, "session", p.session, "exitCode", *p.exitCode)
 		}
+		// Its session's mounts go when it was the last one. Not here:
+		// this is the agent's read loop, and a mount in progress holds
+		// mountMu while it waits for the agent's reply.
+		go vm.withdrawIfIdle(p.session)
 		s.hub.Publish(out)
 	case protocol.EventError:
 		s.mu.Unlock()

@@ -231,13 +231,24 @@ func (g *guest) errLocked() error {
 
 // Share returns a bind source: the agent resolves host paths through the host
 // root it keeps, so any path the helper's user can reach may be shared.
-// Read-only is applied by the agent (Mount.ReadOnly).
+// Read-only is applied by the agent (Mount.ReadOnly). For a regular file
+// the source is the file's directory: the agent binds only the file
+// (Mount.SourceFile), and spawned processes never see the rest.
 func (g *guest) Share(hostPath string, readOnly bool) (protocol.MountSource, error) {
 	if !filepath.IsAbs(hostPath) || filepath.Clean(hostPath) != hostPath {
 		return protocol.MountSource{}, fmt.Errorf("process backend: share path %q must be absolute and clean", hostPath)
 	}
+	if fi, err := os.Stat(hostPath); err == nil && fi.Mode().IsRegular() {
+		return protocol.MountSource{Kind: "bind", Path: filepath.Dir(hostPath)}, nil
+	}
 	return protocol.MountSource{Kind: "bind", Path: hostPath}, nil
 }
+
+// Unshare implements helper.Guest: nothing to withdraw. A bind source is
+// a host path, not a handle; the agent's bind of it goes when the agent
+// replaces the mount, and the sandbox's processes only ever reach what
+// the agent bound.
+func (g *guest) Unshare(protocol.MountSource) {}
 
 func (g *guest) Done() <-chan struct{} { return g.done }
 

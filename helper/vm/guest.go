@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"os"
 	"path/filepath"
 	"strconv"
 	"sync"
@@ -270,10 +271,32 @@ func (g *guest) endedBeforeAgent() error {
 // attach root once, keeps it detached from the guest's tree (spawned
 // processes cannot reach other exports through it) and bind-mounts each
 // export out of it.
+// A regular file becomes a single-file export (fs.Exports.AddFile): a
+// directory holding only the file's base name, out of which the agent
+// binds the file (Mount.SourceFile); the guest reaches nothing else of
+// the file's host directory.
 // Read-only is enforced by the host (the export) and again by the agent (a
 // read-only bind).
 func (g *guest) Share(hostPath string, readOnly bool) (protocol.MountSource, error) {
 	return g.share(g.exports, MountTag, protocol.NinePCacheNone, hostPath, readOnly)
+}
+
+// Unshare implements helper.Guest: it removes the export src names from
+// its device, which revokes every file the guest holds in it and closes
+// its host descriptors at once. A source of no export of this VM (or one
+// already removed) is ignored.
+func (g *guest) Unshare(src protocol.MountSource) {
+	var exports *fs.Exports
+	switch {
+	case src.Kind != "9p":
+	case src.Tag == MountTag:
+		exports = g.exports
+	case src.Tag == SystemMountTag:
+		exports = g.sysExports
+	}
+	if exports != nil {
+		exports.Remove(src.Aname)
+	}
 }
 
 // ShareSystem implements helper.SystemSharer: it registers hostPath, a
@@ -294,11 +317,19 @@ func (g *guest) share(exports *fs.Exports, tag, cache, hostPath string, readOnly
 	if exports == nil {
 		return protocol.MountSource{}, fmt.Errorf("kvm backend: this VM has no 9p device %q to share host directories through", tag)
 	}
+	fi, err := os.Stat(hostPath)
+	if err != nil {
+		return protocol.MountSource{}, fmt.Errorf("kvm backend: sharing %s: %w", hostPath, err)
+	}
+	add := exports.Add
+	if fi.Mode().IsRegular() {
+		add = exports.AddFile
+	}
 	g.mu.Lock()
 	g.nextExport++
 	name := "e" + strconv.Itoa(g.nextExport)
 	g.mu.Unlock()
-	if err := exports.Add(name, hostPath, readOnly); err != nil {
+	if err := add(name, hostPath, readOnly); err != nil {
 		return protocol.MountSource{}, fmt.Errorf("kvm backend: sharing %s: %w", hostPath, err)
 	}
 	return protocol.MountSource{Kind: "9p", Tag: tag, Aname: name, Cache: cache}, nil
