@@ -6,19 +6,20 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
-	"path/filepath"
 	"slices"
-	"syscall"
 	"time"
 
-	"golang.org/x/sys/unix"
+	"github.com/cowork-vmm/cowork-vmm/internal/beneath"
 )
 
-// Host-side session housekeeping: disk info, delete and prune. Sessions are
-// plain host directories; mounts live in the guest (the agent's mount
-// namespace or the VM), so walking a session directory on the host never
-// enters a mount source. Walks still never follow symlinks and stay on the
-// session directory's filesystem.
+// Host-side session housekeeping: disk info, delete and prune. Every
+// session directory is shared read-write with the guest, which may swap any
+// entry in it for a symlink at any moment. So each call opens the sessions
+// directory (the helper's own, not guest-writable) once and works beneath
+// it by descriptor (internal/beneath), never by path: walks never follow a
+// symlink, and what a swap points to is neither removed nor counted. Mounts
+// live in the guest (the agent's mount namespace or the VM), so a session
+// directory on the host holds none; walks stay on its filesystem anyway.
 
 // Cache directories pruneSessionCaches empties, relative to a session.
 const (
@@ -26,93 +27,79 @@ const (
 	sessionTmpDir   = "tmp"
 )
 
-// sessionNames lists the session directories (not symlinks, not files).
-func (s *Service) sessionNames() ([]string, error) {
-	entries, err := os.ReadDir(s.sessionsDir)
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil, nil
+// How many entries one call lists: sessions, and entries of a session's
+// tmp for one prune (a guest can make millions; the rest wait for the next).
+const (
+	maxSessions     = 1 << 16
+	maxPruneEntries = 1 << 14
+)
+
+// openSessions opens the sessions directory, creating it if need be.
+func (s *Service) openSessions() (*beneath.Dir, error) {
+	if err := os.MkdirAll(s.sessionsDir, 0o700); err != nil {
+		return nil, fmt.Errorf("creating %s: %w", s.sessionsDir, err)
 	}
+	root, err := beneath.Open(s.sessionsDir)
+	if err != nil {
+		return nil, fmt.Errorf("opening the sessions directory: %w", err)
+	}
+	return root, nil
+}
+
+// sessionNames lists the session directories (not symlinks, not files),
+// sorted.
+func sessionNames(root *beneath.Dir) ([]string, error) {
+	entries, err := root.Entries(maxSessions)
 	if err != nil {
 		return nil, fmt.Errorf("listing sessions: %w", err)
 	}
 	var names []string
 	for _, e := range entries {
-		if e.IsDir() && validateSessionName(e.Name()) == nil {
-			names = append(names, e.Name())
+		if e.IsDir() && validateSessionName(e.Name) == nil {
+			names = append(names, e.Name)
 		}
 	}
+	slices.Sort(names)
 	return names, nil
 }
 
-// treeSize sums the apparent size of everything under root, without
-// following symlinks or leaving root's filesystem. Unreadable parts are
-// skipped: the number is an estimate for the client's janitor.
-func treeSize(root string) int64 {
-	var rootDev uint64
-	if st, err := lstatT(root); err == nil {
-		rootDev = st.Dev
-	} else {
-		return 0
-	}
-	var total int64
-	_ = filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return nil
-		}
-		st, err := lstatT(p)
-		if err != nil {
-			return nil
-		}
-		if d.IsDir() && st.Dev != rootDev {
-			return fs.SkipDir
-		}
-		total += st.Size
-		return nil
-	})
-	return total
-}
-
-func lstatT(p string) (*syscall.Stat_t, error) {
-	fi, err := os.Lstat(p)
+// statfs is the size and free space of the sessions' filesystem.
+func statfs(root *beneath.Dir) (total, free int64, err error) {
+	st, err := root.Statfs()
 	if err != nil {
-		return nil, err
-	}
-	st, ok := fi.Sys().(*syscall.Stat_t)
-	if !ok {
-		return nil, fmt.Errorf("%s: no stat data", p)
-	}
-	return st, nil
-}
-
-func (s *Service) statfs() (total, free int64, err error) {
-	if err := os.MkdirAll(s.sessionsDir, 0o700); err != nil {
-		return 0, 0, fmt.Errorf("creating %s: %w", s.sessionsDir, err)
-	}
-	var st unix.Statfs_t
-	if err := unix.Statfs(s.sessionsDir, &st); err != nil {
-		return 0, 0, fmt.Errorf("statfs %s: %w", s.sessionsDir, err)
+		return 0, 0, err
 	}
 	return int64(st.Blocks) * st.Bsize, int64(st.Bavail) * st.Bsize, nil
 }
 
 func (s *Service) getSessionsDiskInfo(_ context.Context, _ diskInfoParams) (diskInfoResult, error) {
-	total, free, err := s.statfs()
+	root, err := s.openSessions()
 	if err != nil {
 		return diskInfoResult{}, fmt.Errorf("getSessionsDiskInfo: %w", err)
 	}
-	names, err := s.sessionNames()
+	defer root.Close()
+	total, free, err := statfs(root)
+	if err != nil {
+		return diskInfoResult{}, fmt.Errorf("getSessionsDiskInfo: %w", err)
+	}
+	names, err := sessionNames(root)
 	if err != nil {
 		return diskInfoResult{}, fmt.Errorf("getSessionsDiskInfo: %w", err)
 	}
 	res := diskInfoResult{TotalBytes: total, FreeBytes: free, Sessions: []sessionDiskInfo{}}
 	for _, n := range names {
-		res.Sessions = append(res.Sessions, sessionDiskInfo{Name: n, SizeBytes: treeSize(filepath.Join(s.sessionsDir, n))})
+		res.Sessions = append(res.Sessions, sessionDiskInfo{Name: n, SizeBytes: root.SizeOf(n)})
 	}
 	return res, nil
 }
 
 func (s *Service) deleteSessionDirs(_ context.Context, p deleteSessionDirsParams) (deleteSessionDirsResult, error) {
 	res := deleteSessionDirsResult{Deleted: []string{}, Errors: map[string]string{}}
+	root, err := s.openSessions()
+	if err != nil {
+		return res, fmt.Errorf("deleteSessionDirs: %w", err)
+	}
+	defer root.Close()
 	for _, name := range p.Names {
 		if err := validateSessionName(name); err != nil {
 			res.Errors[name] = err.Error()
@@ -126,8 +113,7 @@ func (s *Service) deleteSessionDirs(_ context.Context, p deleteSessionDirsParams
 			res.Errors[name] = fmt.Sprintf("session %s has a running process; kill it first", name)
 			continue
 		}
-		// RemoveAll removes symlinks, never what they point to.
-		if err := os.RemoveAll(filepath.Join(s.sessionsDir, name)); err != nil {
+		if err := root.RemoveAll(name); err != nil {
 			res.Errors[name] = err.Error()
 			continue
 		}
@@ -142,8 +128,13 @@ func (s *Service) deleteSessionDirs(_ context.Context, p deleteSessionDirsParams
 
 func (s *Service) pruneSessionCaches(_ context.Context, p pruneParams) (pruneResult, error) {
 	res := pruneResult{PrunedSessions: []string{}, SkippedSessions: []string{}, Errors: map[string]string{}}
+	root, err := s.openSessions()
+	if err != nil {
+		return res, fmt.Errorf("pruneSessionCaches: %w", err)
+	}
+	defer root.Close()
 	if p.OnlyIfFreeBytesBelow != nil && *p.OnlyIfFreeBytesBelow > 0 {
-		_, free, err := s.statfs()
+		_, free, err := statfs(root)
 		if err != nil {
 			return res, fmt.Errorf("pruneSessionCaches: %w", err)
 		}
@@ -151,7 +142,7 @@ func (s *Service) pruneSessionCaches(_ context.Context, p pruneParams) (pruneRes
 			return res, nil
 		}
 	}
-	names, err := s.sessionNames()
+	names, err := sessionNames(root)
 	if err != nil {
 		return res, fmt.Errorf("pruneSessionCaches: %w", err)
 	}
@@ -168,32 +159,12 @@ func (s *Service) pruneSessionCaches(_ context.Context, p pruneParams) (pruneRes
 			res.SkippedSessions = append(res.SkippedSessions, name)
 			continue
 		}
-		dir := filepath.Join(s.sessionsDir, name)
-		var victims []string
-		if fi, err := os.Lstat(filepath.Join(dir, sessionCacheDir)); err == nil && fi.IsDir() {
-			victims = append(victims, filepath.Join(dir, sessionCacheDir))
+		r := pruneSession(root, name, p.IncludeSessionTmp, cutoff)
+		res.FreedBytes += r.freed
+		if len(r.errs) > 0 {
+			res.Errors[name] = errors.Join(r.errs...).Error()
 		}
-		if p.IncludeSessionTmp {
-			victims = append(victims, oldEntries(filepath.Join(dir, sessionTmpDir), cutoff)...)
-		}
-		if len(victims) == 0 {
-			continue
-		}
-		var freed int64
-		var errs []error
-		for _, v := range victims {
-			size := treeSize(v)
-			if err := os.RemoveAll(v); err != nil {
-				errs = append(errs, err)
-				continue
-			}
-			freed += size
-		}
-		res.FreedBytes += freed
-		if len(errs) > 0 {
-			res.Errors[name] = errors.Join(errs...).Error()
-		}
-		if freed > 0 || len(errs) < len(victims) {
+		if r.freed > 0 || len(r.errs) < r.tried {
 			res.PrunedSessions = append(res.PrunedSessions, name)
 		}
 	}
@@ -204,23 +175,61 @@ func (s *Service) pruneSessionCaches(_ context.Context, p pruneParams) (pruneRes
 	return res, nil
 }
 
-// oldEntries lists the entries of dir last modified before cutoff.
-func oldEntries(dir string, cutoff time.Time) []string {
-	if fi, err := os.Lstat(dir); err != nil || !fi.IsDir() {
-		return nil
-	}
-	entries, err := os.ReadDir(dir)
+// pruned is what the prune of one session did.
+type pruned struct {
+	freed int64   // bytes removed
+	tried int     // entries it tried to remove
+	errs  []error // the failures among them
+}
+
+// pruneSession empties the .cache of the session name and, withTmp, removes
+// the entries of its tmp last modified before cutoff.
+func pruneSession(root *beneath.Dir, name string, withTmp bool, cutoff time.Time) pruned {
+	var r pruned
+	sess, err := root.OpenDir(name)
 	if err != nil {
-		return nil
+		if !errors.Is(err, fs.ErrNotExist) {
+			r.tried, r.errs = 1, []error{err}
+		}
+		return r
 	}
+	defer sess.Close()
+	if e, err := sess.Stat(sessionCacheDir); err == nil && e.IsDir() {
+		r.remove(sess, sessionCacheDir)
+	}
+	if !withTmp {
+		return r
+	}
+	tmp, err := sess.OpenDir(sessionTmpDir)
+	if err != nil {
+		return r // no tmp, or not a directory: nothing to prune there
+	}
+	defer tmp.Close()
+	for _, n := range oldEntries(tmp, cutoff) {
+		r.remove(tmp, n)
+	}
+	return r
+}
+
+// remove removes the entry name of dir and counts what it freed.
+func (r *pruned) remove(dir *beneath.Dir, name string) {
+	r.tried++
+	size := dir.SizeOf(name)
+	if err := dir.RemoveAll(name); err != nil {
+		r.errs = append(r.errs, err)
+		return
+	}
+	r.freed += size
+}
+
+// oldEntries lists the entries of dir last modified before cutoff (at most
+// maxPruneEntries of them are looked at).
+func oldEntries(dir *beneath.Dir, cutoff time.Time) []string {
+	entries, _ := dir.Entries(maxPruneEntries)
 	var out []string
 	for _, e := range entries {
-		info, err := e.Info()
-		if err != nil {
-			continue
-		}
-		if !info.ModTime().After(cutoff) {
-			out = append(out, filepath.Join(dir, e.Name()))
+		if !e.ModTime().After(cutoff) {
+			out = append(out, e.Name)
 		}
 	}
 	return out

@@ -1,0 +1,15 @@
+// Package beneath owns descriptor-relative file work beneath a directory
+// that an untrusted party can write (a session directory the guest shares):
+// opening a directory beneath another, listing its entries, removing a tree
+// and summing its size, all relative to open directory descriptors and never
+// following a symlink at any component. A party that swaps an entry for a
+// symlink while a call runs makes that call fail or act on the symlink
+// itself, never on what it points to.
+//
+// Only the directory given to Open is reached by path; the caller trusts
+// that path (nobody hostile can write to its parents). Walks are bounded in
+// depth (MaxDepth) and in the entries one call looks at, and read a
+// directory a batch of names at a time, so a very deep or very wide tree
+// costs neither the stack nor unbounded memory; a walk holds one descriptor
+// per level. It needs openat2 (Linux 5.6).
+package beneath
