@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/cowork-vmm/cowork-vmm/internal/beneath"
 	"github.com/cowork-vmm/cowork-vmm/protocol"
 )
 
@@ -101,23 +102,25 @@ func mountMode(mode string) (readOnly bool, err error) {
 	return false, fmt.Errorf("unknown mount mode %q (want rw, ro or rwd)", mode)
 }
 
-// ensureSessionDir creates the host directory of a session.
+// ensureSessionDir creates the host directory of a session. The session
+// directory is guest-writable, so it works beneath the sessions directory
+// by descriptor: what stands at the name must be a real directory, not a
+// symlink.
 func (s *Service) ensureSessionDir(name string) (string, error) {
-	dir := filepath.Join(s.sessionsDir, name)
-	if err := os.MkdirAll(s.sessionsDir, 0o700); err != nil {
-		return "", fmt.Errorf("creating %s: %w", s.sessionsDir, err)
-	}
-	if err := os.Mkdir(dir, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
-		return "", fmt.Errorf("creating session directory %s: %w", dir, err)
-	}
-	fi, err := os.Lstat(dir)
+	root, err := s.openSessions()
 	if err != nil {
-		return "", fmt.Errorf("session directory: %w", err)
+		return "", err
 	}
-	if !fi.IsDir() {
-		return "", fmt.Errorf("session path %s exists and is not a directory", dir)
+	defer root.Close()
+	if err := root.Mkdir(name, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
+		return "", fmt.Errorf("creating the session directory: %w", err)
 	}
-	return dir, nil
+	dir, err := root.OpenDir(name)
+	if err != nil {
+		return "", fmt.Errorf("session %s is not a directory: %w", name, err)
+	}
+	dir.Close()
+	return filepath.Join(s.sessionsDir, name), nil
 }
 
 // mountRecord is what mount put at a guest target: what was asked for
@@ -559,13 +562,19 @@ func (s *Service) readFile(_ context.Context, p readFileParams) (readFileResult,
 	return readFileResult{Content: base64.StdEncoding.EncodeToString(r.Content)}, nil
 }
 
-// sessionExists says whether a session directory exists on the host.
+// sessionExists says whether a session directory (not a symlink) exists on
+// the host.
 func (s *Service) sessionExists(name string) bool {
 	if validateSessionName(name) != nil {
 		return false
 	}
-	fi, err := os.Lstat(filepath.Join(s.sessionsDir, name))
-	return err == nil && fi.IsDir()
+	root, err := beneath.Open(s.sessionsDir)
+	if err != nil {
+		return false
+	}
+	defer root.Close()
+	e, err := root.Stat(name)
+	return err == nil && e.IsDir()
 }
 
 // confineToSession cleans a guest path (a relative one is taken relative to
