@@ -41,11 +41,13 @@ func TestNestedKVMEgress(t *testing.T) {
 // One outer CPU also runs faster here.
 func runNestedKVM(t *testing.T, run string, timeout time.Duration) {
 	t.Helper()
-	runNestedKVMWith(t, run, timeout, 1)
+	nested.RunGoTestWith(t, nestedKVMTest(t, run, timeout, 1))
 }
 
-// runNestedKVMWith is runNestedKVM with outer CPUs and extra environment.
-func runNestedKVMWith(t *testing.T, run string, timeout time.Duration, cpus int, env ...string) {
+// nestedKVMTest describes the e2e tests matching run for the outer guest
+// (cpus outer CPUs, env added), with our guest kernel and a static
+// cowork-vmm in the payload; it skips t where they cannot run nested.
+func nestedKVMTest(t *testing.T, run string, timeout time.Duration, cpus int, env ...string) nested.GoTest {
 	t.Helper()
 	nested.RequireHarness(t)
 	// COWORK_VMM_KERNEL picks the guest kernel here too; else the build cache.
@@ -62,7 +64,7 @@ func runNestedKVMWith(t *testing.T, run string, timeout time.Duration, cpus int,
 	if bin == "" {
 		bin = nested.BuildCoworkVMM(t)
 	}
-	nested.RunGoTestWith(t, nested.GoTest{
+	return nested.GoTest{
 		Pkg:   "github.com/cowork-vmm/cowork-vmm/e2e",
 		Run:   run,
 		Files: map[string]string{"vmlinux": vmlinux, "cowork-vmm": bin},
@@ -73,7 +75,7 @@ func runNestedKVMWith(t *testing.T, run string, timeout time.Duration, cpus int,
 		CPUs:    cpus,
 		MemMiB:  3072,
 		Timeout: timeout,
-	})
+	}
 }
 
 // TestStartToConnected measures what the desktop client waits for at boot:

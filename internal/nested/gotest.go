@@ -21,12 +21,13 @@ type GoTest struct {
 	Run string
 	// Args are extra test-binary flags (e.g. "-test.bench=.").
 	Args []string
-	// Files, Env, MemMiB, CPUs and Timeout are as in Options.
+	// Files, Env, MemMiB, CPUs, Timeout and QemuLog are as in Options.
 	Files   map[string]string
 	Env     []string
 	MemMiB  int
 	CPUs    int
 	Timeout time.Duration
+	QemuLog string
 }
 
 // RunGoTest compiles pkg's tests (CGO_ENABLED=0), runs those matching
@@ -40,6 +41,25 @@ func RunGoTest(t testing.TB, pkg, runPattern string) Result {
 // RunGoTestWith is RunGoTest with files, flags and sizing.
 func RunGoTestWith(t testing.TB, gt GoTest) Result {
 	t.Helper()
+	res, err := TryGoTest(t, gt)
+	if err != nil {
+		t.Fatalf("nested run of %s: %v", gt.Pkg, err)
+	}
+	if strings.Contains(res.Output, "testing: warning: no tests to run") {
+		t.Errorf("no test of %s matches %q inside the nested guest", gt.Pkg, gt.Run)
+	}
+	if res.ExitCode != 0 {
+		t.Errorf("tests of %s failed inside the nested guest (exit %d)", gt.Pkg, res.ExitCode)
+	}
+	return res
+}
+
+// TryGoTest runs gt inside the outer guest like RunGoTestWith but leaves
+// judging the result to the caller: an error means no result (the outer
+// guest died, qemu failed). It still skips t when the harness is
+// unavailable and fails it when the tests do not build.
+func TryGoTest(t testing.TB, gt GoTest) (Result, error) {
+	t.Helper()
 	if err := Available(); err != nil {
 		t.Skipf("nested harness unavailable: %v", err)
 	}
@@ -50,18 +70,7 @@ func RunGoTestWith(t testing.TB, gt GoTest) Result {
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("building the tests of %s: %v\n%s", gt.Pkg, err, out)
 	}
-	// Run in the package's source directory (visible read-only through the
-	// host root) so tests find their testdata.
-	dir, shares := "/payload", []string(nil)
-	if out, err := exec.Command("go", "list", "-f", "{{.Dir}}\t{{.Module.Dir}}", gt.Pkg).Output(); err == nil {
-		pkgDir, modDir, _ := strings.Cut(strings.TrimSpace(string(out)), "\t")
-		dir = pkgDir
-		// A clone under /tmp (or /root, /run) is not in the outer guest's
-		// root: share the module there.
-		if job.HiddenInGuest(modDir) {
-			shares = []string{modDir}
-		}
-	}
+	dir, shares := goTestDir(gt.Pkg)
 	args := []string{"/payload/pkg.test", "-test.v", "-test.count=1"}
 	if gt.Run != "" {
 		args = append(args, "-test.run", gt.Run)
@@ -86,21 +95,32 @@ func RunGoTestWith(t testing.TB, gt GoTest) Result {
 		CPUs:       gt.CPUs,
 		Timeout:    gt.Timeout,
 		Stdout:     &lineLogger{t: t},
+		QemuLog:    gt.QemuLog,
 	})
-	if err != nil {
-		t.Fatalf("nested run of %s: %v", gt.Pkg, err)
+	if mergeErr := mergeNestedLedger(payload); mergeErr != nil {
+		t.Errorf("nested run of %s: %v", gt.Pkg, mergeErr)
 	}
-	if err := mergeNestedLedger(payload); err != nil {
-		t.Errorf("nested run of %s: %v", gt.Pkg, err)
+	if err != nil {
+		return res, err
 	}
 	t.Logf("nested run of %s: exit %d, wall %v, outer /init after %v wall (%v guest uptime)", gt.Pkg, res.ExitCode, res.Wall.Round(time.Millisecond), res.InitWall.Round(time.Millisecond), res.InitUptime)
-	if strings.Contains(res.Output, "testing: warning: no tests to run") {
-		t.Errorf("no test of %s matches %q inside the nested guest", gt.Pkg, gt.Run)
+	return res, nil
+}
+
+// goTestDir is where a package's tests run in the outer guest: its source
+// directory (visible read-only through the host root) so they find their
+// testdata, and the directories to share for that: the module, when it
+// lies where the outer guest's root hides the host's (a clone in /tmp).
+func goTestDir(pkg string) (dir string, shares []string) {
+	out, err := exec.Command("go", "list", "-f", "{{.Dir}}\t{{.Module.Dir}}", pkg).Output()
+	if err != nil {
+		return job.PayloadDir, nil
 	}
-	if res.ExitCode != 0 {
-		t.Errorf("tests of %s failed inside the nested guest (exit %d)", gt.Pkg, res.ExitCode)
+	pkgDir, modDir, _ := strings.Cut(strings.TrimSpace(string(out)), "\t")
+	if job.HiddenInGuest(modDir) {
+		shares = []string{modDir}
 	}
-	return res
+	return pkgDir, shares
 }
 
 // lineLogger sends complete console lines to t.Log, which streams under -v.

@@ -72,6 +72,11 @@ type Options struct {
 	// Append is added to the outer kernel's command line (e.g. loglevel=7
 	// to see its boot messages; later words win).
 	Append string
+	// QemuLog, when set, is a file for qemu's own log of the outer CPUs'
+	// resets and guest errors (-d cpu_reset,guest_errors): the register
+	// dump of an outer guest that triple-faults, which the console never
+	// shows under -no-reboot.
+	QemuLog string
 }
 
 // Result of a run.
@@ -290,6 +295,9 @@ func qemuArgs(opts Options, payload, initrd string) []string {
 		"-device", "virtio-9p-device,fsdev=hostroot,mount_tag=" + job.HostRootTag,
 		"-fsdev", "local,id=payload,path=" + payload + ",security_model=none",
 		"-device", "virtio-9p-device,fsdev=payload,mount_tag=" + job.PayloadTag,
+	}
+	if opts.QemuLog != "" {
+		args = append(args, "-d", "cpu_reset,guest_errors", "-D", opts.QemuLog)
 	}
 	for i, dir := range opts.Shares {
 		tag := job.ShareTag(i)
