@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/cowork-vmm/cowork-vmm/egress/splice"
+	"github.com/cowork-vmm/cowork-vmm/internal/acceptloop"
 	"github.com/cowork-vmm/cowork-vmm/protocol"
 )
 
@@ -144,11 +145,12 @@ func NewServer(cfg Config) *Server {
 	}
 }
 
-// Serve accepts connections from l until l fails or Close is called, and
-// handles each in its own goroutine. It returns nil after Close.
+// Serve accepts connections from l until l fails or Close is called (or
+// ctx ends), and handles each in its own goroutine. A transient accept
+// failure (EMFILE, ENFILE, ECONNABORTED…) is logged, rate-limited, and
+// retried after a backoff (acceptloop.Serve). It returns nil after Close,
+// after ctx ends or once l is closed.
 func (s *Server) Serve(ctx context.Context, l net.Listener) error {
-	stop := context.AfterFunc(ctx, func() { l.Close() })
-	defer stop()
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
@@ -162,24 +164,17 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 		delete(s.listeners, l)
 		s.mu.Unlock()
 	}()
-	for {
-		conn, err := l.Accept()
-		if err != nil {
-			if s.isClosed() || ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
-				return nil
-			}
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
-				continue
-			}
-			return fmt.Errorf("egress: accepting a guest connection: %w", err)
-		}
+	err := acceptloop.Serve(ctx, l, acceptloop.Config{Log: s.log}, func(conn net.Conn) {
 		s.wg.Add(1)
 		go func() {
 			defer s.wg.Done()
 			s.HandleConn(ctx, conn)
 		}()
+	})
+	if err == nil || s.isClosed() || errors.Is(err, net.ErrClosed) {
+		return nil
 	}
+	return fmt.Errorf("egress: accepting a guest connection: %w", err)
 }
 
 // HandleConn serves one connection and closes it. It returns when the

@@ -12,7 +12,9 @@
 //     method's params and result type, DecodeParams, the lenient Int.
 //   - event.go: Event (client events; also sent by the agent).
 //   - server.go, serverconn.go: Server and the Handler it calls; the
-//     connection modes (one-shot, pipe, subscription).
+//     connection modes (one-shot, pipe, subscription); the bounds on
+//     connections that have sent no request yet (a first-request deadline,
+//     a per-uid cap).
 //   - listen.go: Listen (socket-path and directory safety) and peer uid
 //     checks.
 //   - agent.go, agentconn.go: the helper ↔ agent channel and AgentConn.

@@ -10,6 +10,9 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/cowork-vmm/cowork-vmm/internal/acceptloop"
+	"github.com/cowork-vmm/cowork-vmm/internal/ratelog"
 )
 
 // Handler serves the client's methods. The server calls it from many
@@ -58,12 +61,27 @@ type ServerConfig struct {
 	// MaxConns bounds simultaneous connections; extra ones are closed at
 	// once with a log line. Default DefaultMaxConns.
 	MaxConns int
+	// FirstRequestTimeout bounds the wait for a connection's first request
+	// (the frame that decides its mode); a connection without one by then
+	// is closed with a log line. Once the mode is decided no read deadline
+	// applies (an event subscription is idle by design). Default
+	// DefaultFirstRequestTimeout.
+	FirstRequestTimeout time.Duration
+	// MaxIdlePerUID bounds the connections of one peer uid (SO_PEERCRED;
+	// connections without one share a bucket) that have not sent their
+	// first request yet. A new connection over it closes the oldest of
+	// them, with a log line: a live client writes its request as soon as it
+	// has connected, so it is the newest, never the oldest. Default
+	// DefaultMaxIdlePerUID.
+	MaxIdlePerUID int
 }
 
 // Defaults for ServerConfig.
 const (
-	DefaultMaxInFlight = 64
-	DefaultMaxConns    = 256
+	DefaultMaxInFlight         = 64
+	DefaultMaxConns            = 256
+	DefaultFirstRequestTimeout = 10 * time.Second
+	DefaultMaxIdlePerUID       = 32
 )
 
 // ErrServerClosed is returned by Serve after Shutdown or Close.
@@ -81,12 +99,22 @@ var ErrServerClosed = errors.New("protocol: server closed")
 // id?} and the connection keeps being served. A frame whose declared length
 // exceeds MaxFrameSize is answered with an error and that connection (only)
 // is closed.
+//
+// Idle connections cannot lock the client out: until its first request a
+// connection has FirstRequestTimeout to send it, and at most MaxIdlePerUID
+// connections of one uid wait for theirs at once (the oldest gives way), so
+// MaxConns is never filled by connections that say nothing. Lines a client
+// can cause (refused or timed-out connections, bad frames) are
+// rate-limited.
 type Server struct {
-	handler     Handler
-	log         *slog.Logger
-	maxInFlight int
-	maxConns    int
-	debug       atomic.Bool
+	handler      Handler
+	log          *slog.Logger
+	peerLog      *ratelog.Logger // lines a client causes by what it sends, or does not
+	maxInFlight  int
+	maxConns     int
+	firstTimeout time.Duration
+	maxIdle      int
+	debug        atomic.Bool
 
 	ctx    context.Context // ended by Shutdown/Close; parent of every connection's ctx
 	cancel context.CancelFunc
@@ -94,8 +122,11 @@ type Server struct {
 	mu        sync.Mutex
 	listeners map[net.Listener]struct{}
 	conns     map[*serverConn]struct{}
-	closed    bool
-	wg        sync.WaitGroup // one per live connection goroutine
+	// waiting holds the connections that have not sent their first
+	// request, by peer uid (noPeerUID when unknown), oldest first.
+	waiting map[int64][]*serverConn
+	closed  bool
+	wg      sync.WaitGroup // one per live connection goroutine
 }
 
 // NewServer returns a Server for cfg. It panics if cfg.Handler is nil
@@ -105,21 +136,31 @@ func NewServer(cfg ServerConfig) *Server {
 		panic("protocol.NewServer: nil Handler")
 	}
 	s := &Server{
-		handler:     cfg.Handler,
-		log:         cfg.Logger,
-		maxInFlight: cfg.MaxInFlight,
-		maxConns:    cfg.MaxConns,
-		listeners:   make(map[net.Listener]struct{}),
-		conns:       make(map[*serverConn]struct{}),
+		handler:      cfg.Handler,
+		log:          cfg.Logger,
+		maxInFlight:  cfg.MaxInFlight,
+		maxConns:     cfg.MaxConns,
+		firstTimeout: cfg.FirstRequestTimeout,
+		maxIdle:      cfg.MaxIdlePerUID,
+		listeners:    make(map[net.Listener]struct{}),
+		conns:        make(map[*serverConn]struct{}),
+		waiting:      make(map[int64][]*serverConn),
 	}
 	if s.log == nil {
 		s.log = slog.Default()
 	}
+	s.peerLog = ratelog.New(s.log, nil)
 	if s.maxInFlight <= 0 {
 		s.maxInFlight = DefaultMaxInFlight
 	}
 	if s.maxConns <= 0 {
 		s.maxConns = DefaultMaxConns
+	}
+	if s.firstTimeout <= 0 {
+		s.firstTimeout = DefaultFirstRequestTimeout
+	}
+	if s.maxIdle <= 0 {
+		s.maxIdle = DefaultMaxIdlePerUID
 	}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	return s
@@ -131,7 +172,9 @@ func (s *Server) SetDebug(on bool) { s.debug.Store(on) }
 
 // Serve accepts connections on l until l fails or the server is shut down;
 // it then returns ErrServerClosed (after Shutdown/Close) or the accept
-// error. Serve may be called on several listeners at once.
+// error. A transient accept failure (EMFILE, ENFILE, ECONNABORTED…) is
+// logged, rate-limited, and retried after a backoff (acceptloop.Serve).
+// Serve may be called on several listeners at once.
 func (s *Server) Serve(l net.Listener) error {
 	s.mu.Lock()
 	if s.closed {
@@ -146,30 +189,11 @@ func (s *Server) Serve(l net.Listener) error {
 		s.mu.Unlock()
 	}()
 
-	var backoff time.Duration
-	for {
-		conn, err := l.Accept()
-		if err != nil {
-			if s.isClosed() {
-				return ErrServerClosed
-			}
-			if errors.Is(err, net.ErrClosed) {
-				return fmt.Errorf("protocol: accept: %w", err)
-			}
-			// Anything else (EMFILE, ENFILE, ECONNABORTED…) is transient
-			// for a listening socket: back off instead of ending the helper.
-			backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
-			s.log.Warn("accept failed; retrying", "err", err, "backoff", backoff)
-			select {
-			case <-time.After(backoff):
-				continue
-			case <-s.ctx.Done():
-				return ErrServerClosed
-			}
-		}
-		backoff = 0
-		s.startConn(conn)
+	err := acceptloop.Serve(s.ctx, l, acceptloop.Config{Log: s.log}, s.startConn)
+	if err == nil || s.isClosed() {
+		return ErrServerClosed
 	}
+	return fmt.Errorf("protocol: %w", err)
 }
 
 // Shutdown stops accepting, closes every listener and connection (ending

@@ -7,7 +7,9 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"runtime/debug"
+	"slices"
 	"sync"
 	"syscall"
 	"time"
@@ -23,10 +25,17 @@ const writeTimeout = 30 * time.Second
 // full close (see waitForHangup).
 const hangupPollInterval = time.Second
 
+// noPeerUID is the uid bucket of connections whose peer uid is unknown
+// (not a Unix socket, or SO_PEERCRED failed).
+const noPeerUID = -1
+
 // serverConn is one client connection.
 type serverConn struct {
 	s    *Server
 	conn net.Conn
+	uid  int64 // the peer's uid, or noPeerUID
+	// accepted is when the connection was accepted (for log lines).
+	accepted time.Time
 	// ctx ends when the connection is closed or the server shuts down; it
 	// is the context of every handler call made for this connection.
 	ctx    context.Context
@@ -37,34 +46,93 @@ type serverConn struct {
 }
 
 func (s *Server) startConn(conn net.Conn) {
+	uid := int64(noPeerUID)
+	if uc, ok := conn.(*net.UnixConn); ok {
+		if u, err := PeerUID(uc); err == nil {
+			uid = int64(u)
+		}
+	}
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
 		_ = conn.Close()
 		return
 	}
-	if len(s.conns) >= s.maxConns {
+	// A new connection over the uid's bound of waiting ones takes the
+	// oldest one's place, so it counts against MaxConns only if there is
+	// none to take.
+	waiting := s.waiting[uid]
+	evict := len(waiting) >= s.maxIdle
+	if len(s.conns) >= s.maxConns && !evict {
 		s.mu.Unlock()
-		s.log.Warn("too many client connections; closing new one", "limit", s.maxConns)
+		s.peerLog.Warn("too many client connections; closing new one", "limit", s.maxConns, "uid", uid)
 		_ = conn.Close()
 		return
 	}
-	c := &serverConn{s: s, conn: conn}
+	c := &serverConn{s: s, conn: conn, uid: uid, accepted: time.Now()}
 	c.ctx, c.cancel = context.WithCancel(s.ctx)
+	var oldest *serverConn
+	if evict {
+		// Off the books at once (closed just below): its goroutine may take
+		// a while to end, and must not hold a slot meanwhile.
+		oldest = waiting[0]
+		waiting = slices.Delete(waiting, 0, 1)
+		delete(s.conns, oldest)
+	}
 	s.conns[c] = struct{}{}
+	s.waiting[uid] = append(waiting, c)
 	s.wg.Add(1)
 	s.mu.Unlock()
 
+	if oldest != nil {
+		s.peerLog.Warn("too many client connections that sent no request yet; closing the oldest",
+			"uid", uid, "limit", s.maxIdle, "idle", time.Since(oldest.accepted).Round(time.Millisecond))
+		oldest.close()
+	}
+
 	go func() {
 		defer s.wg.Done()
-		defer func() {
-			s.mu.Lock()
-			delete(s.conns, c)
-			s.mu.Unlock()
-		}()
+		defer s.forget(c)
 		defer c.close()
 		c.serve()
 	}()
+}
+
+// forget removes an ended connection from the server's books.
+func (s *Server) forget(c *serverConn) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.conns, c)
+	s.stopWaiting(c)
+}
+
+// stopWaiting takes c off the list of connections without a first request
+// and reports whether it was there (false: it was closed to make room).
+// Called with s.mu held.
+func (s *Server) stopWaiting(c *serverConn) bool {
+	waiting := s.waiting[c.uid]
+	i := slices.Index(waiting, c)
+	if i < 0 {
+		return false
+	}
+	if len(waiting) == 1 {
+		delete(s.waiting, c.uid)
+	} else {
+		s.waiting[c.uid] = slices.Delete(waiting, i, i+1)
+	}
+	return true
+}
+
+// gotFirstRequest ends c's wait for its first request: no read deadline
+// from now on. It reports false if c was closed to make room meanwhile.
+func (c *serverConn) gotFirstRequest() bool {
+	c.s.mu.Lock()
+	ok := c.s.stopWaiting(c)
+	c.s.mu.Unlock()
+	if ok {
+		_ = c.conn.SetReadDeadline(time.Time{})
+	}
+	return ok
 }
 
 // close ends the connection and its context. Safe to call many times and
@@ -76,8 +144,11 @@ func (c *serverConn) close() {
 	})
 }
 
-// serve reads frames until the first valid request decides the mode.
+// serve reads frames until the first valid request decides the mode; it
+// must come within the server's first-request timeout (invalid frames
+// before it, answered, do not extend it).
 func (c *serverConn) serve() {
+	_ = c.conn.SetReadDeadline(c.accepted.Add(c.s.firstTimeout))
 	for {
 		req, ok := c.readRequest()
 		if !ok {
@@ -85,6 +156,9 @@ func (c *serverConn) serve() {
 		}
 		if req == nil {
 			continue // invalid frame, already answered
+		}
+		if !c.gotFirstRequest() {
+			return
 		}
 		switch {
 		case req.Method == MethodSubscribeEvents:
@@ -107,8 +181,12 @@ func (c *serverConn) readRequest() (req *Request, ok bool) {
 	if err != nil {
 		switch {
 		case errors.Is(err, ErrFrameTooLarge):
-			c.s.log.Warn("client sent an oversized frame; closing its connection", "err", err)
+			c.s.peerLog.Warn("client sent an oversized frame; closing its connection", "err", err)
 			c.writeResponse(NewError(nil, fmt.Sprintf("%v; closing connection", err)))
+		case errors.Is(err, os.ErrDeadlineExceeded):
+			// Only the wait for the first request has a read deadline.
+			c.s.peerLog.Warn("client connection sent no request in time; closing it",
+				"timeout", c.s.firstTimeout, "uid", c.uid)
 		case errors.Is(err, io.EOF), errors.Is(err, net.ErrClosed), c.ctx.Err() != nil:
 		default:
 			c.s.log.Debug("client connection read failed", "err", err)
@@ -122,7 +200,7 @@ func (c *serverConn) readRequest() (req *Request, ok bool) {
 		if errors.As(err, &de) {
 			rawID = de.RawID
 		}
-		c.s.log.Warn("client sent an invalid request", "err", err)
+		c.s.peerLog.Warn("client sent an invalid request", "err", err)
 		c.writeRaw(struct {
 			Success bool            `json:"success"`
 			Error   string          `json:"error"`
