@@ -15,7 +15,7 @@ import (
 	"time"
 
 	"github.com/cowork-vmm/cowork-vmm/guest/initramfs"
-	"github.com/cowork-vmm/cowork-vmm/helper/vm"
+	kvmbackend "github.com/cowork-vmm/cowork-vmm/helper/backend/kvm"
 )
 
 // Boot timer: the guest agent writes bootTimerValue to port bootTimerPort
@@ -50,7 +50,7 @@ func writeInitramfs(path, executable string) error {
 	if err != nil {
 		return fmt.Errorf("writing the guest initramfs: %w", err)
 	}
-	if err := initramfs.Write(f, vm.InitramfsFiles(executable)); err != nil {
+	if err := initramfs.Write(f, kvmbackend.InitramfsFiles(executable)); err != nil {
 		f.Close()
 		return fmt.Errorf("writing the guest initramfs from %s: %w", executable, err)
 	}

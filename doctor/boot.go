@@ -10,8 +10,8 @@ import (
 	"time"
 
 	"github.com/cowork-vmm/cowork-vmm/helper"
-	"github.com/cowork-vmm/cowork-vmm/helper/process"
-	"github.com/cowork-vmm/cowork-vmm/helper/vm"
+	kvmbackend "github.com/cowork-vmm/cowork-vmm/helper/backend/kvm"
+	"github.com/cowork-vmm/cowork-vmm/helper/backend/process"
 	"github.com/cowork-vmm/cowork-vmm/protocol"
 )
 
@@ -31,7 +31,7 @@ func trialBoot(ctx context.Context, backend string) (BootResult, error) {
 	var b helper.Backend
 	switch backend {
 	case BackendKVM:
-		b = vm.New(vm.Options{Console: console})
+		b = kvmbackend.New(kvmbackend.Options{Console: console})
 	case BackendProcess:
 		b = process.New(process.Options{Stderr: console})
 	default:

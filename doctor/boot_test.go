@@ -50,8 +50,8 @@ func (g *fakeGuest) Share(string, bool) (protocol.MountSource, error) {
 	return protocol.MountSource{}, errors.New("not in this fake")
 }
 func (g *fakeGuest) Unshare(protocol.MountSource) {}
-func (g *fakeGuest) Done() <-chan struct{} { return g.done }
-func (g *fakeGuest) Err() error            { return nil }
+func (g *fakeGuest) Done() <-chan struct{}        { return g.done }
+func (g *fakeGuest) Err() error                   { return nil }
 func (g *fakeGuest) Stop(context.Context) error {
 	if g.b.stopped.Add(1) == 1 {
 		close(g.done)

@@ -14,5 +14,5 @@
 // answer to "can this KVM boot Linux?" that the kvm backend's preflight and
 // the tests use too; the kernel locations are guest/kernel and
 // guest/kernel/embedded, the data directory helper.DefaultDataDir, and the
-// trial boot the helper/vm and helper/process backends themselves.
+// trial boot the helper/backend/kvm and helper/backend/process backends themselves.
 package doctor

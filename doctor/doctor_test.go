@@ -263,7 +263,7 @@ func TestKernelSources(t *testing.T) {
 	h := healthyHost()
 	h.env["COWORK_VMM_KERNEL"] = "/nope/vmlinux"
 	c := wantStatus(t, h.run(t, Options{}), CheckKernel, StatusFail)
-	wantContains(t, "detail", c.Detail, "COWORK_VMM_KERNEL=/nope/vmlinux")
+	wantContains(t, "detail", c.Detail, "COWORK_VMM_KERNEL", "/nope/vmlinux")
 
 	h.files["/k/bzImage"] = fakeFile{mode: 0o644, data: fakeBzImage("6.1.7-custom (me@box) #2")}
 	h.env["COWORK_VMM_KERNEL"] = "/k/bzImage"

@@ -6,110 +6,69 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"path/filepath"
-	"strings"
 
-	"github.com/cowork-vmm/cowork-vmm/guest/kernel/embedded"
+	"github.com/cowork-vmm/cowork-vmm/guest/kernel"
 )
 
-// kernelEnv overrides where the guest kernel comes from (helper/vm.KernelEnv;
-// repeated here so doctor does not need the VM backend to explain a kernel).
-const kernelEnv = "COWORK_VMM_KERNEL"
-
-// besideExecutable are the kernel names helper/vm looks for next to the
-// executable (its list is unexported; keep the two in step).
-var besideExecutable = []string{"vmlinux", "cowork-vmm-vmlinux"}
-
 const kernelFix = "build it: `make kernel` in the cowork-vmm repository (needs apt packages linux-source-6.1 bc flex bison libelf-dev libssl-dev cpio; ~5 min), " +
-	"then `make build` embeds it in the binary; or set " + kernelEnv + " to a vmlinux built from guest/kernel/guest.fragment"
+	"then `make build` embeds it in the binary; or set " + kernel.Env + " to a vmlinux built from guest/kernel/guest.fragment"
 
-// kernelChecks locates the guest kernel as the kvm backend does (override,
-// embedded, beside the executable, the build cache) and reads its version.
+// kernelCheck locates the guest kernel as the kvm backend does
+// (kernel.Locate, on this Host) and reads its version.
 func (r *runner) kernelCheck() bool {
 	h := r.h
 	c := Check{ID: CheckKernel, Group: GroupCoworkVMM, Title: "Guest kernel"}
 	defer func() { r.add(c) }()
-
-	found := func(from string, version string, verr error) bool {
-		switch {
-		case verr != nil:
-			c.Status = StatusWarn
-			c.Detail = fmt.Sprintf("%s, but reading its version failed: %v", from, verr)
-			c.Fix = "check that it is the vmlinux of a Linux kernel; " + kernelFix
-		case version == "":
-			c.Status = StatusWarn
-			c.Detail = from + ", but it carries no Linux version string: is it a Linux kernel?"
-			c.Fix = kernelFix
-		default:
-			c.Status = StatusOK
-			c.Detail = fmt.Sprintf("Linux %s, %s", version, from)
-		}
-		return c.Status != StatusFail
-	}
-
-	if p := h.Getenv(kernelEnv); p != "" {
-		info, err := h.Stat(p)
-		switch {
-		case err != nil:
-			c.Status = StatusFail
-			c.Detail = fmt.Sprintf("%s=%s: %v", kernelEnv, p, err)
-			c.Fix = "point " + kernelEnv + " at an existing vmlinux, or unset it to use the embedded or built kernel"
-			return false
-		case !info.Mode().IsRegular():
-			c.Status = StatusFail
-			c.Detail = fmt.Sprintf("%s=%s is not a regular file", kernelEnv, p)
-			c.Fix = "point " + kernelEnv + " at a vmlinux file, or unset it"
-			return false
-		}
-		v, err := r.fileKernelVersion(p)
-		return found("from "+kernelEnv+"="+p, v, err)
-	}
-
-	var tried []string
-	img, err := h.EmbeddedKernel()
-	switch {
-	case err == nil:
-		v, verr := kernelVersion(bytes.NewReader(img))
-		return found("embedded in this binary", v, verr)
-	case errors.Is(err, embedded.ErrNotEmbedded):
-		tried = append(tried, "not embedded in this binary")
-	default:
+	exe, _ := h.Executable()
+	img, err := kernel.Locate(kernel.Sources{
+		Override: h.Getenv(kernel.Env),
+		Embedded: func() (kernel.Image, error) {
+			b, err := h.EmbeddedKernel()
+			return kernel.Image{Bytes: b, From: "embedded in this binary"}, err
+		},
+		Executable: exe,
+		Cache:      h.KernelCache,
+		Stat:       h.Stat,
+	})
+	if err != nil {
 		c.Status = StatusFail
-		c.Detail = fmt.Sprintf("the kernel embedded in this binary is damaged: %v", err)
-		c.Fix = "rebuild the binary (`make build`) or set " + kernelEnv
+		c.Detail = err.Error()
+		c.Fix = kernelLocateFix(err)
 		return false
 	}
-
-	if exe, err := h.Executable(); err == nil {
-		dir := filepath.Dir(exe)
-		for _, name := range besideExecutable {
-			p := filepath.Join(dir, name)
-			info, err := h.Stat(p)
-			if err != nil {
-				tried = append(tried, "no "+p)
-				continue
-			}
-			if !info.Mode().IsRegular() {
-				c.Status = StatusFail
-				c.Detail = p + " is not a regular file"
-				c.Fix = "remove or replace " + p
-				return false
-			}
-			v, verr := r.fileKernelVersion(p)
-			return found("beside the executable: "+p, v, verr)
-		}
+	var version string
+	if img.Bytes != nil {
+		version, err = kernelVersion(bytes.NewReader(img.Bytes))
+	} else {
+		version, err = r.fileKernelVersion(img.Path)
 	}
-
-	p, err := h.KernelCache()
-	if err == nil {
-		v, verr := r.fileKernelVersion(p)
-		return found("in the build cache: "+p, v, verr)
+	switch {
+	case err != nil:
+		c.Status = StatusWarn
+		c.Detail = fmt.Sprintf("%s, but reading its version failed: %v", img.From, err)
+		c.Fix = "check that it is the vmlinux of a Linux kernel; " + kernelFix
+	case version == "":
+		c.Status = StatusWarn
+		c.Detail = img.From + ", but it carries no Linux version string: is it a Linux kernel?"
+		c.Fix = kernelFix
+	default:
+		c.Status = StatusOK
+		c.Detail = fmt.Sprintf("Linux %s, %s", version, img.From)
 	}
-	tried = append(tried, "none in the build cache")
-	c.Status = StatusFail
-	c.Detail = "no guest kernel found (" + strings.Join(tried, "; ") + ")"
-	c.Fix = kernelFix
-	return false
+	return true
+}
+
+// kernelLocateFix is the fix for kernel.Locate's error.
+func kernelLocateFix(err error) string {
+	switch {
+	case errors.Is(err, kernel.ErrOverrideUnusable):
+		return "point " + kernel.Env + " at an existing vmlinux file, or unset it to use the embedded or built kernel"
+	case errors.Is(err, kernel.ErrEmbeddedDamaged):
+		return "rebuild the binary (`make build`) or set " + kernel.Env
+	case errors.Is(err, kernel.ErrBesideUnusable):
+		return "remove or replace the file beside the executable named in the detail"
+	}
+	return kernelFix
 }
 
 func (r *runner) fileKernelVersion(path string) (string, error) {

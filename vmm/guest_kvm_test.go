@@ -32,7 +32,6 @@ const (
 	dataAddr = 0x2000
 )
 
-
 // guestPort is a port device that records every access, answers reads
 // with 0x99, 0x9a, … and can signal the first write.
 type guestPort struct {

@@ -6,8 +6,8 @@ import (
 	"os"
 
 	"github.com/cowork-vmm/cowork-vmm/helper"
-	"github.com/cowork-vmm/cowork-vmm/helper/process"
-	"github.com/cowork-vmm/cowork-vmm/helper/vm"
+	kvmbackend "github.com/cowork-vmm/cowork-vmm/helper/backend/kvm"
+	"github.com/cowork-vmm/cowork-vmm/helper/backend/process"
 )
 
 // backendFactories is where backends are plugged in: COWORK_VMM_BACKEND
@@ -16,7 +16,7 @@ import (
 func backendFactories(log *slog.Logger, agentLog io.Writer) map[string]helper.BackendFactory {
 	return map[string]helper.BackendFactory{
 		helper.BackendKVM: func() (helper.Backend, error) {
-			return vm.New(vm.Options{Logger: log, Console: agentLog, Cmdline: os.Getenv(vm.CmdlineEnv)}), nil
+			return kvmbackend.New(kvmbackend.Options{Logger: log, Console: agentLog, Cmdline: os.Getenv(kvmbackend.CmdlineEnv)}), nil
 		},
 		helper.BackendProcess: func() (helper.Backend, error) {
 			return process.New(process.Options{Logger: log, Stderr: agentLog}), nil

@@ -18,8 +18,8 @@ import (
 	"time"
 
 	"github.com/cowork-vmm/cowork-vmm/egress"
+	"github.com/cowork-vmm/cowork-vmm/guest/kernel"
 	"github.com/cowork-vmm/cowork-vmm/helper"
-	"github.com/cowork-vmm/cowork-vmm/helper/vm"
 	"github.com/cowork-vmm/cowork-vmm/machine"
 	"github.com/cowork-vmm/cowork-vmm/protocol"
 )
@@ -166,7 +166,7 @@ func runWith(args []string, stderr io.Writer, backends func(*slog.Logger, io.Wri
 	}
 	if o.kernel != "" {
 		// The kvm backend's documented override; only this process reads it.
-		os.Setenv(vm.KernelEnv, o.kernel)
+		os.Setenv(kernel.Env, o.kernel)
 	}
 	agentLog := io.Discard // the command's output is the point
 	if o.debug {

@@ -1,4 +1,4 @@
-package vm
+package kernel
 
 import (
 	"errors"
@@ -18,29 +18,29 @@ func writeFile(t *testing.T, p string) {
 }
 
 // sources returns kernel sources where each place is set up as asked.
-func sources(t *testing.T, override bool, embed []byte, beside []string, cached bool) (kernelSources, string) {
+func sources(t *testing.T, override bool, embed []byte, beside []string, cached bool) (Sources, string) {
 	t.Helper()
 	dir := t.TempDir()
-	src := kernelSources{executable: filepath.Join(dir, "bin", "cowork-vmm")}
-	if err := os.MkdirAll(filepath.Dir(src.executable), 0o755); err != nil {
+	src := Sources{Executable: filepath.Join(dir, "bin", "cowork-vmm")}
+	if err := os.MkdirAll(filepath.Dir(src.Executable), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	writeFile(t, src.executable)
+	writeFile(t, src.Executable)
 	if override {
-		src.override = filepath.Join(dir, "override-vmlinux")
-		writeFile(t, src.override)
+		src.Override = filepath.Join(dir, "override-vmlinux")
+		writeFile(t, src.Override)
 	}
-	src.embedded = func() (kernelImage, error) {
+	src.Embedded = func() (Image, error) {
 		if embed == nil {
-			return kernelImage{}, embedded.ErrNotEmbedded
+			return Image{}, embedded.ErrNotEmbedded
 		}
-		return kernelImage{image: embed, from: "embedded"}, nil
+		return Image{Bytes: embed, From: "embedded"}, nil
 	}
 	for _, name := range beside {
 		writeFile(t, filepath.Join(dir, "bin", name))
 	}
 	cache := filepath.Join(dir, "cache", "guest-current", "vmlinux")
-	src.cache = func() (string, error) {
+	src.Cache = func() (string, error) {
 		if !cached {
 			return "", errors.New("no guest kernel built: run `make kernel`")
 		}
@@ -66,30 +66,30 @@ func TestLocateKernelOrder(t *testing.T) {
 		{"build cache last", false, nil, nil, true, "cache/guest-current/vmlinux"},
 	} {
 		src, _ := sources(t, tc.override, tc.embed, tc.beside, tc.cached)
-		k, err := locateKernel(src)
+		k, err := Locate(src)
 		if err != nil {
 			t.Errorf("%s: %v", tc.name, err)
 			continue
 		}
 		if tc.want == "embedded" {
-			if string(k.image) != string(image) || k.path != "" {
-				t.Errorf("%s: got path %q, image %q; want the embedded image", tc.name, k.path, k.image)
+			if string(k.Bytes) != string(image) || k.Path != "" {
+				t.Errorf("%s: got path %q, image %q; want the embedded image", tc.name, k.Path, k.Bytes)
 			}
 			continue
 		}
-		if !strings.HasSuffix(k.path, tc.want) || k.image != nil {
-			t.Errorf("%s: got %q, want …%s", tc.name, k.path, tc.want)
+		if !strings.HasSuffix(k.Path, tc.want) || k.Bytes != nil {
+			t.Errorf("%s: got %q, want …%s", tc.name, k.Path, tc.want)
 		}
 	}
 }
 
 func TestLocateKernelNoneSaysHowToGetOne(t *testing.T) {
 	src, _ := sources(t, false, nil, nil, false)
-	_, err := locateKernel(src)
+	_, err := Locate(src)
 	if err == nil {
 		t.Fatal("no kernel anywhere, yet one was found")
 	}
-	for _, want := range []string{"no guest kernel found", "make kernel", KernelEnv, "not embedded", "cowork-vmm-vmlinux"} {
+	for _, want := range []string{"no guest kernel found", "make kernel", Env, "not embedded", "cowork-vmm-vmlinux"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error lacks %q: %v", want, err)
 		}
@@ -98,30 +98,30 @@ func TestLocateKernelNoneSaysHowToGetOne(t *testing.T) {
 
 func TestLocateKernelBadOverride(t *testing.T) {
 	src, dir := sources(t, false, []byte("embedded"), nil, true)
-	src.override = filepath.Join(dir, "missing")
-	if _, err := locateKernel(src); err == nil || !strings.Contains(err.Error(), KernelEnv) {
+	src.Override = filepath.Join(dir, "missing")
+	if _, err := Locate(src); err == nil || !strings.Contains(err.Error(), Env) {
 		t.Errorf("missing override: %v", err)
 	}
-	src.override = dir // a directory
-	if _, err := locateKernel(src); err == nil || !strings.Contains(err.Error(), "not a regular file") {
+	src.Override = dir // a directory
+	if _, err := Locate(src); err == nil || !strings.Contains(err.Error(), "not a regular file") {
 		t.Errorf("directory override: %v", err)
 	}
 }
 
 func TestLocateKernelDamagedEmbedded(t *testing.T) {
 	src, _ := sources(t, false, nil, []string{"vmlinux"}, true)
-	src.embedded = func() (kernelImage, error) { return kernelImage{}, errors.New("gzip: invalid header") }
-	if _, err := locateKernel(src); err == nil || !strings.Contains(err.Error(), "damaged") {
+	src.Embedded = func() (Image, error) { return Image{}, errors.New("gzip: invalid header") }
+	if _, err := Locate(src); err == nil || !strings.Contains(err.Error(), "damaged") {
 		t.Errorf("damaged embedded kernel: %v", err)
 	}
 }
 
 func TestDefaultKernelSourcesReadEnv(t *testing.T) {
-	t.Setenv(KernelEnv, "/some/vmlinux")
-	if got := defaultKernelSources("", "/x/cowork-vmm").override; got != "/some/vmlinux" {
+	t.Setenv(Env, "/some/vmlinux")
+	if got := DefaultSources("", "/x/cowork-vmm", nil).Override; got != "/some/vmlinux" {
 		t.Errorf("override from env = %q", got)
 	}
-	if got := defaultKernelSources("/opt/k", "/x/cowork-vmm").override; got != "/opt/k" {
+	if got := DefaultSources("/opt/k", "/x/cowork-vmm", nil).Override; got != "/opt/k" {
 		t.Errorf("explicit override = %q, want it to beat the env", got)
 	}
 }

@@ -1,4 +1,4 @@
-package vm
+package kvm
 
 import (
 	"context"
@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cowork-vmm/cowork-vmm/guest/kernel"
 	"github.com/cowork-vmm/cowork-vmm/helper"
 	"github.com/cowork-vmm/cowork-vmm/internal/nested"
 	"github.com/cowork-vmm/cowork-vmm/protocol"
@@ -30,7 +31,7 @@ func requireKVMBoot(t *testing.T) string {
 	t.Helper()
 	nested.RequireLinuxBoot(t, "TestNestedKVMBackend")
 	bin := os.Getenv(TestBinEnv)
-	if _, err := locateKernel(defaultKernelSources("", bin)); err != nil {
+	if _, err := kernel.Locate(defaultKernelSources("", bin)); err != nil {
 		t.Skipf("no guest kernel: %v", err)
 	}
 	if bin == "" {

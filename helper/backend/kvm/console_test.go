@@ -1,4 +1,4 @@
-package vm
+package kvm
 
 import (
 	"fmt"

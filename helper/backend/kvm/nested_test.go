@@ -1,4 +1,4 @@
-package vm
+package kvm
 
 import (
 	"os"
@@ -17,7 +17,7 @@ import (
 func TestNestedKVMBackend(t *testing.T) {
 	nested.RequireHarness(t)
 	// COWORK_VMM_KERNEL picks the guest kernel here too; else the build cache.
-	vmlinux := os.Getenv(KernelEnv)
+	vmlinux := os.Getenv(kernel.Env)
 	if vmlinux == "" {
 		var err error
 		if vmlinux, err = kernel.Find(kernel.Guest); err != nil {
@@ -26,10 +26,10 @@ func TestNestedKVMBackend(t *testing.T) {
 	}
 	bin := nested.BuildCoworkVMM(t)
 	nested.RunGoTestWith(t, nested.GoTest{
-		Pkg:   "github.com/cowork-vmm/cowork-vmm/helper/vm",
+		Pkg:   "github.com/cowork-vmm/cowork-vmm/helper/backend/kvm",
 		Run:   "^TestKVM",
 		Files: map[string]string{"vmlinux": vmlinux, "cowork-vmm": bin},
-		Env: []string{KernelEnv + "=/payload/vmlinux", TestBinEnv + "=/payload/cowork-vmm",
+		Env: []string{kernel.Env + "=/payload/vmlinux", TestBinEnv + "=/payload/cowork-vmm",
 			"COWORK_VMM_TEST_CMDLINE=" + os.Getenv("COWORK_VMM_TEST_CMDLINE"),
 			"COWORK_VMM_TEST_PVH=" + os.Getenv("COWORK_VMM_TEST_PVH")},
 		// One outer CPU, so guests get one vCPU (the kvm backend caps vCPUs

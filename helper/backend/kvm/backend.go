@@ -1,4 +1,4 @@
-package vm
+package kvm
 
 import (
 	"context"
@@ -9,10 +9,11 @@ import (
 	"os"
 	"time"
 
+	"github.com/cowork-vmm/cowork-vmm/guest/kernel"
 	"github.com/cowork-vmm/cowork-vmm/helper"
 	"github.com/cowork-vmm/cowork-vmm/machine"
 	"github.com/cowork-vmm/cowork-vmm/protocol"
-	"github.com/cowork-vmm/cowork-vmm/vmm/kvm"
+	hostkvm "github.com/cowork-vmm/cowork-vmm/vmm/kvm"
 	"github.com/cowork-vmm/cowork-vmm/vmm/loader"
 )
 
@@ -94,9 +95,9 @@ type Backend struct {
 	log  *slog.Logger
 
 	// Host facts, replaceable in tests.
-	probe      func(device string) kvm.HostProbe
+	probe      func(device string) hostkvm.HostProbe
 	hostLimits func() hostLimits
-	kernels    func(executable string) kernelSources
+	kernels    func(executable string) kernel.Sources
 }
 
 var _ helper.Backend = (*Backend)(nil)
@@ -113,9 +114,9 @@ func New(opts Options) *Backend {
 	return &Backend{
 		opts:       opts,
 		log:        log,
-		probe:      kvm.ProbeHost,
+		probe:      hostkvm.ProbeHost,
 		hostLimits: currentHostLimits,
-		kernels:    func(exe string) kernelSources { return defaultKernelSources(opts.Kernel, exe) },
+		kernels:    func(exe string) kernel.Sources { return defaultKernelSources(opts.Kernel, exe) },
 	}
 }
 
@@ -190,7 +191,7 @@ func (b *Backend) create(memMiB, cpus int) (*guest, error) {
 		}
 	}
 	began := time.Now()
-	k, err := locateKernel(b.kernels(exe))
+	k, err := kernel.Locate(b.kernels(exe))
 	if err != nil {
 		return nil, fmt.Errorf("kvm backend: %w", err)
 	}
@@ -212,8 +213,8 @@ func (b *Backend) create(memMiB, cpus int) (*guest, error) {
 	}
 	con := newConsole(b.log, b.opts.Console)
 	m, err := machine.New(machine.Config{
-		Kernel:       k.path,
-		KernelImage:  k.image,
+		Kernel:       k.Path,
+		KernelImage:  k.Bytes,
 		InitrdSource: initrd,
 		Cmdline:      cmdline,
 		PVH:          b.opts.PVH,
@@ -226,7 +227,7 @@ func (b *Backend) create(memMiB, cpus int) (*guest, error) {
 		SkipBootProbe: true,
 	})
 	if err != nil {
-		if errors.Is(err, kvm.ErrNoKVM) || errors.Is(err, kvm.ErrKVMPermission) {
+		if errors.Is(err, hostkvm.ErrNoKVM) || errors.Is(err, hostkvm.ErrKVMPermission) {
 			return nil, fmt.Errorf("kvm backend: %w; or %s", err, fallbackHint)
 		}
 		return nil, fmt.Errorf("kvm backend: creating the VM: %w", err)
@@ -240,6 +241,6 @@ func (b *Backend) create(memMiB, cpus int) (*guest, error) {
 	}
 	b.log.Debug("VM created", "locate_kernel", located.Sub(began), "initramfs", sized.Sub(located),
 		"vm", made.Sub(sized), "devices", time.Since(made))
-	g.kernelFrom = k.from
+	g.kernelFrom = k.From
 	return g, nil
 }

@@ -1,4 +1,4 @@
-package vm
+package kvm
 
 import (
 	"context"
@@ -13,10 +13,11 @@ import (
 	"time"
 
 	"github.com/cowork-vmm/cowork-vmm/devices/p9/fs"
+	"github.com/cowork-vmm/cowork-vmm/guest/kernel"
 	"github.com/cowork-vmm/cowork-vmm/helper"
 	"github.com/cowork-vmm/cowork-vmm/protocol"
 	"github.com/cowork-vmm/cowork-vmm/vmm"
-	"github.com/cowork-vmm/cowork-vmm/vmm/kvm"
+	hostkvm "github.com/cowork-vmm/cowork-vmm/vmm/kvm"
 
 	"github.com/hugelgupf/p9/p9"
 )
@@ -165,14 +166,14 @@ func TestAdjustSetupKeepsTheInitramfsRoot(t *testing.T) {
 	}
 }
 
-// probeFacts is what kvm.ProbeHost finds on a usable KVM whose trial guest
+// probeFacts is what hostkvm.ProbeHost finds on a usable KVM whose trial guest
 // ended with trialErr; pvm adds the marks of PVM.
-func probeFacts(pvm bool, trialErr error) kvm.HostProbe {
+func probeFacts(pvm bool, trialErr error) hostkvm.HostProbe {
 	caps := map[string]bool{}
-	for _, c := range kvm.RequiredCapabilities {
+	for _, c := range hostkvm.RequiredCapabilities {
 		caps[c.String()] = true
 	}
-	p := kvm.HostProbe{Device: kvm.DevicePath, APIVersion: kvm.APIVersion, Capabilities: caps, Tried: true, TrialErr: trialErr}
+	p := hostkvm.HostProbe{Device: hostkvm.DevicePath, APIVersion: hostkvm.APIVersion, Capabilities: caps, Tried: true, TrialErr: trialErr}
 	if pvm {
 		p.PVM, p.PVMReason = true, "the kvm_pvm module is loaded"
 	}
@@ -181,11 +182,11 @@ func probeFacts(pvm bool, trialErr error) kvm.HostProbe {
 
 func TestPreflightRefusesPVM(t *testing.T) {
 	b := New(Options{Logger: quiet()})
-	b.probe = func(string) kvm.HostProbe {
+	b.probe = func(string) hostkvm.HostProbe {
 		return probeFacts(true, errors.New("its instruction emulator cannot execute int3 in protected mode"))
 	}
 	kernelsLooked := false
-	b.kernels = func(string) kernelSources { kernelsLooked = true; return kernelSources{} }
+	b.kernels = func(string) kernel.Sources { kernelsLooked = true; return kernel.Sources{} }
 	_, err := b.Start(context.Background(), helper.GuestConfig{})
 	if err == nil {
 		t.Fatal("Start on a PVM host succeeded")
@@ -202,10 +203,10 @@ func TestPreflightRefusesPVM(t *testing.T) {
 
 func TestStartWithoutKernelSaysHowToGetOne(t *testing.T) {
 	b := New(Options{Logger: quiet(), Executable: "/bin/true"})
-	b.probe = func(string) kvm.HostProbe { return probeFacts(false, nil) }
-	b.kernels = func(exe string) kernelSources {
-		return kernelSources{executable: filepath.Join(t.TempDir(), "cowork-vmm"),
-			cache: func() (string, error) { return "", errors.New("no guest kernel built") }}
+	b.probe = func(string) hostkvm.HostProbe { return probeFacts(false, nil) }
+	b.kernels = func(exe string) kernel.Sources {
+		return kernel.Sources{Executable: filepath.Join(t.TempDir(), "cowork-vmm"),
+			Cache: func() (string, error) { return "", errors.New("no guest kernel built") }}
 	}
 	var steps []string
 	_, err := b.Start(context.Background(), helper.GuestConfig{StepFunc: func(s, st string) { steps = append(steps, s+":"+st) }})

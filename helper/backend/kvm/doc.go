@@ -1,4 +1,4 @@
-// Package vm is the helper's "kvm" backend: each guest is a micro-VM on our
+// Package kvm is the helper's "kvm" backend: each guest is a micro-VM on our
 // own VMM (package machine) booting the cowork-vmm guest kernel with an
 // initramfs made at start from the helper's own executable, so the agent
 // that runs as the guest's /init is always the helper's own build.
@@ -14,4 +14,4 @@
 // messages), and turning the VM's end into Done/Err. It refuses fast, with
 // the process-backend hint, on hosts whose KVM cannot boot Linux (PVM) or
 // that have no usable /dev/kvm.
-package vm
+package kvm
