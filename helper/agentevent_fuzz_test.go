@@ -32,10 +32,10 @@ func FuzzAgentEvent(f *testing.F) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		vm := &vmInstance{s: s}
-		s.procs.add(&process{id: "p", session: "s", vm: vm, running: true})
+		inst := &guestInstance{s: s}
+		s.procs.add(&process{id: "p", session: "s", guest: inst, running: true})
 		sub := s.SubscribeProfile("x", "y")
-		s.onAgentEvent(vm, ev)
+		s.onAgentEvent(inst, ev)
 		ctx, cancel := context.WithCancel(context.Background())
 		cancel()
 		for {
@@ -55,8 +55,8 @@ func FuzzAgentEvent(f *testing.F) {
 				if out.ExitCode != nil && (*out.ExitCode < 0 || *out.ExitCode > 255) {
 					t.Fatalf("exit code out of range: %d", *out.ExitCode)
 				}
-				if _, ok := SignalNumber(out.Signal); out.Signal != "" && !ok {
-					t.Fatalf("unknown signal %q published", out.Signal)
+				if canon, err := protocol.CanonicalSignal(out.Signal); out.Signal != "" && (err != nil || canon != out.Signal) {
+					t.Fatalf("signal %q published, not a canonical signal name", out.Signal)
 				}
 			default:
 				t.Fatalf("event type %q published", out.Type)

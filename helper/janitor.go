@@ -107,7 +107,7 @@ func (s *Service) deleteSessionDirs(_ context.Context, p deleteSessionDirsParams
 		}
 		s.mu.Lock()
 		busy := s.procs.sessionBusy(name)
-		vm := s.vm
+		inst := s.guest
 		s.mu.Unlock()
 		if busy {
 			res.Errors[name] = fmt.Sprintf("session %s has a running process; kill it first", name)
@@ -117,8 +117,8 @@ func (s *Service) deleteSessionDirs(_ context.Context, p deleteSessionDirsParams
 			res.Errors[name] = err.Error()
 			continue
 		}
-		if vm != nil {
-			vm.forgetSessionMounts(name)
+		if inst != nil {
+			inst.forgetSessionMounts(name)
 		}
 		res.Deleted = append(res.Deleted, name)
 		s.log.Info("session deleted", "session", name)

@@ -165,9 +165,9 @@ func TestExitDuringASpawnKeepsItsMounts(t *testing.T) {
 	e := newTestEnv(t)
 	g := e.start()
 	e.spawn(map[string]any{"id": "a", "name": "s", "command": "sh"})
-	vm, err := e.s.activeVM()
+	inst, err := e.s.activeVM()
 	require.NoError(t, err)
-	done := vm.useSession("s") // as a second spawn does until its process is registered
+	done := inst.useSession("s") // as a second spawn does until its process is registered
 	g.agent.exit("a", 0)
 	e.next(protocol.EventExit)
 	assertNoMoreUnshares(t, g, 0)

@@ -1,6 +1,9 @@
 package helper
 
 import (
+	"context"
+	"fmt"
+
 	"github.com/cowork-vmm/cowork-vmm/protocol"
 )
 
@@ -12,7 +15,7 @@ const maxExitedProcesses = 4096
 type process struct {
 	id       string
 	session  string
-	vm       *vmInstance
+	guest    *guestInstance
 	running  bool
 	exitCode *int
 	signal   string
@@ -73,10 +76,10 @@ func (t *processTable) dropExited(id string) {
 }
 
 // runningIn lists running processes of one guest.
-func (t *processTable) runningIn(vm *vmInstance) []*process {
+func (t *processTable) runningIn(inst *guestInstance) []*process {
 	var out []*process
 	for _, p := range t.byID {
-		if p.running && p.vm == vm {
+		if p.running && p.guest == inst {
 			out = append(out, p)
 		}
 	}
@@ -106,4 +109,75 @@ func exitEvent(p *process) protocol.Event {
 		ev.ExitCode = &code
 	}
 	return ev
+}
+
+// runningProcess returns a running process and its guest.
+func (s *Service) runningProcess(id string) (*process, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	p := s.procs.get(id)
+	if p == nil {
+		return nil, fmt.Errorf("no process with id %q", id)
+	}
+	if !p.running {
+		return nil, fmt.Errorf("process %q has already exited", id)
+	}
+	return p, nil
+}
+
+func (s *Service) kill(_ context.Context, p killParams) (empty, error) {
+	sig := "SIGTERM"
+	if p.Signal != "" {
+		var err error
+		if sig, err = protocol.CanonicalSignal(p.Signal); err != nil {
+			return nil, fmt.Errorf("kill: %w", err)
+		}
+	}
+	s.mu.Lock()
+	proc := s.procs.get(p.ID)
+	s.mu.Unlock()
+	if proc == nil {
+		return nil, fmt.Errorf("kill: no process with id %q", p.ID)
+	}
+	s.mu.Lock()
+	running := proc.running
+	s.mu.Unlock()
+	if !running {
+		return nil, nil // already gone: the exit event has been sent
+	}
+	if err := proc.guest.call(protocol.AgentMethodKill, protocol.KillParams{ID: p.ID, Signal: sig}, nil); err != nil {
+		return nil, fmt.Errorf("kill: %w", err)
+	}
+	s.log.Info("signalled", "id", p.ID, "signal", sig)
+	return nil, nil
+}
+
+func (s *Service) writeStdin(_ context.Context, p writeStdinParams) (empty, error) {
+	proc, err := s.runningProcess(p.ID)
+	if err != nil {
+		return nil, fmt.Errorf("writeStdin: %w", err)
+	}
+	if err := proc.guest.call(protocol.AgentMethodStdin, protocol.StdinParams{ID: p.ID, Data: p.Data}, nil); err != nil {
+		return nil, fmt.Errorf("writeStdin: %w", err)
+	}
+	return nil, nil
+}
+
+func (s *Service) isProcessRunning(_ context.Context, p idParams) (processRunningResult, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	proc := s.procs.get(p.ID)
+	if proc == nil {
+		return processRunningResult{}, nil
+	}
+	if proc.running {
+		return processRunningResult{Running: true}, nil
+	}
+	res := processRunningResult{}
+	if proc.exitCode != nil {
+		res.ExitCode = ptr(*proc.exitCode)
+	} else if sig, err := protocol.ParseSignal(proc.signal); err == nil {
+		res.ExitCode = ptr(128 + int(sig)) // as a shell reports a signal death
+	}
+	return res, nil
 }

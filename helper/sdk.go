@@ -36,10 +36,10 @@ func (s *Service) installSdk(_ context.Context, p installSdkParams) (empty, erro
 	sdk := &sdkInstall{version: p.Version, file: file}
 	s.mu.Lock()
 	s.sdk = sdk
-	vm := s.vm
+	inst := s.guest
 	s.mu.Unlock()
-	if vm != nil && vm.connected.Load() {
-		if err := vm.mountSDK(sdk); err != nil {
+	if inst != nil && inst.connected.Load() {
+		if err := inst.mountSDK(sdk); err != nil {
 			return nil, fmt.Errorf("installSdk: %w", err)
 		}
 	}
@@ -48,8 +48,8 @@ func (s *Service) installSdk(_ context.Context, p installSdkParams) (empty, erro
 }
 
 // mountSDK mounts the SDK binary read-only at GuestSDKPath.
-func (vm *vmInstance) mountSDK(sdk *sdkInstall) error {
-	if err := vm.mount(sdk.file, GuestSDKPath, true); err != nil {
+func (inst *guestInstance) mountSDK(sdk *sdkInstall) error {
+	if err := inst.mount(sdk.file, GuestSDKPath, true); err != nil {
 		return fmt.Errorf("mounting the SDK at %s: %w", GuestSDKPath, err)
 	}
 	return nil

@@ -104,7 +104,7 @@ type Service struct {
 	cpuCount   int
 	oauthToken string
 	sdk        *sdkInstall
-	vm         *vmInstance // nil when no guest is starting or running
+	guest      *guestInstance // nil when no guest is starting or running
 	procs      processTable
 }
 
@@ -338,14 +338,14 @@ func (s *Service) createVM(context.Context, struct{}) (empty, error) {
 func (s *Service) isRunning(context.Context, struct{}) (runningResult, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return runningResult{Running: s.vm != nil}, nil
+	return runningResult{Running: s.guest != nil}, nil
 }
 
 func (s *Service) isGuestConnected(context.Context, struct{}) (connectedResult, error) {
 	s.mu.Lock()
-	vm := s.vm
+	inst := s.guest
 	s.mu.Unlock()
-	return connectedResult{Connected: vm != nil && vm.connected.Load()}, nil
+	return connectedResult{Connected: inst != nil && inst.connected.Load()}, nil
 }
 
 func (s *Service) sendGuestResponse(_ context.Context, p sendGuestResponseParams) (empty, error) {

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -404,6 +405,36 @@ func TestSpawnFlow(t *testing.T) {
 	require.Error(t, e.call("kill", map[string]any{"id": "nobody", "signal": "SIGTERM"}, nil))
 }
 
+// kill takes a signal as a name in any case, with or without SIG, or a
+// number, and passes every Linux signal on by its name; an exit by a
+// signal outside the old 22-name table is reported as itself.
+func TestKillSignalForms(t *testing.T) {
+	e := newTestEnv(t)
+	g := e.start()
+	for i, tc := range []struct{ sent, passed string }{
+		{"term", "SIGTERM"}, {"9", "SIGKILL"}, {"SigUsr1", "SIGUSR1"}, {"SIGPWR", "SIGPWR"}, {"35", "SIG35"}, {"", "SIGTERM"},
+	} {
+		id := "k" + strconv.Itoa(i)
+		e.spawn(map[string]any{"id": id, "name": "sess", "command": "sh"})
+		e.mustCall("kill", map[string]any{"id": id, "signal": tc.sent}, nil)
+		ev := e.next(protocol.EventExit)
+		assert.Equal(t, protocol.Event{Type: "exit", ID: id, Signal: tc.passed}, ev, "kill %q", tc.sent)
+	}
+	e.spawn(map[string]any{"id": "bad", "name": "sess", "command": "sh"})
+	for _, bad := range []string{"SIGBOGUS", "0", "65", "-9"} {
+		require.Error(t, e.call("kill", map[string]any{"id": "bad", "signal": bad}, nil), bad)
+	}
+	// A hostile guest's made-up signal name is reported as a kill.
+	g.agent.emit(protocol.Event{Type: protocol.EventExit, ID: "bad", Signal: "SIGNOTREAL"})
+	assert.Equal(t, "SIGKILL", e.next(protocol.EventExit).Signal)
+	var pr struct {
+		ExitCode *int `json:"exitCode"`
+	}
+	e.mustCall("isProcessRunning", map[string]any{"id": "k3"}, &pr)
+	require.NotNil(t, pr.ExitCode)
+	assert.Equal(t, 128+30, *pr.ExitCode, "SIGPWR is 30: 128+30 as a shell reports it")
+}
+
 func TestSpawnRefusals(t *testing.T) {
 	e := newTestEnv(t)
 	require.ErrorContains(t, e.call("spawn", map[string]any{"id": "p", "name": "s", "command": "sh"}, nil), "startVM")
@@ -572,7 +603,7 @@ func TestStartVMWhileTheOldGuestIsStopping(t *testing.T) {
 	waitFor(t, "stop begun", func() bool {
 		e.s.mu.Lock()
 		defer e.s.mu.Unlock()
-		return e.s.vm == nil || e.s.vm.stopping.Load()
+		return e.s.guest == nil || e.s.guest.stopping.Load()
 	})
 	e.start() // waits for the old guest if needed, then boots a new one
 	require.NoError(t, <-stopped)

@@ -376,9 +376,11 @@ func forwardStdin(ctx context.Context, svc *helper.Service, id string, stdin io.
 	}
 }
 
+// signalNumber is the number of a reported signal name, for the 128+n
+// exit status; one that is not a signal is reported as a kill (9).
 func signalNumber(name string) int {
-	if n, ok := helper.SignalNumber(name); ok {
-		return n
+	if sig, err := protocol.ParseSignal(name); err == nil {
+		return int(sig)
 	}
-	return 9 // an unnamed signal: report it as a kill
+	return 9
 }

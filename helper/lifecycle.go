@@ -35,9 +35,9 @@ const (
 	maxErrorMessage = 4096
 )
 
-// vmInstance is one guest from startVM until it has ended and been cleaned
+// guestInstance is one guest from startVM until it has ended and been cleaned
 // up. Its run goroutine owns the teardown.
-type vmInstance struct {
+type guestInstance struct {
 	s       *Service
 	backend Backend
 	ctx     context.Context
@@ -67,8 +67,8 @@ type mountKey struct {
 
 func (s *Service) startVM(ctx context.Context, p startVMParams) (empty, error) {
 	s.mu.Lock()
-	for s.vm != nil {
-		old := s.vm
+	for s.guest != nil {
+		old := s.guest
 		if !old.stopping.Load() && !old.ending.Load() {
 			s.mu.Unlock()
 			return nil, nil // already starting or running: nothing to do
@@ -96,18 +96,18 @@ func (s *Service) startVM(ctx context.Context, p startVMParams) (empty, error) {
 		cpus = int(*p.CPUCount)
 	}
 	vmCtx, cancel := context.WithCancel(context.Background())
-	vm := &vmInstance{s: s, ctx: vmCtx, cancel: cancel, ended: make(chan struct{})}
-	s.vm = vm
+	inst := &guestInstance{s: s, ctx: vmCtx, cancel: cancel, ended: make(chan struct{})}
+	s.guest = inst
 	s.mu.Unlock()
 
 	fail := func(err error) (empty, error) {
 		cancel()
 		s.mu.Lock()
-		if s.vm == vm {
-			s.vm = nil
+		if s.guest == inst {
+			s.guest = nil
 		}
 		s.mu.Unlock()
-		close(vm.ended)
+		close(inst.ended)
 		s.log.Error("startVM failed", "err", err)
 		return nil, err
 	}
@@ -116,7 +116,7 @@ func (s *Service) startVM(ctx context.Context, p startVMParams) (empty, error) {
 	if err != nil {
 		return fail(fmt.Errorf("the %s backend is unavailable: %w%s", s.opts.Backend, err, s.fallbackHint(err)))
 	}
-	vm.backend = backend
+	inst.backend = backend
 	s.log.Info("starting guest", "backend", backend.Name(), "memoryMB", mem, "cpus", cpus)
 	s.step(StepLaunchGuest, protocol.StepStarted)
 	guest, err := backend.Start(vmCtx, GuestConfig{MemoryMiB: mem, CPUCount: cpus, StepFunc: s.step})
@@ -124,11 +124,11 @@ func (s *Service) startVM(ctx context.Context, p startVMParams) (empty, error) {
 	if err != nil {
 		return fail(fmt.Errorf("starting the guest (%s backend): %w%s", backend.Name(), err, s.fallbackHint(err)))
 	}
-	vm.mu.Lock()
-	vm.guest = guest
-	vm.mu.Unlock()
+	inst.mu.Lock()
+	inst.guest = guest
+	inst.mu.Unlock()
 	s.serveEgress(vmCtx, guest)
-	go vm.run()
+	go inst.run()
 	s.monitorNetwork(vmCtx, p.APIProbeURL)
 	return nil, nil
 }
@@ -170,72 +170,72 @@ func (s *Service) step(step, status string) {
 
 // run connects to the agent, sets the guest up, watches it, and tears it
 // down when it is stopped or dies.
-func (vm *vmInstance) run() {
-	s := vm.s
-	defer close(vm.ended)
-	err := vm.connect()
+func (inst *guestInstance) run() {
+	s := inst.s
+	defer close(inst.ended)
+	err := inst.connect()
 	if err == nil {
-		s.log.Info("guest agent connected", "kernel", vm.agent.hello.Kernel)
-		go vm.pingLoop()
+		s.log.Info("guest agent connected", "kernel", inst.agent.hello.Kernel)
+		go inst.pingLoop()
 		select {
-		case <-vm.ctx.Done():
-		case <-vm.guest.Done():
-			err = vm.guest.Err()
+		case <-inst.ctx.Done():
+		case <-inst.guest.Done():
+			err = inst.guest.Err()
 			if err == nil {
 				err = errors.New("the guest exited")
 			}
-		case <-vm.agent.Done():
-			err = vm.agent.Err()
+		case <-inst.agent.Done():
+			err = inst.agent.Err()
 			// A dying guest usually drops the connection first; its own
 			// reason (e.g. "killed") says more, if it comes soon.
 			select {
-			case <-vm.guest.Done():
-				if gerr := vm.guest.Err(); gerr != nil {
+			case <-inst.guest.Done():
+				if gerr := inst.guest.Err(); gerr != nil {
 					err = gerr
 				}
 			case <-time.After(time.Second):
 			}
 		}
 	}
-	vm.ending.Store(true)
-	vm.connected.Store(false)
-	if vm.stopping.Load() {
-		vm.shutdown()
+	inst.ending.Store(true)
+	inst.connected.Store(false)
+	if inst.stopping.Load() {
+		inst.shutdown()
 		s.log.Info("guest stopped")
 	} else {
 		s.log.Error("guest ended unexpectedly", "err", err)
 		s.hub.Publish(protocol.Event{Type: protocol.EventError, Message: fmt.Sprintf("the guest ended unexpectedly: %v", err), Fatal: ptr(true)})
-		vm.forceStop()
+		inst.forceStop()
 	}
-	s.reapProcesses(vm, fmt.Sprintf("the guest ended: %v", err))
-	vm.cancel()
+	s.reapProcesses(inst, fmt.Sprintf("the guest ended: %v", err))
+	inst.cancel()
 	s.mu.Lock()
-	if s.vm == vm {
-		s.vm = nil
+	if s.guest == inst {
+		s.guest = nil
 	}
 	s.mu.Unlock()
 }
 
 // connect waits for the agent, reads its hello and sends setup.
-func (vm *vmInstance) connect() error {
-	s := vm.s
+func (inst *guestInstance) connect() error {
+	s := inst.s
 	s.step(StepConnectAgent, protocol.StepStarted)
 	defer s.step(StepConnectAgent, protocol.StepCompleted)
-	conn, err := vm.guest.Agent(vm.ctx)
+	conn, err := inst.guest.Agent(inst.ctx)
 	if err != nil {
 		return fmt.Errorf("waiting for the guest agent: %w", err)
 	}
-	agent, err := dialAgent(vm.ctx, conn, s.log, func(ev protocol.Event) { s.onAgentEvent(vm, ev) })
+	agent, err := dialAgent(inst.ctx, conn, s.log, func(ev protocol.Event) { s.onAgentEvent(inst, ev) })
 	if err != nil {
 		return err
 	}
-	vm.mu.Lock()
-	vm.agent = agent
-	vm.mu.Unlock()
+	inst.mu.Lock()
+	inst.agent = agent
+	inst.mu.Unlock()
 
-	setup := protocol.SetupParams{NewRoot: vm.backend.Name() == BackendProcess, Hostname: "cowork"}
-	shareSystem := func(dir string) (protocol.MountSource, error) { return vm.guest.Share(dir, true) }
-	if ss, ok := vm.guest.(SystemSharer); ok {
+	setup := protocol.SetupParams{NewRoot: inst.backend.Name() == BackendProcess, Hostname: "cowork"}
+	shareSystem := func(dir string) (protocol.MountSource, error) { return inst.guest.Share(dir, true) }
+	if ss, ok := inst.guest.(SystemSharer); ok {
 		shareSystem = ss.ShareSystem
 	}
 	for _, dir := range s.opts.SystemDirs {
@@ -248,76 +248,76 @@ func (vm *vmInstance) connect() error {
 		}
 		setup.System = append(setup.System, protocol.Mount{Source: src, Target: dir, ReadOnly: true})
 	}
-	if a, ok := vm.guest.(SetupAdjuster); ok {
+	if a, ok := inst.guest.(SetupAdjuster); ok {
 		a.AdjustSetup(&setup)
 	}
-	if err := vm.call(protocol.AgentMethodSetup, setup, nil); err != nil {
+	if err := inst.call(protocol.AgentMethodSetup, setup, nil); err != nil {
 		return fmt.Errorf("setting up the guest's root filesystem: %w", err)
 	}
 	s.mu.Lock()
 	sdk := s.sdk
 	s.mu.Unlock()
 	if sdk != nil {
-		if err := vm.mountSDK(sdk); err != nil {
+		if err := inst.mountSDK(sdk); err != nil {
 			return err
 		}
 	}
-	vm.connected.Store(true)
+	inst.connected.Store(true)
 	return nil
 }
 
 // call sends one request to the agent with the ordinary timeout.
-func (vm *vmInstance) call(method string, params, result any) error {
-	vm.mu.Lock()
-	agent := vm.agent
-	vm.mu.Unlock()
+func (inst *guestInstance) call(method string, params, result any) error {
+	inst.mu.Lock()
+	agent := inst.agent
+	inst.mu.Unlock()
 	if agent == nil {
 		return errors.New("the guest agent is not connected")
 	}
-	ctx, cancel := context.WithTimeout(vm.ctx, agentCallTimeout)
+	ctx, cancel := context.WithTimeout(inst.ctx, agentCallTimeout)
 	defer cancel()
 	return agent.Call(ctx, method, params, result)
 }
 
-func (vm *vmInstance) pingLoop() {
-	t := time.NewTicker(vm.s.opts.PingInterval)
+func (inst *guestInstance) pingLoop() {
+	t := time.NewTicker(inst.s.opts.PingInterval)
 	defer t.Stop()
 	failures := 0
 	for {
 		select {
-		case <-vm.ctx.Done():
+		case <-inst.ctx.Done():
 			return
-		case <-vm.agent.Done():
+		case <-inst.agent.Done():
 			return
 		case <-t.C:
 		}
-		ctx, cancel := context.WithTimeout(vm.ctx, 5*vm.s.opts.PingInterval)
-		err := vm.agent.Call(ctx, protocol.AgentMethodPing, nil, nil)
+		ctx, cancel := context.WithTimeout(inst.ctx, 5*inst.s.opts.PingInterval)
+		err := inst.agent.Call(ctx, protocol.AgentMethodPing, nil, nil)
 		cancel()
-		if vm.ctx.Err() != nil {
+		if inst.ctx.Err() != nil {
 			return
 		}
 		if err == nil {
 			failures = 0
-			vm.connected.Store(true)
+			inst.connected.Store(true)
 			continue
 		}
 		failures++
-		vm.connected.Store(false)
-		vm.s.log.Warn("guest agent did not answer a ping", "err", err, "failures", failures)
+		inst.connected.Store(false)
+		inst.s.log.Warn("guest agent did not answer a ping", "err", err, "failures", failures)
 		if failures >= pingFailuresFatal {
-			vm.agent.Close() // run sees agent.Done and tears the guest down
+			inst.agent.Close() // run sees agent.Done and tears the guest down
 			return
 		}
 	}
 }
 
 // stop asks the run goroutine to shut the guest down and waits for it.
-func (vm *vmInstance) stop(ctx context.Context) error {
-	vm.stopping.Store(true)
-	vm.cancel()
+func (inst *guestInstance) stop(ctx context.Context) error {
+	inst.stopping.Store(true)
+	inst.cancel()
 	select {
-	case <-vm.ended:
+	case <-inst.ended:
 		return nil
 	case <-ctx.Done():
 		return fmt.Errorf("stopping the guest: %w", ctx.Err())
@@ -326,16 +326,16 @@ func (vm *vmInstance) stop(ctx context.Context) error {
 
 // shutdown ends the guest cleanly: the agent ends every process (SIGTERM,
 // then SIGKILL after the grace period) and exits; then the backend frees it.
-func (vm *vmInstance) shutdown() {
-	grace := vm.s.opts.StopGrace
-	vm.mu.Lock()
-	agent, guest := vm.agent, vm.guest
-	vm.mu.Unlock()
+func (inst *guestInstance) shutdown() {
+	grace := inst.s.opts.StopGrace
+	inst.mu.Lock()
+	agent, guest := inst.agent, inst.guest
+	inst.mu.Unlock()
 	if agent != nil && agent.Err() == nil {
 		ctx, cancel := context.WithTimeout(context.Background(), grace+5*time.Second)
 		err := agent.Call(ctx, protocol.AgentMethodShutdown, protocol.ShutdownParams{GraceMillis: int(grace / time.Millisecond)}, nil)
 		if err != nil {
-			vm.s.log.Warn("guest agent shutdown request failed", "err", err)
+			inst.s.log.Warn("guest agent shutdown request failed", "err", err)
 		} else {
 			// The agent exits once its processes are gone; their exit
 			// events arrive before the connection closes.
@@ -343,25 +343,25 @@ func (vm *vmInstance) shutdown() {
 			case <-agent.Done():
 			case <-guest.Done():
 			case <-ctx.Done():
-				vm.s.log.Warn("guest agent did not exit after shutdown; stopping the guest forcibly")
+				inst.s.log.Warn("guest agent did not exit after shutdown; stopping the guest forcibly")
 			}
 		}
 		cancel()
 	}
-	vm.forceStop()
+	inst.forceStop()
 }
 
 // forceStop frees the guest and waits for the agent's read loop, so every
 // event the agent sent has been published before exits are synthesised.
-func (vm *vmInstance) forceStop() {
-	vm.mu.Lock()
-	agent, guest := vm.agent, vm.guest
-	vm.mu.Unlock()
+func (inst *guestInstance) forceStop() {
+	inst.mu.Lock()
+	agent, guest := inst.agent, inst.guest
+	inst.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if guest != nil {
 		if err := guest.Stop(ctx); err != nil {
-			vm.s.log.Warn("stopping the guest", "err", err)
+			inst.s.log.Warn("stopping the guest", "err", err)
 		}
 	}
 	if agent != nil {
@@ -373,10 +373,10 @@ func (vm *vmInstance) forceStop() {
 	}
 }
 
-// reapProcesses reports an exit for every process of vm still running.
-func (s *Service) reapProcesses(vm *vmInstance, reason string) {
+// reapProcesses reports an exit for every process of inst still running.
+func (s *Service) reapProcesses(inst *guestInstance, reason string) {
 	s.mu.Lock()
-	procs := s.procs.runningIn(vm)
+	procs := s.procs.runningIn(inst)
 	sort.Slice(procs, func(i, j int) bool { return procs[i].id < procs[j].id })
 	var events []protocol.Event
 	for _, p := range procs {
@@ -387,7 +387,7 @@ func (s *Service) reapProcesses(vm *vmInstance, reason string) {
 	}
 	s.mu.Unlock()
 	for _, ev := range events {
-		if !vm.stopping.Load() {
+		if !inst.stopping.Load() {
 			s.hub.Publish(protocol.Event{Type: protocol.EventError, ID: ev.ID, Message: reason, Fatal: ptr(true)})
 		}
 		s.hub.Publish(ev)
@@ -400,18 +400,18 @@ func (s *Service) stopVMCall(ctx context.Context, _ struct{}) (empty, error) {
 
 func (s *Service) stopVM(ctx context.Context) error {
 	s.mu.Lock()
-	vm := s.vm
+	inst := s.guest
 	s.mu.Unlock()
-	if vm == nil {
+	if inst == nil {
 		return nil
 	}
 	s.log.Info("stopping guest")
-	return vm.stop(ctx)
+	return inst.stop(ctx)
 }
 
 // onAgentEvent validates one event from the agent (the guest is not
 // trusted) and publishes it.
-func (s *Service) onAgentEvent(vm *vmInstance, ev protocol.Event) {
+func (s *Service) onAgentEvent(inst *guestInstance, ev protocol.Event) {
 	switch ev.Type {
 	case protocol.EventStdout, protocol.EventStderr, protocol.EventExit, protocol.EventError:
 	default:
@@ -420,7 +420,7 @@ func (s *Service) onAgentEvent(vm *vmInstance, ev protocol.Event) {
 	}
 	s.mu.Lock()
 	p := s.procs.get(ev.ID)
-	if p == nil || p.vm != vm {
+	if p == nil || p.guest != inst {
 		s.mu.Unlock()
 		s.log.Debug("agent event for an unknown process dropped", "type", ev.Type, "id", ev.ID)
 		return
@@ -430,9 +430,10 @@ func (s *Service) onAgentEvent(vm *vmInstance, ev protocol.Event) {
 		var code *int
 		signal := ""
 		if ev.Signal != "" {
-			if _, ok := signalNumbers[ev.Signal]; ok {
-				signal = ev.Signal
-			} else {
+			// The agent reports protocol.SignalName; from a hostile
+			// guest, anything else is reported as SIGKILL.
+			var err error
+			if signal, err = protocol.CanonicalSignal(ev.Signal); err != nil {
 				signal = "SIGKILL"
 			}
 		} else {
@@ -460,7 +461,7 @@ func (s *Service) onAgentEvent(vm *vmInstance, ev protocol.Event) {
 		// Its session's mounts go when it was the last one. Not here:
 		// this is the agent's read loop, and a mount in progress holds
 		// mountMu while it waits for the agent's reply.
-		go vm.withdrawIfIdle(p.session)
+		go inst.withdrawIfIdle(p.session)
 		s.hub.Publish(out)
 	case protocol.EventError:
 		s.mu.Unlock()
@@ -508,15 +509,15 @@ func splitUTF8(s string, n int) []string {
 func ptr[T any](v T) *T { return &v }
 
 // activeVM returns the connected guest or an error the client can act on.
-func (s *Service) activeVM() (*vmInstance, error) {
+func (s *Service) activeVM() (*guestInstance, error) {
 	s.mu.Lock()
-	vm := s.vm
+	inst := s.guest
 	s.mu.Unlock()
-	if vm == nil {
+	if inst == nil {
 		return nil, errors.New("the guest is not running: call startVM first")
 	}
-	if !vm.connected.Load() {
+	if !inst.connected.Load() {
 		return nil, errors.New("the guest agent is not connected yet: wait until isGuestConnected is true")
 	}
-	return vm, nil
+	return inst, nil
 }
