@@ -19,7 +19,23 @@ import (
 
 // StressBootsEnv sets how many boots TestKVMStress2VCPUs makes; unset, the
 // stress tests skip (they are not for CI: `make nested-stress` runs them).
-const StressBootsEnv = "COWORK_VMM_STRESS_BOOTS"
+// StressVCPUsEnv changes the guests' vCPUs (default 2), and
+// StressSingleThreadEnv=1 runs the outer guest's two CPUs on one host
+// thread (nested.Options.SingleThreadTCG): the two experiments that tell a
+// 2-vCPU guest problem from one of the emulator's.
+const (
+	StressBootsEnv        = "COWORK_VMM_STRESS_BOOTS"
+	StressVCPUsEnv        = "COWORK_VMM_STRESS_VCPUS"
+	StressSingleThreadEnv = "COWORK_VMM_STRESS_SINGLE_THREAD"
+)
+
+// stressVCPUs is $COWORK_VMM_STRESS_VCPUS, default 2.
+func stressVCPUs() int {
+	if n, err := strconv.Atoi(os.Getenv(StressVCPUsEnv)); err == nil && n > 0 {
+		return n
+	}
+	return 2
+}
 
 // stressBoots is $COWORK_VMM_STRESS_BOOTS, or skips t.
 func stressBoots(t *testing.T) int {
@@ -38,6 +54,7 @@ func stressBoots(t *testing.T) int {
 // each, the helper's log of that boot (a triple fault's dump among it).
 func TestKVMStress2VCPUs(t *testing.T) {
 	boots := stressBoots(t)
+	vcpus := stressVCPUs()
 	h := startHelper(t, kvmBackend(t, "TestNestedKVMStress"))
 	pipe, err := protocol.DialPipe(t.Context(), h.socket)
 	require.NoError(t, err)
@@ -51,7 +68,7 @@ func TestKVMStress2VCPUs(t *testing.T) {
 	for i := range boots {
 		logStart := len(h.stderr.String())
 		start := time.Now()
-		err := stressBoot(h, ev, i)
+		err := stressBoot(h, ev, i, vcpus)
 		if err == nil {
 			clean++
 			t.Logf("boot %d: clean in %v", i, time.Since(start).Round(time.Millisecond))
@@ -61,24 +78,25 @@ func TestKVMStress2VCPUs(t *testing.T) {
 		failures = append(failures, fmt.Sprintf("boot %d: %v\nhelper log of this boot:\n%s", i, err, lastLines(log, 80)))
 		t.Logf("boot %d: FAILED after %v: %v", i, time.Since(start).Round(time.Millisecond), err)
 	}
-	t.Logf("STRESSFIGURE vcpus=2 clean=%d total=%d", clean, boots)
+	t.Logf("STRESSFIGURE vcpus=%d clean=%d total=%d", vcpus, clean, boots)
 	for _, f := range failures {
 		t.Log(f)
 	}
 	if clean != boots {
-		t.Errorf("%d of %d 2-vCPU boots did not end cleanly", boots-clean, boots)
+		t.Errorf("%d of %d %d-vCPU boots did not end cleanly", boots-clean, boots, vcpus)
 	}
 }
 
-// stressBoot is one boot: startVM with 2 vCPUs, the agent connects, a spawn
-// sees both CPUs and exits 0, stopVM. The VM is stopped whatever happens.
-func stressBoot(h *harness, ev *events, i int) (err error) {
+// stressBoot is one boot: startVM with vcpus vCPUs, the agent connects, a
+// spawn sees them all and exits 0, stopVM. The VM is stopped whatever
+// happens.
+func stressBoot(h *harness, ev *events, i, vcpus int) (err error) {
 	defer func() {
 		if resp := h.try("stopVM", nil); !resp.Success && err == nil {
 			err = fmt.Errorf("stopVM: %s", resp.Error)
 		}
 	}()
-	if resp := h.try("startVM", map[string]any{"bundlePath": "", "memoryGB": 1.0, "cpuCount": 2}); !resp.Success {
+	if resp := h.try("startVM", map[string]any{"bundlePath": "", "memoryGB": 1.0, "cpuCount": vcpus}); !resp.Success {
 		return fmt.Errorf("startVM: %s", resp.Error)
 	}
 	if err := tryConnected(h.client, 3*time.Minute); err != nil {
@@ -99,9 +117,9 @@ func stressBoot(h *harness, ev *events, i int) (err error) {
 	if exit.Type == protocol.EventError {
 		return fmt.Errorf("the guest died: %s", exit.Message)
 	}
-	out := ev.output(protocol.EventStdout, id)
-	if exit.ExitCode == nil || *exit.ExitCode != 0 || out != id+"\n2\n" {
-		return fmt.Errorf("spawn exit %+v, stdout %q; want 0 and %q", exit, out, id+"\n2\n")
+	out, want := ev.output(protocol.EventStdout, id), fmt.Sprintf("%s\n%d\n", id, vcpus)
+	if exit.ExitCode == nil || *exit.ExitCode != 0 || out != want {
+		return fmt.Errorf("spawn exit %+v, stdout %q; want 0 and %q", exit, out, want)
 	}
 	return nil
 }
@@ -147,8 +165,11 @@ func TestNestedKVMStress(t *testing.T) {
 	for outer := 0; clean+failed < boots && outer < maxOuterGuests; outer++ {
 		remaining := strconv.Itoa(boots - clean - failed)
 		gt := nestedKVMTest(t, "^TestKVMStress2VCPUs$", time.Duration(boots)*2*time.Minute+5*time.Minute, 2,
-			StressBootsEnv+"="+remaining)
+			StressBootsEnv+"="+remaining, StressVCPUsEnv+"="+strconv.Itoa(stressVCPUs()),
+			// e.g. "loglevel=7" shows how far a failing boot got.
+			"COWORK_VMM_GUEST_CMDLINE="+os.Getenv("COWORK_VMM_GUEST_CMDLINE"))
 		gt.QemuLog = filepath.Join(t.TempDir(), "qemu.log")
+		gt.SingleThreadTCG = os.Getenv(StressSingleThreadEnv) == "1"
 		res, err := nested.TryGoTest(t, gt)
 		c, f := 0, 0
 		for _, m := range stressBootLine.FindAllStringSubmatch(res.Output, -1) {
@@ -166,7 +187,8 @@ func TestNestedKVMStress(t *testing.T) {
 				outer, c+f, c, err, lastLines(string(qemuLog), 60))
 		}
 	}
-	t.Logf("STRESSFIGURE vcpus=2 clean=%d failed=%d total=%d outer_guest_deaths=%d", clean, failed, boots, deaths)
+	t.Logf("STRESSFIGURE vcpus=%d outer_cpus=2 single_thread_tcg=%v clean=%d failed=%d total=%d outer_guest_deaths=%d",
+		stressVCPUs(), os.Getenv(StressSingleThreadEnv) == "1", clean, failed, boots, deaths)
 	if failed > 0 {
 		t.Errorf("%d of %d 2-vCPU boots did not end cleanly (their helper logs are above)", failed, boots)
 	}

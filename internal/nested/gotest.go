@@ -28,6 +28,8 @@ type GoTest struct {
 	CPUs    int
 	Timeout time.Duration
 	QemuLog string
+	// SingleThreadTCG is as in Options.
+	SingleThreadTCG bool
 }
 
 // RunGoTest compiles pkg's tests (CGO_ENABLED=0), runs those matching
@@ -85,17 +87,18 @@ func TryGoTest(t testing.TB, gt GoTest) (Result, error) {
 		}
 	}
 	res, err := Run(ctx, Options{
-		PayloadDir: payload,
-		Files:      gt.Files,
-		Cmd:        args,
-		Env:        append(gt.Env, LedgerEnv+"="+filepath.Join(job.PayloadDir, payloadLedger)),
-		Dir:        dir,
-		Shares:     shares,
-		MemMiB:     gt.MemMiB,
-		CPUs:       gt.CPUs,
-		Timeout:    gt.Timeout,
-		Stdout:     &lineLogger{t: t},
-		QemuLog:    gt.QemuLog,
+		PayloadDir:      payload,
+		Files:           gt.Files,
+		Cmd:             args,
+		Env:             append(gt.Env, LedgerEnv+"="+filepath.Join(job.PayloadDir, payloadLedger)),
+		Dir:             dir,
+		Shares:          shares,
+		MemMiB:          gt.MemMiB,
+		CPUs:            gt.CPUs,
+		Timeout:         gt.Timeout,
+		Stdout:          &lineLogger{t: t},
+		QemuLog:         gt.QemuLog,
+		SingleThreadTCG: gt.SingleThreadTCG,
 	})
 	if mergeErr := mergeNestedLedger(payload); mergeErr != nil {
 		t.Errorf("nested run of %s: %v", gt.Pkg, mergeErr)

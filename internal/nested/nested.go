@@ -62,6 +62,10 @@ type Options struct {
 	// MemMiB and CPUs size the outer guest (defaults 2048 and 1).
 	MemMiB int
 	CPUs   int
+	// SingleThreadTCG runs several outer CPUs on one host thread, in turn
+	// (-accel tcg,thread=single), instead of one thread each: slower, but
+	// without the multi-threaded emulator's memory-ordering effects.
+	SingleThreadTCG bool
 	// Timeout bounds the payload inside the guest (default 10 min); qemu
 	// itself is killed a little later if the guest does not finish.
 	Timeout time.Duration
@@ -276,7 +280,7 @@ const outerCmdline = "console=ttyS0 reboot=t panic=-1 quiet tsc_early_khz=200000
 // qemuArgs is the outer guest's command line (NESTED-TEST.md's recipe).
 func qemuArgs(opts Options, payload, initrd string) []string {
 	accel := "tcg"
-	if opts.CPUs > 1 {
+	if opts.CPUs > 1 && !opts.SingleThreadTCG {
 		accel = "tcg,thread=multi"
 	}
 	args := []string{

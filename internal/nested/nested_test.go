@@ -109,6 +109,7 @@ func TestQemuArgsFollowTheRecipe(t *testing.T) {
 		require.Contains(t, args, want)
 	}
 	require.Contains(t, strings.Join(qemuArgs(Options{CPUs: 1}, "/p", "/i"), " "), "-accel tcg ")
+	require.Contains(t, strings.Join(qemuArgs(Options{CPUs: 2, SingleThreadTCG: true}, "/p", "/i"), " "), "-accel tcg -M")
 	shared := strings.Join(qemuArgs(Options{Shares: []string{"/tmp/clone"}}, "/p", "/i"), " ")
 	require.Contains(t, shared, "-fsdev local,id=share0,path=/tmp/clone,security_model=none,readonly=on -device virtio-9p-device,fsdev=share0,mount_tag=share0")
 }
