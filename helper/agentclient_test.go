@@ -104,7 +104,7 @@ func TestParamsAcceptJavaScriptNumbers(t *testing.T) {
 	g := e.start()
 	assert.Equal(t, 3072, g.cfg.MemoryMiB)
 	assert.Equal(t, 4, g.cfg.CPUCount)
-	var r pruneResult
+	var r protocol.PruneResult
 	e.mustCall("pruneSessionCaches", json.RawMessage(`{"onlyIfFreeBytesBelow":1e3,"includeSessionTmp":false,"sessionTmpOlderThanSeconds":86400.0}`), &r)
 	assert.Empty(t, r.PrunedSessions)
 }

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/cowork-vmm/cowork-vmm/internal/beneath"
+	"github.com/cowork-vmm/cowork-vmm/protocol"
 )
 
 // Host-side session housekeeping: disk info, delete and prune. Every
@@ -72,29 +73,29 @@ func statfs(root *beneath.Dir) (total, free int64, err error) {
 	return int64(st.Blocks) * st.Bsize, int64(st.Bavail) * st.Bsize, nil
 }
 
-func (s *Service) getSessionsDiskInfo(_ context.Context, _ diskInfoParams) (diskInfoResult, error) {
+func (s *Service) getSessionsDiskInfo(_ context.Context, _ protocol.GetSessionsDiskInfoParams) (protocol.DiskInfoResult, error) {
 	root, err := s.openSessions()
 	if err != nil {
-		return diskInfoResult{}, fmt.Errorf("getSessionsDiskInfo: %w", err)
+		return protocol.DiskInfoResult{}, fmt.Errorf("getSessionsDiskInfo: %w", err)
 	}
 	defer root.Close()
 	total, free, err := statfs(root)
 	if err != nil {
-		return diskInfoResult{}, fmt.Errorf("getSessionsDiskInfo: %w", err)
+		return protocol.DiskInfoResult{}, fmt.Errorf("getSessionsDiskInfo: %w", err)
 	}
 	names, err := sessionNames(root)
 	if err != nil {
-		return diskInfoResult{}, fmt.Errorf("getSessionsDiskInfo: %w", err)
+		return protocol.DiskInfoResult{}, fmt.Errorf("getSessionsDiskInfo: %w", err)
 	}
-	res := diskInfoResult{TotalBytes: total, FreeBytes: free, Sessions: []sessionDiskInfo{}}
+	res := protocol.DiskInfoResult{TotalBytes: total, FreeBytes: free, Sessions: []protocol.SessionDisk{}}
 	for _, n := range names {
-		res.Sessions = append(res.Sessions, sessionDiskInfo{Name: n, SizeBytes: root.SizeOf(n)})
+		res.Sessions = append(res.Sessions, protocol.SessionDisk{Name: n, SizeBytes: root.SizeOf(n)})
 	}
 	return res, nil
 }
 
-func (s *Service) deleteSessionDirs(_ context.Context, p deleteSessionDirsParams) (deleteSessionDirsResult, error) {
-	res := deleteSessionDirsResult{Deleted: []string{}, Errors: map[string]string{}}
+func (s *Service) deleteSessionDirs(_ context.Context, p protocol.DeleteSessionDirsParams) (protocol.DeleteResult, error) {
+	res := protocol.DeleteResult{Deleted: []string{}, Errors: map[string]string{}}
 	root, err := s.openSessions()
 	if err != nil {
 		return res, fmt.Errorf("deleteSessionDirs: %w", err)
@@ -126,8 +127,8 @@ func (s *Service) deleteSessionDirs(_ context.Context, p deleteSessionDirsParams
 	return res, nil
 }
 
-func (s *Service) pruneSessionCaches(_ context.Context, p pruneParams) (pruneResult, error) {
-	res := pruneResult{PrunedSessions: []string{}, SkippedSessions: []string{}, Errors: map[string]string{}}
+func (s *Service) pruneSessionCaches(_ context.Context, p protocol.PruneSessionCachesParams) (protocol.PruneResult, error) {
+	res := protocol.PruneResult{PrunedSessions: []string{}, SkippedSessions: []string{}, Errors: map[string]string{}}
 	root, err := s.openSessions()
 	if err != nil {
 		return res, fmt.Errorf("pruneSessionCaches: %w", err)

@@ -193,7 +193,7 @@ func TestPruneSessionCachesRacingSymlinkSwaps(t *testing.T) {
 	h := newHostileSession(t, e, "hostile")
 	before := h.snapshot()
 	hour := protocol.Int(3600)
-	params := pruneParams{IncludeSessionTmp: true, SessionTmpOlderThanSeconds: &hour}
+	params := protocol.PruneSessionCachesParams{IncludeSessionTmp: true, SessionTmpOlderThanSeconds: &hour}
 	var pruned, failed int
 	raceCalls(t, "pruneSessionCaches", raceIterations, func() {
 		r, err := e.s.pruneSessionCaches(context.Background(), params)
@@ -219,7 +219,7 @@ func TestDiskInfoRacingSymlinkSwaps(t *testing.T) {
 	before := h.snapshot()
 	var biggest int64
 	raceCalls(t, "getSessionsDiskInfo", raceIterations, func() {
-		r, err := e.s.getSessionsDiskInfo(context.Background(), diskInfoParams{})
+		r, err := e.s.getSessionsDiskInfo(context.Background(), protocol.GetSessionsDiskInfoParams{})
 		require.NoError(t, err)
 		require.Len(t, r.Sessions, 1)
 		biggest = max(biggest, r.Sessions[0].SizeBytes)
@@ -241,7 +241,7 @@ func TestDeleteSessionDirsRacingSymlinkSwaps(t *testing.T) {
 	var deleted int
 	raceCalls(t, "deleteSessionDirs", deleteRaceIterations, func() {
 		writeFile(t, filepath.Join(dir, "keep"), 10)
-		r, err := e.s.deleteSessionDirs(context.Background(), deleteSessionDirsParams{Names: []string{"hostile"}})
+		r, err := e.s.deleteSessionDirs(context.Background(), protocol.DeleteSessionDirsParams{Names: []string{"hostile"}})
 		require.NoError(t, err)
 		deleted += len(r.Deleted)
 	})

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cowork-vmm/cowork-vmm/protocol"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -36,7 +37,7 @@ func TestDiskInfo(t *testing.T) {
 	writeFile(t, filepath.Join(dir, "stray-file"), 5)
 	require.NoError(t, os.Mkdir(filepath.Join(dir, "b"), 0o700))
 
-	var r diskInfoResult
+	var r protocol.DiskInfoResult
 	e.mustCall("getSessionsDiskInfo", map[string]any{"lowWaterBytes": 1}, &r)
 	assert.Positive(t, r.TotalBytes)
 	assert.Positive(t, r.FreeBytes)
@@ -61,7 +62,7 @@ func TestDeleteSessionDirs(t *testing.T) {
 		"additionalMounts": map[string]any{"m": map[string]string{"path": src[1:], "mode": "rw"}}})
 	g.agent.exit("idle", 0)
 	waitFor(t, "idle exited", func() bool {
-		var pr processRunningResult
+		var pr protocol.IsProcessRunningResult
 		e.mustCall("isProcessRunning", map[string]any{"id": "idle"}, &pr)
 		return !pr.Running
 	})
@@ -69,7 +70,7 @@ func TestDeleteSessionDirs(t *testing.T) {
 	writeFile(t, filepath.Join(idleDir, "data"), 10)
 	require.NoError(t, os.Symlink(src, filepath.Join(idleDir, "link-out")))
 
-	var r deleteSessionDirsResult
+	var r protocol.DeleteResult
 	e.mustCall("deleteSessionDirs", map[string]any{"names": []string{"../..", "a/b", "busy", "idle", ""}}, &r)
 	assert.Equal(t, []string{"idle"}, r.Deleted)
 	assert.Len(t, r.Errors, 4)
@@ -110,7 +111,7 @@ func TestPruneSessionCaches(t *testing.T) {
 	assert.Equal(t, map[string]any{"prunedSessions": []any{}, "skippedSessions": []any{}, "freedBytes": float64(0), "errors": map[string]any{}}, raw)
 	assert.FileExists(t, filepath.Join(dir, "idle", ".cache", "x"))
 
-	var r pruneResult
+	var r protocol.PruneResult
 	e.mustCall("pruneSessionCaches", map[string]any{"onlyIfFreeBytesBelow": 0, "includeSessionTmp": true, "sessionTmpOlderThanSeconds": 3600}, &r)
 	assert.Equal(t, []string{"idle"}, r.PrunedSessions)
 	assert.Equal(t, []string{"busy"}, r.SkippedSessions)

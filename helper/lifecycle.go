@@ -65,7 +65,7 @@ type mountKey struct {
 	readOnly bool
 }
 
-func (s *Service) startVM(ctx context.Context, p startVMParams) (empty, error) {
+func (s *Service) startVM(ctx context.Context, p protocol.StartVMParams) (empty, error) {
 	s.mu.Lock()
 	for s.guest != nil {
 		old := s.guest

@@ -264,7 +264,7 @@ func (s *Service) mountInSession(inst *guestInstance, session, mountName, hostRe
 	return inst.mount(host, path.Join(guestSessionDir(session), "mnt", rel), readOnly)
 }
 
-func (s *Service) mountPath(_ context.Context, p mountPathParams) (empty, error) {
+func (s *Service) mountPath(_ context.Context, p protocol.MountPathParams) (empty, error) {
 	s.mu.Lock()
 	proc := s.procs.get(p.ProcessID)
 	s.mu.Unlock()

@@ -192,7 +192,7 @@ func TestReadFileAfterLastExit(t *testing.T) {
 	g.agent.mu.Unlock()
 
 	shared, _ := g.shareState()
-	var r readFileResult
+	var r protocol.ClientReadFileResult
 	e.mustCall("readFile", map[string]any{"processName": "s", "filePath": "/sessions/s/mnt/out/result.txt"}, &r)
 	again, _ := g.shareState()
 	home := filepath.Join(e.s.DataDir(), "sessions", "s")
@@ -213,7 +213,7 @@ func TestDeleteSessionDirsWithdrawsItsMounts(t *testing.T) {
 	// with no process to end them.
 	extra := t.TempDir()
 	e.mustCall("mountPath", map[string]any{"processId": "a", "subpath": rel(extra), "mountName": "extra", "mode": "ro"}, nil)
-	var r deleteSessionDirsResult
+	var r protocol.DeleteResult
 	e.mustCall("deleteSessionDirs", map[string]any{"names": []string{"s"}}, &r)
 	require.Equal(t, []string{"s"}, r.Deleted)
 	home := filepath.Join(e.s.DataDir(), "sessions", "s")

@@ -125,7 +125,7 @@ func (s *Service) runningProcess(id string) (*process, error) {
 	return p, nil
 }
 
-func (s *Service) kill(_ context.Context, p killParams) (empty, error) {
+func (s *Service) kill(_ context.Context, p protocol.ClientKillParams) (empty, error) {
 	sig := "SIGTERM"
 	if p.Signal != "" {
 		var err error
@@ -152,7 +152,7 @@ func (s *Service) kill(_ context.Context, p killParams) (empty, error) {
 	return nil, nil
 }
 
-func (s *Service) writeStdin(_ context.Context, p writeStdinParams) (empty, error) {
+func (s *Service) writeStdin(_ context.Context, p protocol.WriteStdinParams) (empty, error) {
 	proc, err := s.runningProcess(p.ID)
 	if err != nil {
 		return nil, fmt.Errorf("writeStdin: %w", err)
@@ -163,17 +163,17 @@ func (s *Service) writeStdin(_ context.Context, p writeStdinParams) (empty, erro
 	return nil, nil
 }
 
-func (s *Service) isProcessRunning(_ context.Context, p idParams) (processRunningResult, error) {
+func (s *Service) isProcessRunning(_ context.Context, p protocol.IsProcessRunningParams) (protocol.IsProcessRunningResult, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	proc := s.procs.get(p.ID)
 	if proc == nil {
-		return processRunningResult{}, nil
+		return protocol.IsProcessRunningResult{}, nil
 	}
 	if proc.running {
-		return processRunningResult{Running: true}, nil
+		return protocol.IsProcessRunningResult{Running: true}, nil
 	}
-	res := processRunningResult{}
+	res := protocol.IsProcessRunningResult{}
 	if proc.exitCode != nil {
 		res.ExitCode = ptr(*proc.exitCode)
 	} else if sig, err := protocol.ParseSignal(proc.signal); err == nil {

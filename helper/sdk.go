@@ -6,6 +6,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+
+	"github.com/cowork-vmm/cowork-vmm/protocol"
 )
 
 // GuestSDKPath is where the installed SDK appears in every guest.
@@ -17,7 +19,7 @@ type sdkInstall struct {
 	file    string // absolute host path of the claude executable
 }
 
-func (s *Service) installSdk(_ context.Context, p installSdkParams) (empty, error) {
+func (s *Service) installSdk(_ context.Context, p protocol.InstallSdkParams) (empty, error) {
 	if p.Version == "" || strings.ContainsAny(p.Version, "/\x00") || p.Version == "." || p.Version == ".." {
 		return nil, fmt.Errorf("installSdk: invalid version %q", p.Version)
 	}

@@ -155,27 +155,27 @@ func New(opts Options) (*Service, error) {
 		return nil, fmt.Errorf("creating the session directory: %w", err)
 	}
 	s.methods = map[string]func(context.Context, json.RawMessage) (any, error){
-		"configure":             handler(s.configure),
-		"subscribeEvents":       handler(s.subscribeEventsCall),
-		"createVM":              handler(s.createVM),
-		"startVM":               handler(s.startVM),
-		"stopVM":                handler(s.stopVMCall),
-		"isRunning":             handler(s.isRunning),
-		"isGuestConnected":      handler(s.isGuestConnected),
-		"spawn":                 handler(s.spawn),
-		"kill":                  handler(s.kill),
-		"writeStdin":            handler(s.writeStdin),
-		"isProcessRunning":      handler(s.isProcessRunning),
-		"sendGuestResponse":     handler(s.sendGuestResponse),
-		"setDebugLogging":       handler(s.setDebugLogging),
-		"mountPath":             handler(s.mountPath),
-		"readFile":              handler(s.readFile),
-		"getSessionsDiskInfo":   handler(s.getSessionsDiskInfo),
-		"deleteSessionDirs":     handler(s.deleteSessionDirs),
-		"pruneSessionCaches":    handler(s.pruneSessionCaches),
-		"installSdk":            handler(s.installSdk),
-		"addApprovedOauthToken": handler(s.addApprovedOauthToken),
-		"getNetworkDrives":      handler(s.getNetworkDrives),
+		protocol.MethodConfigure:             handler(s.configure),
+		protocol.MethodSubscribeEvents:       handler(s.subscribeEventsCall),
+		protocol.MethodCreateVM:              handler(s.createVM),
+		protocol.MethodStartVM:               handler(s.startVM),
+		protocol.MethodStopVM:                handler(s.stopVMCall),
+		protocol.MethodIsRunning:             handler(s.isRunning),
+		protocol.MethodIsGuestConnected:      handler(s.isGuestConnected),
+		protocol.MethodSpawn:                 handler(s.spawn),
+		protocol.MethodKill:                  handler(s.kill),
+		protocol.MethodWriteStdin:            handler(s.writeStdin),
+		protocol.MethodIsProcessRunning:      handler(s.isProcessRunning),
+		protocol.MethodSendGuestResponse:     handler(s.sendGuestResponse),
+		protocol.MethodSetDebugLogging:       handler(s.setDebugLogging),
+		protocol.MethodMountPath:             handler(s.mountPath),
+		protocol.MethodReadFile:              handler(s.readFile),
+		protocol.MethodGetSessionsDiskInfo:   handler(s.getSessionsDiskInfo),
+		protocol.MethodDeleteSessionDirs:     handler(s.deleteSessionDirs),
+		protocol.MethodPruneSessionCaches:    handler(s.pruneSessionCaches),
+		protocol.MethodInstallSdk:            handler(s.installSdk),
+		protocol.MethodAddApprovedOauthToken: handler(s.addApprovedOauthToken),
+		protocol.MethodGetNetworkDrives:      handler(s.getNetworkDrives),
 	}
 	return s, nil
 }
@@ -309,7 +309,7 @@ func (s *Service) SessionDir(name string) (string, error) {
 
 type empty = *struct{}
 
-func (s *Service) configure(_ context.Context, p configureParams) (empty, error) {
+func (s *Service) configure(_ context.Context, p protocol.ConfigureParams) (empty, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.profile = profileKey{p.UserDataName, p.UserDataRoot}
@@ -335,26 +335,26 @@ func (s *Service) createVM(context.Context, struct{}) (empty, error) {
 	return nil, nil
 }
 
-func (s *Service) isRunning(context.Context, struct{}) (runningResult, error) {
+func (s *Service) isRunning(context.Context, struct{}) (protocol.IsRunningResult, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return runningResult{Running: s.guest != nil}, nil
+	return protocol.IsRunningResult{Running: s.guest != nil}, nil
 }
 
-func (s *Service) isGuestConnected(context.Context, struct{}) (connectedResult, error) {
+func (s *Service) isGuestConnected(context.Context, struct{}) (protocol.IsGuestConnectedResult, error) {
 	s.mu.Lock()
 	inst := s.guest
 	s.mu.Unlock()
-	return connectedResult{Connected: inst != nil && inst.connected.Load()}, nil
+	return protocol.IsGuestConnectedResult{Connected: inst != nil && inst.connected.Load()}, nil
 }
 
-func (s *Service) sendGuestResponse(_ context.Context, p sendGuestResponseParams) (empty, error) {
+func (s *Service) sendGuestResponse(_ context.Context, p protocol.SendGuestResponseParams) (empty, error) {
 	// The guest makes no requests yet; accept answers so the client is happy.
 	s.log.Debug("guest response ignored: no guest requests are pending", "id", p.ID)
 	return nil, nil
 }
 
-func (s *Service) setDebugLogging(_ context.Context, p setDebugLoggingParams) (empty, error) {
+func (s *Service) setDebugLogging(_ context.Context, p protocol.SetDebugLoggingParams) (empty, error) {
 	if s.opts.LogLevel != nil {
 		if p.Enabled {
 			s.opts.LogLevel.Set(slog.LevelDebug)
@@ -369,7 +369,7 @@ func (s *Service) setDebugLogging(_ context.Context, p setDebugLoggingParams) (e
 	return nil, nil
 }
 
-func (s *Service) addApprovedOauthToken(_ context.Context, p addApprovedOauthTokenParams) (empty, error) {
+func (s *Service) addApprovedOauthToken(_ context.Context, p protocol.AddApprovedOauthTokenParams) (empty, error) {
 	if strings.ContainsRune(p.Token, 0) {
 		return nil, errors.New("addApprovedOauthToken: token contains a NUL byte")
 	}
@@ -380,8 +380,8 @@ func (s *Service) addApprovedOauthToken(_ context.Context, p addApprovedOauthTok
 	return nil, nil
 }
 
-func (s *Service) getNetworkDrives(context.Context, struct{}) (networkDrivesResult, error) {
-	return networkDrivesResult{Drives: []any{}}, nil
+func (s *Service) getNetworkDrives(context.Context, struct{}) (protocol.NetworkDrivesResult, error) {
+	return protocol.NetworkDrivesResult{}, nil
 }
 
 var _ protocol.Handler = (*Service)(nil)

@@ -100,16 +100,16 @@ func (e *testEnv) start() *fakeGuest {
 	e.t.Helper()
 	e.mustCall("startVM", map[string]any{"bundlePath": "/nonexistent"}, nil)
 	waitFor(e.t, "guest connected", func() bool {
-		var r connectedResult
+		var r protocol.IsGuestConnectedResult
 		e.mustCall("isGuestConnected", nil, &r)
 		return r.Connected
 	})
 	return e.backend.last()
 }
 
-func (e *testEnv) spawn(params map[string]any) spawnResult {
+func (e *testEnv) spawn(params map[string]any) protocol.SpawnResult {
 	e.t.Helper()
-	var r spawnResult
+	var r protocol.SpawnResult
 	e.mustCall("spawn", params, &r)
 	return r
 }
@@ -139,10 +139,10 @@ func TestInvalidParams(t *testing.T) {
 
 func TestIdleMethods(t *testing.T) {
 	e := newTestEnv(t)
-	var running runningResult
+	var running protocol.IsRunningResult
 	e.mustCall("isRunning", nil, &running)
 	assert.False(t, running.Running)
-	var conn connectedResult
+	var conn protocol.IsGuestConnectedResult
 	e.mustCall("isGuestConnected", nil, &conn)
 	assert.False(t, conn.Connected)
 	e.mustCall("stopVM", nil, nil) // nothing runs: still succeeds
@@ -153,9 +153,9 @@ func TestIdleMethods(t *testing.T) {
 	var drives map[string]any
 	e.mustCall("getNetworkDrives", nil, &drives)
 	assert.Equal(t, map[string]any{"drives": []any{}}, drives)
-	var pr processRunningResult
+	var pr protocol.IsProcessRunningResult
 	e.mustCall("isProcessRunning", map[string]any{"id": "nobody"}, &pr)
-	assert.Equal(t, processRunningResult{}, pr)
+	assert.Equal(t, protocol.IsProcessRunningResult{}, pr)
 	require.Error(t, e.call("subscribeEvents", nil, nil))
 
 	res, err := e.s.Call(context.Background(), "stopVM", nil)
@@ -189,7 +189,7 @@ func TestStartVMWithoutBackend(t *testing.T) {
 	assert.Contains(t, err.Error(), "COWORK_VMM_BACKEND=process")
 	res, err := s.Call(context.Background(), "isRunning", nil)
 	require.NoError(t, err)
-	assert.Equal(t, runningResult{}, res)
+	assert.Equal(t, protocol.IsRunningResult{}, res)
 }
 
 // failingBackend fails every start with err.
@@ -222,7 +222,7 @@ func TestStartVMBackendFailure(t *testing.T) {
 	err := e.call("startVM", nil, nil)
 	require.Error(t, err)
 	assert.ErrorIs(t, err, os.ErrPermission)
-	var running runningResult
+	var running protocol.IsRunningResult
 	e.mustCall("isRunning", nil, &running)
 	assert.False(t, running.Running)
 	e.backend.startErr = nil
@@ -259,7 +259,7 @@ func TestStartVMEvents(t *testing.T) {
 	require.Len(t, setup.System, 1)
 	assert.Equal(t, e.sysDir, setup.System[0].Target)
 	assert.True(t, setup.System[0].ReadOnly)
-	var running runningResult
+	var running protocol.IsRunningResult
 	e.mustCall("isRunning", nil, &running)
 	assert.True(t, running.Running)
 	e.mustCall("startVM", nil, nil) // already running: no second guest
@@ -363,7 +363,7 @@ func TestSpawnFlow(t *testing.T) {
 	ev = e.next(protocol.EventStdout, protocol.EventStderr)
 	assert.Equal(t, protocol.Event{Type: "stderr", ID: "p1", Data: "err"}, ev)
 
-	var pr processRunningResult
+	var pr protocol.IsProcessRunningResult
 	e.mustCall("isProcessRunning", map[string]any{"id": "p1"}, &pr)
 	assert.True(t, pr.Running)
 
@@ -450,7 +450,7 @@ func TestSpawnRefusals(t *testing.T) {
 	g.agent.spawnErr = "exec: not found"
 	g.agent.mu.Unlock()
 	require.ErrorContains(t, e.call("spawn", map[string]any{"id": "p", "name": "s", "command": "nope"}, nil), "not found")
-	var pr processRunningResult
+	var pr protocol.IsProcessRunningResult
 	e.mustCall("isProcessRunning", map[string]any{"id": "p"}, &pr)
 	assert.False(t, pr.Running, "a failed spawn leaves no running process")
 }
@@ -461,7 +461,9 @@ func TestReadFile(t *testing.T) {
 	g.agent.mu.Lock()
 	g.agent.files["/sessions/s/mnt/out/a.bin"] = []byte{0, 1, 2, 0xff}
 	g.agent.mu.Unlock()
-	var r readFileResult
+	var r struct {
+		Content string `json:"content"` // base64 on the wire
+	}
 	e.mustCall("readFile", map[string]any{"processName": "s", "filePath": "/sessions/s/mnt/out/./a.bin"}, &r)
 	got, err := base64.StdEncoding.DecodeString(r.Content)
 	require.NoError(t, err)
@@ -532,11 +534,11 @@ func TestStopVMEndsProcesses(t *testing.T) {
 		got[ev.ID] = ev.Signal
 	}
 	assert.Equal(t, map[string]string{"a": "SIGTERM", "b": "SIGTERM"}, got)
-	var running runningResult
+	var running protocol.IsRunningResult
 	e.mustCall("isRunning", nil, &running)
 	assert.False(t, running.Running)
 	assert.True(t, g.stopped)
-	var pr processRunningResult
+	var pr protocol.IsProcessRunningResult
 	e.mustCall("isProcessRunning", map[string]any{"id": "a"}, &pr)
 	assert.False(t, pr.Running)
 }
@@ -553,11 +555,11 @@ func TestGuestDeath(t *testing.T) {
 	assert.Equal(t, "a", ev.ID)
 	assert.Equal(t, "SIGKILL", ev.Signal)
 	waitFor(t, "isRunning false", func() bool {
-		var r runningResult
+		var r protocol.IsRunningResult
 		e.mustCall("isRunning", nil, &r)
 		return !r.Running
 	})
-	var c connectedResult
+	var c protocol.IsGuestConnectedResult
 	e.mustCall("isGuestConnected", nil, &c)
 	assert.False(t, c.Connected)
 	e.start() // a later start works
@@ -607,7 +609,7 @@ func TestStartVMWhileTheOldGuestIsStopping(t *testing.T) {
 	})
 	e.start() // waits for the old guest if needed, then boots a new one
 	require.NoError(t, <-stopped)
-	var running runningResult
+	var running protocol.IsRunningResult
 	e.mustCall("isRunning", nil, &running)
 	assert.True(t, running.Running)
 	assert.Len(t, e.backend.guests, 2)

@@ -25,8 +25,8 @@ func defaultGuestEnv(session string) map[string]string {
 	}
 }
 
-func (s *Service) spawn(_ context.Context, p spawnParams) (spawnResult, error) {
-	res := spawnResult{FailedMounts: []string{}}
+func (s *Service) spawn(_ context.Context, p protocol.ClientSpawnParams) (protocol.SpawnResult, error) {
+	res := protocol.SpawnResult{FailedMounts: []string{}}
 	if p.ID == "" {
 		return res, errors.New("spawn: id is empty")
 	}
@@ -99,7 +99,7 @@ func (s *Service) spawn(_ context.Context, p spawnParams) (spawnResult, error) {
 }
 
 // spawnEnv merges the client's env over the default and adds the OAuth token.
-func (s *Service) spawnEnv(p spawnParams) ([]string, error) {
+func (s *Service) spawnEnv(p protocol.ClientSpawnParams) ([]string, error) {
 	env := defaultGuestEnv(p.Name)
 	for k, v := range p.Env {
 		if k == "" || strings.ContainsAny(k, "=\x00") || strings.ContainsRune(v, 0) {

@@ -428,9 +428,20 @@ type IsGuestConnectedResult struct {
 }
 
 // SpawnResult: spawn. FailedMounts names the additionalMounts entries that
-// could not be made (the spawn still proceeds); omitted when empty.
+// could not be made (the spawn still proceeds); always an array.
 type SpawnResult struct {
-	FailedMounts []string `json:"failedMounts,omitempty"`
+	FailedMounts []string `json:"failedMounts"`
+}
+
+// MarshalJSON emits "failedMounts":[] rather than null.
+func (r SpawnResult) MarshalJSON() ([]byte, error) {
+	f := r.FailedMounts
+	if f == nil {
+		f = []string{}
+	}
+	return json.Marshal(struct {
+		FailedMounts []string `json:"failedMounts"`
+	}{f})
 }
 
 // IsProcessRunningResult: isProcessRunning. An unknown id is {running:false}.

@@ -133,7 +133,7 @@ func TestResultShapesNeverNull(t *testing.T) {
 	assertJSON(t, `{"running":false}`, IsProcessRunningResult{})
 	code := 0
 	assertJSON(t, `{"running":false,"exitCode":0}`, IsProcessRunningResult{ExitCode: &code})
-	assertJSON(t, `{}`, SpawnResult{})
+	assertJSON(t, `{"failedMounts":[]}`, SpawnResult{})
 	assertJSON(t, `{"failedMounts":["m"]}`, SpawnResult{FailedMounts: []string{"m"}})
 	assertJSON(t, `{"connected":true}`, IsGuestConnectedResult{Connected: true})
 

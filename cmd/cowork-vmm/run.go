@@ -253,19 +253,19 @@ func runInGuest(ctx context.Context, svc *helper.Service, o runOptions, stdin io
 	if o.cpus > 0 {
 		configure["cpuCount"] = o.cpus
 	}
-	if err := call(ctx, svc, "configure", configure, nil); err != nil {
+	if err := call(ctx, svc, protocol.MethodConfigure, configure, nil); err != nil {
 		return 1, err
 	}
 	sub := svc.SubscribeProfile("cowork-vmm-run", "")
 	defer sub.Close()
-	if err := call(ctx, svc, "startVM", map[string]any{}, nil); err != nil {
+	if err := call(ctx, svc, protocol.MethodStartVM, map[string]any{}, nil); err != nil {
 		return 1, &startError{err}
 	}
 	defer func() {
 		stopCtx, cancel := context.WithTimeout(context.Background(), stopTimeout)
 		defer cancel()
 		_ = svc.Close(stopCtx)
-		_ = call(stopCtx, svc, "deleteSessionDirs", map[string]any{"names": []string{session}}, nil)
+		_ = call(stopCtx, svc, protocol.MethodDeleteSessionDirs, map[string]any{"names": []string{session}}, nil)
 	}()
 	if err := waitConnected(ctx, svc); err != nil {
 		return 1, err
@@ -283,7 +283,7 @@ func runInGuest(ctx context.Context, svc *helper.Service, o runOptions, stdin io
 	if o.workdir != "" {
 		spawn["cwd"] = o.workdir
 	}
-	if err := call(ctx, svc, "spawn", spawn, nil); err != nil {
+	if err := call(ctx, svc, protocol.MethodSpawn, spawn, nil); err != nil {
 		return 127, err
 	}
 
@@ -326,14 +326,14 @@ func waitConnected(ctx context.Context, svc *helper.Service) error {
 	defer t.Stop()
 	for {
 		var c struct{ Connected bool }
-		if err := call(ctx, svc, "isGuestConnected", nil, &c); err != nil {
+		if err := call(ctx, svc, protocol.MethodIsGuestConnected, nil, &c); err != nil {
 			return err
 		}
 		if c.Connected {
 			return nil
 		}
 		var r struct{ Running bool }
-		if err := call(ctx, svc, "isRunning", nil, &r); err != nil {
+		if err := call(ctx, svc, protocol.MethodIsRunning, nil, &r); err != nil {
 			return err
 		}
 		if !r.Running {
@@ -354,7 +354,7 @@ func forwardSignals(ctx context.Context, svc *helper.Service, id string, sigs <-
 			return
 		case sig := <-sigs:
 			name := map[os.Signal]string{syscall.SIGINT: "SIGINT", syscall.SIGTERM: "SIGTERM", syscall.SIGHUP: "SIGHUP"}[sig]
-			_ = call(ctx, svc, "kill", map[string]any{"id": id, "signal": name}, nil)
+			_ = call(ctx, svc, protocol.MethodKill, map[string]any{"id": id, "signal": name}, nil)
 		}
 	}
 }
@@ -366,7 +366,7 @@ func forwardStdin(ctx context.Context, svc *helper.Service, id string, stdin io.
 	for {
 		n, err := stdin.Read(buf)
 		if n > 0 {
-			if call(ctx, svc, "writeStdin", map[string]any{"id": id, "data": string(buf[:n])}, nil) != nil {
+			if call(ctx, svc, protocol.MethodWriteStdin, map[string]any{"id": id, "data": string(buf[:n])}, nil) != nil {
 				return
 			}
 		}
