@@ -50,6 +50,7 @@ func (g *fakeGuest) Share(string, bool) (protocol.MountSource, error) {
 	return protocol.MountSource{}, errors.New("not in this fake")
 }
 func (g *fakeGuest) Unshare(protocol.MountSource) {}
+func (g *fakeGuest) Egress() net.Listener         { return nil }
 func (g *fakeGuest) Done() <-chan struct{}        { return g.done }
 func (g *fakeGuest) Err() error                   { return nil }
 func (g *fakeGuest) Stop(context.Context) error {

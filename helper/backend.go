@@ -3,6 +3,7 @@ package helper
 import (
 	"context"
 	"io"
+	"net"
 
 	"github.com/cowork-vmm/cowork-vmm/protocol"
 )
@@ -45,6 +46,12 @@ type Guest interface {
 	// where the agent itself confines binds (process backend), or for a
 	// source already withdrawn.
 	Unshare(src protocol.MountSource)
+	// Egress returns the listener of the guest's processes' outbound
+	// connections (the process backend's fd-passing socket, the VM's vsock
+	// port protocol.EgressVSockPort); the helper serves each with its
+	// egress server, which checks the spawn's allowedDomains, and closes it
+	// when the guest ends. Never nil: without it the guest has no way out.
+	Egress() net.Listener
 	// Done is closed when the guest has ended; Err then says why (nil for a
 	// clean stop).
 	Done() <-chan struct{}

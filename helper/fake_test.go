@@ -24,8 +24,10 @@ type fakeBackend struct {
 	mu       sync.Mutex
 	guests   []*fakeGuest
 	startErr error
-	// egress becomes the next guest's egress listener.
-	egress net.Listener
+	// egress becomes the next guest's egress listener; nil gives an idle
+	// one, unless noEgress.
+	egress   net.Listener
+	noEgress bool
 	// systemSharer makes the guests implement SystemSharer, as the kvm
 	// backend's do.
 	systemSharer bool
@@ -38,7 +40,11 @@ func (b *fakeBackend) Start(ctx context.Context, cfg GuestConfig) (Guest, error)
 		return nil, b.startErr
 	}
 	helperEnd, agentEnd := net.Pipe()
-	g := &fakeGuest{cfg: cfg, helperEnd: helperEnd, done: make(chan struct{}), egress: b.egress}
+	egress := b.egress
+	if egress == nil && !b.noEgress {
+		egress = newIdleListener()
+	}
+	g := &fakeGuest{cfg: cfg, helperEnd: helperEnd, done: make(chan struct{}), egress: egress}
 	g.agent = newFakeAgent(agentEnd, g)
 	b.mu.Lock()
 	b.guests = append(b.guests, g)
@@ -76,7 +82,7 @@ type fakeGuest struct {
 	cfg       GuestConfig
 	helperEnd net.Conn
 	agent     *fakeAgent
-	// egress, if set by the backend, is returned by Egress (EgressGuest).
+	// egress, if set by the backend, is returned by Egress (Guest.Egress).
 	egress net.Listener
 
 	mu     sync.Mutex
@@ -320,3 +326,23 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 }
 
 var errCrash = errors.New("guest crashed")
+
+// idleListener is an egress listener no connection ever arrives on.
+type idleListener struct {
+	once   sync.Once
+	closed chan struct{}
+}
+
+func newIdleListener() *idleListener { return &idleListener{closed: make(chan struct{})} }
+
+func (l *idleListener) Accept() (net.Conn, error) {
+	<-l.closed
+	return nil, net.ErrClosed
+}
+
+func (l *idleListener) Close() error {
+	l.once.Do(func() { close(l.closed) })
+	return nil
+}
+
+func (l *idleListener) Addr() net.Addr { return &net.UnixAddr{Name: "idle-egress", Net: "unix"} }

@@ -120,14 +120,19 @@ func (s *Service) startVM(ctx context.Context, p protocol.StartVMParams) (empty,
 	s.log.Info("starting guest", "backend", backend.Name(), "memoryMB", mem, "cpus", cpus)
 	s.step(StepLaunchGuest, protocol.StepStarted)
 	guest, err := backend.Start(vmCtx, GuestConfig{MemoryMiB: mem, CPUCount: cpus, StepFunc: s.step})
-	s.step(StepLaunchGuest, protocol.StepCompleted)
 	if err != nil {
+		s.step(StepLaunchGuest, protocol.StepFailed)
 		return fail(fmt.Errorf("starting the guest (%s backend): %w%s", backend.Name(), err, s.fallbackHint(err)))
 	}
+	if err := s.serveEgress(vmCtx, guest); err != nil {
+		_ = guest.Stop(context.Background())
+		s.step(StepLaunchGuest, protocol.StepFailed)
+		return fail(fmt.Errorf("starting the guest (%s backend): %w", backend.Name(), err))
+	}
+	s.step(StepLaunchGuest, protocol.StepCompleted)
 	inst.mu.Lock()
 	inst.guest = guest
 	inst.mu.Unlock()
-	s.serveEgress(vmCtx, guest)
 	go inst.run()
 	s.monitorNetwork(vmCtx, p.APIProbeURL)
 	return nil, nil

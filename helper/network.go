@@ -25,17 +25,6 @@ import (
 // first apiReachability event during start-up, so it must not be long.
 const apiProbeTimeout = 5 * time.Second
 
-// EgressGuest is implemented by a Guest that carries its processes'
-// outbound connections to the helper (the process backend's fd-passing
-// socket, the VM's vsock port protocol.EgressVSockPort). The helper serves
-// each connection from Egress with its egress server, which checks the
-// spawn's allowedDomains. A guest without it has no way out at all.
-type EgressGuest interface {
-	// Egress returns the listener of the guest's egress connections; the
-	// helper closes it when the guest ends.
-	Egress() net.Listener
-}
-
 // EgressTestHostsEnv names the test-only environment variable the helper
 // binary reads (cmd/cowork-vmm puts it in Options.EgressTestHosts): a comma
 // separated list of name=address pairs, e.g.
@@ -119,23 +108,20 @@ func newEgressServer(opts Options, reg *egress.Registry, log *slog.Logger) (*egr
 	return egress.NewServer(cfg), th, nil
 }
 
-// serveEgress serves a guest's egress connections until ctx (the guest's
-// life) ends.
-func (s *Service) serveEgress(ctx context.Context, g Guest) {
-	eg, ok := g.(EgressGuest)
-	var l net.Listener
-	if ok {
-		l = eg.Egress()
-	}
+// serveEgress serves a guest's egress connections (Guest.Egress) until ctx
+// (the guest's life) ends. A guest without an egress listener is refused:
+// its processes would have no network at all.
+func (s *Service) serveEgress(ctx context.Context, g Guest) error {
+	l := g.Egress()
 	if l == nil {
-		s.log.Warn("this guest has no egress channel: its processes cannot reach the network")
-		return
+		return errors.New("the backend gave the guest no egress channel: its processes could not reach the network")
 	}
 	go func() {
 		if err := s.egressSrv.Serve(ctx, l); err != nil && !errors.Is(err, net.ErrClosed) && ctx.Err() == nil {
 			s.log.Warn("egress: the guest's egress channel failed; its processes lost the network", "err", err)
 		}
 	}()
+	return nil
 }
 
 // monitorNetwork publishes networkStatus at once and on change, and

@@ -225,8 +225,39 @@ func TestStartVMBackendFailure(t *testing.T) {
 	var running protocol.IsRunningResult
 	e.mustCall("isRunning", nil, &running)
 	assert.False(t, running.Running)
+	// The launch step says it failed, never that it completed.
+	var launch []string
+	for {
+		ev := e.next(protocol.EventStartupStep)
+		if ev.Step == StepLaunchGuest {
+			if launch = append(launch, ev.Status); len(launch) == 2 {
+				break
+			}
+		}
+	}
+	assert.Equal(t, []string{protocol.StepStarted, protocol.StepFailed}, launch)
 	e.backend.startErr = nil
 	e.start() // a later start works
+}
+
+// A backend whose guest has no egress listener cannot start: its
+// processes would silently have no network.
+func TestStartVMRefusesAGuestWithoutEgress(t *testing.T) {
+	e := newTestEnv(t)
+	e.backend.noEgress = true
+	err := e.call("startVM", nil, nil)
+	require.ErrorContains(t, err, "no egress channel")
+	var running protocol.IsRunningResult
+	e.mustCall("isRunning", nil, &running)
+	assert.False(t, running.Running)
+	e.backend.mu.Lock()
+	g := e.backend.guests[len(e.backend.guests)-1]
+	e.backend.mu.Unlock()
+	select {
+	case <-g.done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the refused guest was not stopped")
+	}
 }
 
 func TestStartVMEvents(t *testing.T) {

@@ -16,7 +16,7 @@ import (
 // is merged over it.
 func defaultGuestEnv(session string) map[string]string {
 	return map[string]string{
-		"PATH":  "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+		"PATH":  protocol.DefaultPath,
 		"HOME":  guestSessionDir(session),
 		"LANG":  "C.UTF-8",
 		"TERM":  "xterm-256color",

@@ -69,9 +69,9 @@ type AgentHello struct {
 // MountSource says where a mount's content comes from; which kind a backend
 // uses is the backend's business, the agent just performs it.
 type MountSource struct {
-	// Kind is "bind" (Path is a path the agent can see: the process backend,
-	// where the agent runs on the host), "9p" (Tag and Aname select a
-	// virtio-9p export: the VM backend) or "tmpfs".
+	// Kind is MountKindBind (Path is a path the agent can see: the process
+	// backend, where the agent runs on the host), MountKindNineP (Tag and
+	// Aname select a virtio-9p export: the VM backend) or MountKindTmpfs.
 	Kind  string `json:"kind"`
 	Path  string `json:"path,omitempty"`
 	Tag   string `json:"tag,omitempty"`
@@ -85,6 +85,17 @@ type MountSource struct {
 	// mode.
 	Cache string `json:"cache,omitempty"`
 }
+
+// Kinds of MountSource.
+const (
+	MountKindBind  = "bind"
+	MountKindNineP = "9p"
+	MountKindTmpfs = "tmpfs"
+)
+
+// DefaultPath is the PATH a spawned process starts with when the client
+// gives none (and where the agent looks a command up).
+const DefaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 // 9p cache modes of MountSource.Cache.
 const (

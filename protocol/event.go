@@ -46,4 +46,5 @@ const (
 
 	StepStarted   = "started"
 	StepCompleted = "completed"
+	StepFailed    = "failed" // the step did not complete; an error follows
 )

@@ -44,7 +44,6 @@ const (
 	StepLoadKernel   = "kernel_load"   // kernel and initramfs in guest memory, vCPUs started
 	StepGuestBoot    = "guest_boot"    // the guest kernel boots until the agent writes the boot timer
 	StepAgentConnect = "agent_connect" // the agent dials the helper over vsock
-	stepFailed       = "failed"
 )
 
 // DefaultBootTimeout bounds how long Guest.Agent waits for the agent to
@@ -144,7 +143,7 @@ func (b *Backend) Start(ctx context.Context, cfg helper.GuestConfig) (helper.Gue
 	step(StepCreateVM, protocol.StepStarted)
 	g, err := b.create(memMiB, cpus)
 	if err != nil {
-		step(StepCreateVM, stepFailed)
+		step(StepCreateVM, protocol.StepFailed)
 		return nil, err
 	}
 	step(StepCreateVM, protocol.StepCompleted)
@@ -155,7 +154,7 @@ func (b *Backend) Start(ctx context.Context, cfg helper.GuestConfig) (helper.Gue
 	step(StepLoadKernel, protocol.StepStarted)
 	loadStart := time.Now()
 	if err := g.m.Start(); err != nil {
-		step(StepLoadKernel, stepFailed)
+		step(StepLoadKernel, protocol.StepFailed)
 		_ = g.Stop(context.Background())
 		return nil, fmt.Errorf("kvm backend: booting the guest kernel (%s): %w", g.kernelFrom, err)
 	}

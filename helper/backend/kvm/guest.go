@@ -34,7 +34,7 @@ type guest struct {
 	started     time.Time // when the vCPUs started
 
 	listener net.Listener
-	// egress accepts the guest proxy's connections (helper.EgressGuest).
+	// egress accepts the guest proxy's connections (helper.Guest.Egress).
 	egress  net.Listener
 	exports *fs.Exports // nil until the 9p device is attached
 	nineP   *p9.Device
@@ -64,7 +64,6 @@ type acceptResult struct {
 var (
 	_ helper.Guest         = (*guest)(nil)
 	_ helper.SetupAdjuster = (*guest)(nil)
-	_ helper.EgressGuest   = (*guest)(nil)
 	_ helper.SystemSharer  = (*guest)(nil)
 )
 
@@ -154,7 +153,7 @@ func (g *guest) reportSteps(step func(string, string)) {
 	case <-g.connected: // the boot timer write was lost; the agent runs
 		step(StepGuestBoot, protocol.StepCompleted)
 	case <-g.done:
-		step(StepGuestBoot, stepFailed)
+		step(StepGuestBoot, protocol.StepFailed)
 		return
 	}
 	step(StepAgentConnect, protocol.StepStarted)
@@ -162,7 +161,7 @@ func (g *guest) reportSteps(step func(string, string)) {
 	case <-g.connected:
 		step(StepAgentConnect, protocol.StepCompleted)
 	case <-g.done:
-		step(StepAgentConnect, stepFailed)
+		step(StepAgentConnect, protocol.StepFailed)
 	}
 }
 
@@ -288,7 +287,7 @@ func (g *guest) Share(hostPath string, readOnly bool) (protocol.MountSource, err
 func (g *guest) Unshare(src protocol.MountSource) {
 	var exports *fs.Exports
 	switch {
-	case src.Kind != "9p":
+	case src.Kind != protocol.MountKindNineP:
 	case src.Tag == MountTag:
 		exports = g.exports
 	case src.Tag == SystemMountTag:
@@ -332,7 +331,7 @@ func (g *guest) share(exports *fs.Exports, tag, cache, hostPath string, readOnly
 	if err := add(name, hostPath, readOnly); err != nil {
 		return protocol.MountSource{}, fmt.Errorf("kvm backend: sharing %s: %w", hostPath, err)
 	}
-	return protocol.MountSource{Kind: "9p", Tag: tag, Aname: name, Cache: cache}, nil
+	return protocol.MountSource{Kind: protocol.MountKindNineP, Tag: tag, Aname: name, Cache: cache}, nil
 }
 
 // AdjustSetup implements helper.SetupAdjuster: the VM's initramfs root is
@@ -342,7 +341,7 @@ func (g *guest) AdjustSetup(p *protocol.SetupParams) {
 	p.NewRoot = false
 }
 
-// Egress implements helper.EgressGuest: the listener for the guest proxy's
+// Egress implements helper.Guest.Egress: the listener for the guest proxy's
 // connections on vsock port protocol.EgressVSockPort (nil before the
 // devices are attached).
 func (g *guest) Egress() net.Listener { return g.egress }

@@ -173,7 +173,7 @@ type guest struct {
 	opts Options
 	cmd  *exec.Cmd
 	conn net.Conn
-	// egress yields the connections the agent passes (helper.EgressGuest).
+	// egress yields the connections the agent passes (helper.Guest.Egress).
 	egress *fdpass.Listener
 
 	mu        sync.Mutex
@@ -200,7 +200,7 @@ func (g *guest) wait() {
 	close(g.done)
 }
 
-// Egress implements helper.EgressGuest: the connections the agent's
+// Egress implements helper.Guest.Egress: the connections the agent's
 // per-spawn proxies open, for the helper's egress server.
 func (g *guest) Egress() net.Listener { return g.egress }
 
@@ -239,9 +239,9 @@ func (g *guest) Share(hostPath string, readOnly bool) (protocol.MountSource, err
 		return protocol.MountSource{}, fmt.Errorf("process backend: share path %q must be absolute and clean", hostPath)
 	}
 	if fi, err := os.Stat(hostPath); err == nil && fi.Mode().IsRegular() {
-		return protocol.MountSource{Kind: "bind", Path: filepath.Dir(hostPath)}, nil
+		return protocol.MountSource{Kind: protocol.MountKindBind, Path: filepath.Dir(hostPath)}, nil
 	}
-	return protocol.MountSource{Kind: "bind", Path: hostPath}, nil
+	return protocol.MountSource{Kind: protocol.MountKindBind, Path: hostPath}, nil
 }
 
 // Unshare implements helper.Guest: nothing to withdraw. A bind source is

@@ -4,7 +4,7 @@
 // mount, PID, UTS, IPC and network namespaces, connected to the helper by an
 // inherited socketpair. The sandbox has no network: each spawn's proxy
 // hands its connections to the helper over a second, SOCK_SEQPACKET socket
-// (fd 4, egress/fdpass), which the guest exposes as helper.EgressGuest.
+// (fd 4, egress/fdpass), which the guest exposes as helper.Guest.Egress.
 //
 // The agent is PID 1 of its PID namespace (killing it ends every guest
 // process) and, on the helper's setup request (SetupParams.NewRoot), builds

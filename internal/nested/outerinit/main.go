@@ -29,6 +29,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/cowork-vmm/cowork-vmm/internal/nested/job"
+	"github.com/cowork-vmm/cowork-vmm/protocol"
 )
 
 const (
@@ -260,7 +261,7 @@ func runPayload(j job.Job, console *os.File) (int, error) {
 	cmd.Args[0] = j.Cmd[0]
 	cmd.Dir = j.Dir
 	cmd.Env = append([]string{
-		"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+		"PATH=" + protocol.DefaultPath,
 		"HOME=/root", "TMPDIR=/tmp", "TERM=dumb", "USER=root", "LANG=C.UTF-8",
 	}, j.Env...)
 	cmd.Stdout, cmd.Stderr = console, console
@@ -289,7 +290,7 @@ func runPayload(j job.Job, console *os.File) (int, error) {
 
 // lookPathIn finds an executable in the payload root's PATH.
 func lookPathIn(root, name string) (string, error) {
-	for _, dir := range []string{"/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin"} {
+	for _, dir := range strings.Split(protocol.DefaultPath, ":") {
 		p := filepath.Join(dir, name)
 		if info, err := os.Stat(filepath.Join(root, p)); err == nil && info.Mode().IsRegular() && info.Mode()&0o111 != 0 {
 			return p, nil
