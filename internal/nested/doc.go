@@ -3,7 +3,10 @@
 // (TCG) with nested AMD SVM boots the "outer" kernel (guest/kernel, flavour
 // outer) with a static Go /init (outerinit) that shares the host's root
 // read-only over virtio-9p, runs the payload command and reports its output
-// and exit status on the serial console (see /work/shared/NESTED-TEST.md).
+// and exit status on the serial console. The README's "Development" section
+// (make nested, make nested-stress) and docs/ARCHITECTURE.md ("Tests and
+// tools around it") say when the harness is used; qemuArgs in nested.go is
+// the outer guest's command line.
 //
 // Run is the API; RunGoTest runs another package's tests inside; the CLI is
 // cmd/nested (make nested PAYLOAD=dir CMD='...').
