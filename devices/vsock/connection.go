@@ -41,7 +41,7 @@ package vsock
 // Half-closes (CloseWrite, the guest's SHUTDOWN SEND) stay in connected.
 //
 // Concurrency: all fields below are guarded by the muxer's mutex; the Conn's
-// net.Conn methods (conn.go) take it and wait on wake for changes.
+// net.Conn methods (netconn.go) take it and wait on wake for changes.
 
 import (
 	"fmt"

@@ -7,7 +7,8 @@
 //   - connection.go: one stream's state machine and credit-based flow control;
 //   - muxer.go: routing by (host port, guest port), listeners, caps, RSTs;
 //   - device.go: the virtio Device (rx, tx and event queues, config space);
-//   - conn.go, listener.go, addr.go, deadline.go: the host-side net API;
+//   - netconn.go, listener.go, addr.go, deadline.go: the host-side net API
+//     (a Conn's net.Conn methods, the net.Listener, addresses, deadlines);
 //   - ring.go, ratelog.go: the bounded byte FIFO and the rate-limited log.
 //
 // Package vsocktest plays a Linux guest's vsock stack against the device,

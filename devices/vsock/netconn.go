@@ -1,5 +1,8 @@
 package vsock
 
+// The net.Conn methods of a Conn: what host code calls on a connection.
+// The connection's protocol state machine is in connection.go.
+
 import (
 	"io"
 	"net"
