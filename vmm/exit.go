@@ -1,11 +1,11 @@
 package vmm
 
 import (
-	"encoding/binary"
 	"fmt"
 	"strings"
 
 	"github.com/cowork-vmm/cowork-vmm/vmm/kvm"
+	"github.com/cowork-vmm/cowork-vmm/vmm/x86"
 )
 
 // ExitKind says why a VM ended.
@@ -164,60 +164,17 @@ func formatRegisters(r kvm.Regs, s kvm.Sregs, code []byte, codeBefore int) strin
 	return b.String()
 }
 
-// Control-register bits used to translate guest addresses.
-const (
-	cr0PG    = 1 << 31
-	cr4PAE   = 1 << 5
-	eferLMA  = 1 << 10
-	pteP     = 1 << 0
-	ptePS    = 1 << 7
-	pteFrame = 0x000f_ffff_ffff_f000
-)
-
-// guestPhysical translates a linear address with the guest's page tables.
-// It understands no paging and 4-level long-mode paging (with 2 MiB and
-// 1 GiB pages), which covers the boot paths this VMM starts guests in.
-func guestPhysical(mem *Memory, s kvm.Sregs, linear uint64) (uint64, bool) {
-	if s.CR0&cr0PG == 0 {
-		return linear, true
-	}
-	if s.CR4&cr4PAE == 0 || s.EFER&eferLMA == 0 {
-		return 0, false
-	}
-	table := s.CR3 & pteFrame
-	var buf [8]byte
-	for level := 3; level >= 0; level-- {
-		shift := uint(12 + 9*level)
-		idx := (linear >> shift) & 0x1ff
-		if err := mem.ReadAt(buf[:], table+idx*8); err != nil {
-			return 0, false
-		}
-		pte := binary.LittleEndian.Uint64(buf[:])
-		if pte&pteP == 0 {
-			return 0, false
-		}
-		if level == 0 || (level <= 2 && pte&ptePS != 0) {
-			if level == 3 {
-				return 0, false
-			}
-			pageMask := uint64(1)<<shift - 1
-			return (pte & pteFrame &^ pageMask) | (linear & pageMask), true
-		}
-		table = pte & pteFrame
-	}
-	return 0, false
-}
-
 // codeAround reads up to before bytes before RIP and after bytes from it,
 // in guest memory; it returns nil when RIP does not translate to RAM.
 func codeAround(mem *Memory, r kvm.Regs, s kvm.Sregs, before, after int) ([]byte, int) {
 	linear := s.CS.Base + r.RIP
-	if s.EFER&eferLMA != 0 && s.CS.L != 0 {
+	if s.EFER&x86.EFERLongModeActive != 0 && s.CS.L != 0 {
 		linear = r.RIP
 	}
+	paging := x86.Paging{CR0: s.CR0, CR3: s.CR3, CR4: s.CR4, EFER: s.EFER}
 	for b := before; b >= 0; b -= before {
 		start := linear - uint64(b)
-		gpa, ok := guestPhysical(mem, s, start)
+		gpa, ok := paging.Translate(mem, start)
 		if ok {
 			code := make([]byte, b+after)
 			if mem.ReadAt(code, gpa) == nil {

@@ -54,7 +54,7 @@ func TestExitCleanAndErrors(t *testing.T) {
 	}
 }
 
-func TestGuestPhysicalWalksLongModeTables(t *testing.T) {
+func TestCodeAroundReadsThroughThePageTables(t *testing.T) {
 	m, err := NewMemory([]MemoryRegion{{0, 1 << 22}})
 	if err != nil {
 		t.Fatal(err)
@@ -68,39 +68,27 @@ func TestGuestPhysicalWalksLongModeTables(t *testing.T) {
 		}
 	}
 	// PML4 at 0x1000; entry 511 -> PDPT 0x2000; PDPT[510] -> PD 0x3000;
-	// PD[0] -> 2 MiB page at 0x200000; PD[1] -> PT 0x4000; PT[3] -> 0x5000.
+	// PD[0] -> 2 MiB page at 0x200000 (the walk itself: x86.Paging.Translate).
 	put(0x1000+511*8, 0x2000|3)
 	put(0x2000+510*8, 0x3000|3)
 	put(0x3000, 0x200000|0x83)
-	put(0x3000+8, 0x4000|3)
-	put(0x4000+3*8, 0x5000|3)
-	s := kvm.Sregs{CR0: cr0PG | 1, CR4: cr4PAE, EFER: eferLMA | 1<<8, CR3: 0x1000}
-	cases := []struct {
-		linear, want uint64
-		ok           bool
-	}{
-		{0xffffffff80000123, 0x200123, true},
-		{0xffffffff80203456, 0x5456, true},
-		{0xffffffff80204000, 0, false}, // PT[4] not present
-		{0x1000, 0, false},             // PML4[0] not present
-	}
-	for _, c := range cases {
-		got, ok := guestPhysical(m, s, c.linear)
-		if ok != c.ok || got != c.want {
-			t.Errorf("guestPhysical(%#x) = %#x, %v; want %#x, %v", c.linear, got, ok, c.want, c.ok)
-		}
-	}
-	if got, ok := guestPhysical(m, kvm.Sregs{}, 0x1234); !ok || got != 0x1234 {
-		t.Errorf("no paging: %#x %v", got, ok)
-	}
-	// Code bytes around RIP, via the tables.
 	if err := m.WriteAt([]byte{1, 2, 3, 4}, 0x200100); err != nil {
 		t.Fatal(err)
 	}
+	s := kvm.Sregs{CR0: x86.CR0Paging | 1, CR4: x86.CR4PAE, EFER: x86.LongModeEFER, CR3: 0x1000}
 	s.CS.L = 1
 	code, before := codeAround(m, kvm.Regs{RIP: 0xffffffff80000102}, s, 2, 2)
 	if before != 2 || string(code) != "\x01\x02\x03\x04" {
 		t.Errorf("codeAround = % x, %d", code, before)
+	}
+	// Without paging, RIP is CS.Base-relative and physical.
+	code, before = codeAround(m, kvm.Regs{RIP: 0x100}, kvm.Sregs{CS: kvm.Segment{Base: 0x200000}}, 0, 4)
+	if before != 0 || string(code) != "\x01\x02\x03\x04" {
+		t.Errorf("codeAround without paging = % x, %d", code, before)
+	}
+	// RIP outside the tables: no code.
+	if code, _ := codeAround(m, kvm.Regs{RIP: 0x1000}, s, 2, 2); code != nil {
+		t.Errorf("unmapped RIP gave code % x", code)
 	}
 }
 
