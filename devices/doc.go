@@ -1,6 +1,7 @@
-// Package devices holds the guest-visible devices of cowork-vmm and the two
-// tiny contracts they share with the VMM: an interrupt line ([IRQ]) and a
-// rate limiter for logging guest misbehaviour ([LogLimiter]).
+// Package devices holds the guest-visible devices of cowork-vmm and the tiny
+// contract they share with the VMM: an interrupt line ([IRQ]). Devices log
+// guest misbehaviour through internal/ratelog, so that a guest cannot flood
+// the host's log.
 //
 // Sub-packages:
 //   - serial: the 8250 UART console (ttyS0).

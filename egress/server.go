@@ -13,6 +13,7 @@ import (
 
 	"github.com/cowork-vmm/cowork-vmm/egress/splice"
 	"github.com/cowork-vmm/cowork-vmm/internal/acceptloop"
+	"github.com/cowork-vmm/cowork-vmm/internal/ratelog"
 	"github.com/cowork-vmm/cowork-vmm/protocol"
 )
 
@@ -83,7 +84,9 @@ type Server struct {
 	log    *slog.Logger
 	slots  chan struct{}
 	filter addrFilter
-	warn   *rateLimiter
+	// guestLog carries the refusals and bad requests a guest can cause,
+	// rate-limited.
+	guestLog *ratelog.Logger
 	// ctx ends with Close, cutting short resolutions and dials.
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -139,7 +142,7 @@ func NewServer(cfg Config) *Server {
 		log:       cfg.Logger,
 		slots:     make(chan struct{}, cfg.MaxConns),
 		filter:    addrFilter{custom: cfg.AllowAddr, allowPrivate: cfg.AllowPrivate, hostAddrs: cfg.HostAddrs},
-		warn:      newRateLimiter(time.Second, 20),
+		guestLog:  ratelog.New(cfg.Logger, nil),
 		conns:     map[net.Conn]struct{}{},
 		listeners: map[net.Listener]struct{}{},
 	}
@@ -185,7 +188,7 @@ func (s *Server) HandleConn(ctx context.Context, conn net.Conn) {
 	case s.slots <- struct{}{}:
 		defer func() { <-s.slots }()
 	default:
-		s.warnf("egress refused: too many connections", "limit", s.cfg.MaxConns)
+		s.guestLog.Warn("egress refused: too many connections", "limit", s.cfg.MaxConns)
 		_ = protocol.WriteEgressReply(conn, protocol.EgressReply{Error: fmt.Sprintf("the helper already carries %d connections for this guest; try again later", s.cfg.MaxConns)})
 		return
 	}
@@ -197,7 +200,7 @@ func (s *Server) HandleConn(ctx context.Context, conn net.Conn) {
 	_ = conn.SetDeadline(time.Now().Add(s.cfg.HandshakeTimeout))
 	req, err := protocol.ReadEgressRequest(conn)
 	if err != nil {
-		s.warnf("egress: bad request from the guest", "err", err)
+		s.guestLog.Warn("egress: bad request from the guest", "err", err)
 		if errors.Is(err, protocol.ErrEgressFrame) {
 			_ = protocol.WriteEgressReply(conn, protocol.EgressReply{Error: err.Error()})
 		}
@@ -227,11 +230,11 @@ func (s *Server) HandleConn(ctx context.Context, conn net.Conn) {
 func (s *Server) open(ctx context.Context, req protocol.EgressRequest) (net.Conn, protocol.EgressReply) {
 	policy, ok := s.cfg.Lookup(req.SpawnID, req.Token)
 	if !ok {
-		s.warnf("egress refused: unknown spawn or wrong token", "spawn", req.SpawnID, "host", req.Host)
+		s.guestLog.Warn("egress refused: unknown spawn or wrong token", "spawn", req.SpawnID, "host", req.Host)
 		return nil, protocol.EgressReply{Error: fmt.Sprintf("spawn %q has no egress registered (it ended, or the token is wrong)", req.SpawnID)}
 	}
 	if !policy.AllowsPort(req.Host, req.Port) {
-		s.warnf("egress blocked by allowedDomains", "spawn", req.SpawnID, "host", req.Host, "port", req.Port)
+		s.guestLog.Warn("egress blocked by allowedDomains", "spawn", req.SpawnID, "host", req.Host, "port", req.Port)
 		return nil, protocol.EgressReply{Blocked: true, Error: BlockedPrefix + ": " + req.Host}
 	}
 	conn, err := s.dial(ctx, req.Host, req.Port)
@@ -240,7 +243,7 @@ func (s *Server) open(ctx context.Context, req protocol.EgressRequest) (net.Conn
 		if isAddrRefused(err) {
 			msg = "egress refused by the address filter"
 		}
-		s.warnf(msg, "spawn", req.SpawnID, "host", req.Host, "port", req.Port, "err", err)
+		s.guestLog.Warn(msg, "spawn", req.SpawnID, "host", req.Host, "port", req.Port, "err", err)
 		return nil, protocol.EgressReply{Error: err.Error()}
 	}
 	return conn, protocol.EgressReply{OK: true}
@@ -369,35 +372,4 @@ func (s *Server) untrack(c net.Conn) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	delete(s.conns, c)
-}
-
-// warnf logs at warning level unless the guest is flooding us.
-func (s *Server) warnf(msg string, args ...any) {
-	if s.warn.allow() {
-		s.log.Warn(msg, args...)
-	}
-}
-
-// rateLimiter lets burst events through per period.
-type rateLimiter struct {
-	mu     sync.Mutex
-	period time.Duration
-	burst  int
-	start  time.Time
-	count  int
-}
-
-func newRateLimiter(period time.Duration, burst int) *rateLimiter {
-	return &rateLimiter{period: period, burst: burst}
-}
-
-func (r *rateLimiter) allow() bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	now := time.Now()
-	if now.Sub(r.start) >= r.period {
-		r.start, r.count = now, 0
-	}
-	r.count++
-	return r.count <= r.burst
 }

@@ -10,6 +10,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/cowork-vmm/cowork-vmm/internal/ratelog"
+	"github.com/cowork-vmm/cowork-vmm/internal/ratelog/ratelogtest"
 	"github.com/cowork-vmm/cowork-vmm/protocol"
 )
 
@@ -155,4 +157,17 @@ func TestServerPolicyPort(t *testing.T) {
 	rep, guest = exchange(t, s, protocol.EgressRequest{SpawnID: "s", Token: token, Host: "echo.test", Port: port + 1})
 	guest.Close()
 	require.True(t, rep.Blocked, "another port of the same host")
+}
+
+func TestServerLogsGuestRefusalsRateLimited(t *testing.T) {
+	logs := &ratelogtest.LogBuffer{}
+	s := NewServer(Config{Logger: logs.Logger()})
+	defer s.Close()
+	for i := range 3 * ratelog.DefaultBurst {
+		rep, guest := exchange(t, s, protocol.EgressRequest{SpawnID: "nobody", Token: "t", Host: "example.com", Port: 443})
+		guest.Close()
+		require.False(t, rep.OK, "request %d", i)
+	}
+	lines := logs.Lines("egress refused: unknown spawn or wrong token")
+	require.Len(t, lines, ratelog.DefaultBurst, logs.String())
 }

@@ -5,7 +5,8 @@ import (
 	"log/slog"
 	"sort"
 	"sync"
-	"time"
+
+	"github.com/cowork-vmm/cowork-vmm/internal/ratelog"
 )
 
 // Device is anything registered on a bus. Offsets are relative to the base
@@ -27,8 +28,7 @@ type Device interface {
 type Bus struct {
 	name   string
 	fill   byte
-	log    *slog.Logger
-	limit  rateLimiter
+	log    *ratelog.Logger // unclaimed accesses, at ratelog's default rate
 	mu     sync.RWMutex
 	ranges []busRange // sorted by base, non-overlapping
 }
@@ -48,7 +48,7 @@ func newBus(name string, fill byte, log *slog.Logger) *Bus {
 	if log == nil {
 		log = slog.Default()
 	}
-	return &Bus{name: name, fill: fill, log: log, limit: rateLimiter{burst: 10, interval: time.Minute}}
+	return &Bus{name: name, fill: fill, log: ratelog.New(log, nil)}
 }
 
 // Register attaches d at [base, base+size). Overlapping an existing range,
@@ -118,36 +118,6 @@ func (b *Bus) Write(addr uint64, data []byte) {
 }
 
 func (b *Bus) unclaimed(op string, addr uint64, n int) {
-	if ok, suppressed := b.limit.allow(); ok {
-		b.log.Debug("guest accessed an address no device claims",
-			"bus", b.name, "op", op, "addr", fmt.Sprintf("%#x", addr), "size", n, "suppressed", suppressed)
-	}
-}
-
-// rateLimiter allows burst events per interval and counts the rest.
-type rateLimiter struct {
-	burst      int
-	interval   time.Duration
-	mu         sync.Mutex
-	windowEnd  time.Time
-	used       int
-	suppressed uint64
-}
-
-func (l *rateLimiter) allow() (bool, uint64) {
-	now := time.Now()
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if now.After(l.windowEnd) {
-		l.windowEnd = now.Add(l.interval)
-		l.used = 0
-	}
-	if l.used >= l.burst {
-		l.suppressed++
-		return false, 0
-	}
-	l.used++
-	s := l.suppressed
-	l.suppressed = 0
-	return true, s
+	b.log.Debug("guest accessed an address no device claims",
+		"bus", b.name, "op", op, "addr", fmt.Sprintf("%#x", addr), "size", n)
 }

@@ -3,8 +3,11 @@ package vmm
 import (
 	"bytes"
 	"log/slog"
+	"strings"
 	"sync"
 	"testing"
+
+	"github.com/cowork-vmm/cowork-vmm/internal/ratelog"
 )
 
 // recorder is a test device that records accesses and answers reads with
@@ -144,16 +147,19 @@ func TestBusConcurrentUse(t *testing.T) {
 	}
 }
 
-func TestRateLimiterBoundsLogLines(t *testing.T) {
-	l := rateLimiter{burst: 3, interval: 1 << 62}
-	allowed := 0
-	for i := 0; i < 100; i++ {
-		if ok, _ := l.allow(); ok {
-			allowed++
-		}
+func TestUnclaimedAccessesAreLoggedRateLimited(t *testing.T) {
+	var out bytes.Buffer
+	b := NewPIOBus(slog.New(slog.NewTextHandler(&out, &slog.HandlerOptions{Level: slog.LevelDebug})))
+	buf := make([]byte, 1)
+	for range 100 {
+		b.Read(0x80, buf)
 	}
-	if allowed != 3 || l.suppressed != 97 {
-		t.Errorf("allowed %d suppressed %d", allowed, l.suppressed)
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	if len(lines) != ratelog.DefaultBurst {
+		t.Fatalf("%d lines for 100 unclaimed reads, want %d:\n%s", len(lines), ratelog.DefaultBurst, out.String())
+	}
+	if !strings.Contains(lines[0], `bus="port I/O" op=read addr=0x80 size=1`) {
+		t.Errorf("line %q", lines[0])
 	}
 }
 

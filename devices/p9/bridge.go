@@ -13,6 +13,7 @@ import (
 	p9lib "github.com/hugelgupf/p9/p9"
 
 	"github.com/cowork-vmm/cowork-vmm/devices/virtio"
+	"github.com/cowork-vmm/cowork-vmm/internal/ratelog"
 )
 
 // The bridge between descriptor chains and hugelgupf/p9's server, which
@@ -106,8 +107,8 @@ func (p *pending) detachData() {
 
 // bridge owns the server connection and the tags in flight.
 type bridge struct {
-	log  *slog.Logger
-	warn func(msg string, args ...any)
+	log      *slog.Logger
+	guestLog *ratelog.Logger // guest misbehaviour, rate-limited
 
 	feed     chan request // messages for the server, in order
 	freeTags chan uint16
@@ -120,10 +121,10 @@ type bridge struct {
 	demux demux
 }
 
-func newBridge(attacher p9lib.Attacher, maxInFlight int, log *slog.Logger, warn func(string, ...any)) *bridge {
+func newBridge(attacher p9lib.Attacher, maxInFlight int, log *slog.Logger, guestLog *ratelog.Logger) *bridge {
 	b := &bridge{
 		log:      log,
-		warn:     warn,
+		guestLog: guestLog,
 		feed:     make(chan request, maxInFlight),
 		freeTags: make(chan uint16, maxInFlight),
 		pending:  make(map[uint16]*pending),
@@ -349,7 +350,7 @@ func (d *demux) begin() {
 	d.written = 0
 	d.cur = d.b.lookup(h.tag)
 	if d.cur == nil {
-		d.b.warn("9P server replied to an unknown tag; dropping the reply", "tag", h.tag, "type", h.typ)
+		d.b.guestLog.Warn("virtio-9p: 9P server replied to an unknown tag; dropping the reply", "tag", h.tag, "type", h.typ)
 	} else if p := d.cur; p.chain != nil {
 		p.mu.Lock()
 		if !p.orphaned {
@@ -357,7 +358,7 @@ func (d *demux) begin() {
 				// The server wrote zeros for what guest memory could
 				// not supply: do not report success.
 				p.failed = true
-				d.b.warn("cannot read a 9P write's data from guest memory; answering EIO")
+				d.b.guestLog.Warn("virtio-9p: cannot read a 9P write's data from guest memory; answering EIO")
 				d.written = d.writeChain(p, rlerror(p.guestTag, linux.EIO))
 			} else if h.size > p.chain.WritableLen() {
 				// The guest's reply buffers are too small: tell it so
@@ -403,7 +404,7 @@ func (d *demux) writeChain(p *pending, b []byte) uint32 {
 	n, err := p.chain.Writer().Write(b)
 	if err != nil || n < len(b) {
 		p.failed = true
-		d.b.warn("cannot write a 9P reply into the guest's buffers", "err", err)
+		d.b.guestLog.Warn("virtio-9p: cannot write a 9P reply into the guest's buffers", "err", err)
 	}
 	return uint32(n)
 }

@@ -11,8 +11,8 @@ import (
 	"github.com/hugelgupf/p9/linux"
 	p9lib "github.com/hugelgupf/p9/p9"
 
-	"github.com/cowork-vmm/cowork-vmm/devices"
 	"github.com/cowork-vmm/cowork-vmm/devices/virtio"
+	"github.com/cowork-vmm/cowork-vmm/internal/ratelog"
 )
 
 // FeatureMountTag is VIRTIO_9P_MOUNT_TAG: the config space holds the tag.
@@ -59,11 +59,11 @@ type Options struct {
 // connection per activation through hugelgupf/p9. See bridge.go for how
 // chains reach the server. It implements virtio.Device.
 type Device struct {
-	log     *slog.Logger
-	limiter devices.LogLimiter
-	config  []byte
-	opts    Options
-	bridge  *bridge
+	log      *slog.Logger
+	guestLog *ratelog.Logger // guest misbehaviour, rate-limited
+	config   []byte
+	opts     Options
+	bridge   *bridge
 
 	// fids the guest holds on the server, tracked so that a reset can
 	// clunk them; guarded by fidMu. msize is the negotiated message size
@@ -108,18 +108,20 @@ func New(opts Options) (*Device, error) {
 		opts.MaxMessageSize = DefaultMaxMessageSize
 	}
 	opts.MaxMessageSize = min(max(opts.MaxMessageSize, minMessageSize), maxServerMessage)
+	log := opts.Logger.With("device", "virtio-9p", "tag", opts.Tag)
 	d := &Device{
-		log:   opts.Logger.With("device", "virtio-9p", "tag", opts.Tag),
-		opts:  opts,
-		fids:  make(map[uint32]struct{}),
-		msize: opts.MaxMessageSize,
+		log:      log,
+		guestLog: ratelog.New(log, nil),
+		opts:     opts,
+		fids:     make(map[uint32]struct{}),
+		msize:    opts.MaxMessageSize,
 	}
 	d.config = make([]byte, 2+len(opts.Tag))
 	binary.LittleEndian.PutUint16(d.config, uint16(len(opts.Tag)))
 	copy(d.config[2:], opts.Tag)
 	d.cleanup = make(chan struct{})
 	close(d.cleanup)
-	d.bridge = newBridge(opts.Attacher, opts.MaxInFlight, d.log, d.warn)
+	d.bridge = newBridge(opts.Attacher, opts.MaxInFlight, d.log, d.guestLog)
 	return d, nil
 }
 
@@ -252,7 +254,7 @@ func (d *Device) drain(q *virtio.Queue, irq virtio.Interrupt, stop chan struct{}
 		var chainErr *virtio.ChainError
 		switch {
 		case errors.As(err, &chainErr):
-			d.warn("refused a request chain", "err", err)
+			d.guestLog.Warn("virtio-9p: refused a request chain", "err", err)
 			if q.NeedsInterrupt() {
 				irq.SignalUsed()
 			}
@@ -285,22 +287,22 @@ func (d *Device) complete(q *virtio.Queue, irq virtio.Interrupt, chain *virtio.C
 // handle validates one chain's T-message and answers it or passes it on.
 func (d *Device) handle(q *virtio.Queue, irq virtio.Interrupt, chain *virtio.Chain, stop chan struct{}) bool {
 	if chain.ReadableLen() < headerSize || chain.WritableLen() < rlerrorSize {
-		d.warn("request chain too small for a 9P message and its reply",
+		d.guestLog.Warn("virtio-9p: request chain too small for a 9P message and its reply",
 			"readable", chain.ReadableLen(), "writable", chain.WritableLen())
 		return d.complete(q, irq, chain, nil)
 	}
 	var hb [headerSize]byte
 	if _, err := io.ReadFull(chain.Reader(), hb[:]); err != nil {
-		d.warn("cannot read a 9P header", "err", err)
+		d.guestLog.Warn("virtio-9p: cannot read a 9P header", "err", err)
 		return d.complete(q, irq, chain, nil)
 	}
 	h := parseHeader(hb[:])
 	if h.size < headerSize || h.size > chain.ReadableLen() {
-		d.warn("9P message size disagrees with its buffers", "size", h.size, "readable", chain.ReadableLen())
+		d.guestLog.Warn("virtio-9p: 9P message size disagrees with its buffers", "size", h.size, "readable", chain.ReadableLen())
 		return d.complete(q, irq, chain, rlerror(h.tag, linux.EINVAL))
 	}
 	if h.size > d.msize {
-		d.warn("9P message larger than the negotiated msize", "size", h.size, "msize", d.msize)
+		d.guestLog.Warn("virtio-9p: 9P message larger than the negotiated msize", "size", h.size, "msize", d.msize)
 		return d.complete(q, irq, chain, rlerror(h.tag, errMsgSize))
 	}
 	// A large Twrite's data stays in the chain: only its first bytes are
@@ -327,20 +329,20 @@ func (d *Device) handle(q *virtio.Queue, irq virtio.Interrupt, chain *virtio.Cha
 	}()
 	copy(msg, hb[:])
 	if _, err := io.ReadFull(chain.Reader(), msg[headerSize:]); err != nil {
-		d.warn("cannot read a 9P message", "err", err)
+		d.guestLog.Warn("virtio-9p: cannot read a 9P message", "err", err)
 		return d.complete(q, irq, chain, rlerror(h.tag, linux.EIO))
 	}
 	body := msg[headerSize:]
 	if streamed > 0 {
 		// What checkBody checks of a Twrite: count covers the rest exactly.
 		if count := u32(body, twriteFixedSize-4); count != streamed {
-			d.warn("malformed 9P message", "err", fmt.Errorf("%w: Twrite count %d but %d data bytes", errMalformed, count, streamed))
+			d.guestLog.Warn("virtio-9p: malformed 9P message", "err", fmt.Errorf("%w: Twrite count %d but %d data bytes", errMalformed, count, streamed))
 			return d.complete(q, irq, chain, rlerror(h.tag, linux.EINVAL))
 		}
 	} else if err := checkBody(h.typ, body); err != nil {
 		var errno linux.Errno
 		if !errors.As(err, &errno) {
-			d.warn("malformed 9P message", "err", err)
+			d.guestLog.Warn("virtio-9p: malformed 9P message", "err", err)
 			errno = linux.EINVAL
 		}
 		return d.complete(q, irq, chain, rlerror(h.tag, errno))
@@ -424,7 +426,7 @@ func (d *Device) noteVersion(offered uint32, reply []byte) {
 		return
 	}
 	if m < minMessageSize {
-		d.warn("guest negotiated a tiny msize", "msize", m)
+		d.guestLog.Warn("virtio-9p: guest negotiated a tiny msize", "msize", m)
 	}
 	d.msize = min(m, maxServerMessage, offered)
 }
@@ -452,20 +454,11 @@ func (d *Device) addFid(fid uint32) linux.Errno {
 		return linux.EINVAL
 	}
 	if _, ok := d.fids[fid]; !ok && len(d.fids) >= d.opts.MaxFids {
-		d.warn("guest holds too many fids", "limit", d.opts.MaxFids)
+		d.guestLog.Warn("virtio-9p: guest holds too many fids", "limit", d.opts.MaxFids)
 		return linux.ENFILE
 	}
 	d.fids[fid] = struct{}{}
 	return 0
-}
-
-func (d *Device) warn(msg string, args ...any) {
-	if ok, suppressed := d.limiter.Allow(); ok {
-		if suppressed > 0 {
-			args = append(args, "suppressed", suppressed)
-		}
-		d.log.Warn("virtio-9p: "+msg, args...)
-	}
 }
 
 var _ virtio.Device = (*Device)(nil)

@@ -42,7 +42,9 @@ func newRig(t testing.TB, opts Options) *rig {
 		opts.Tag = "cowork"
 	}
 	opts.Attacher = r.exports
-	opts.Logger = discardLogger()
+	if opts.Logger == nil {
+		opts.Logger = discardLogger()
+	}
 	dev, err := New(opts)
 	require.NoError(t, err)
 	r.dev = dev

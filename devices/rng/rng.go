@@ -7,8 +7,8 @@ import (
 	"log/slog"
 	"sync"
 
-	"github.com/cowork-vmm/cowork-vmm/devices"
 	"github.com/cowork-vmm/cowork-vmm/devices/virtio"
+	"github.com/cowork-vmm/cowork-vmm/internal/ratelog"
 )
 
 // MaxBytesPerRequest caps the entropy returned for one chain, so a huge
@@ -21,9 +21,8 @@ const QueueSize = 256
 // Device is a virtio-rng device. Create it with New; it implements
 // virtio.Device.
 type Device struct {
-	log     *slog.Logger
-	limiter devices.LogLimiter
-	source  io.Reader
+	log    *ratelog.Logger // guest errors, rate-limited
+	source io.Reader
 
 	mu     sync.Mutex
 	wake   chan struct{}
@@ -38,7 +37,7 @@ func New(logger *slog.Logger) *Device {
 	if logger == nil {
 		logger = slog.Default()
 	}
-	return &Device{log: logger.With("device", "virtio-rng"), source: rand.Reader}
+	return &Device{log: ratelog.New(logger.With("device", "virtio-rng"), nil), source: rand.Reader}
 }
 
 // Type implements virtio.Device.
@@ -127,7 +126,7 @@ func (d *Device) drain(q *virtio.Queue, irq virtio.Interrupt, buf []byte) bool {
 		var chainErr *virtio.ChainError
 		switch {
 		case errors.As(err, &chainErr):
-			d.warn("refused a request", "err", err)
+			d.log.Warn("virtio-rng: refused a request", "err", err)
 			continue
 		case err != nil:
 			irq.NeedsReset(err)
@@ -149,23 +148,14 @@ func (d *Device) fill(w *virtio.ChainWriter, buf []byte) uint32 {
 	for want > 0 {
 		chunk := buf[:min(want, uint32(len(buf)))]
 		if _, err := io.ReadFull(d.source, chunk); err != nil {
-			d.warn("reading host entropy failed", "err", err)
+			d.log.Warn("virtio-rng: reading host entropy failed", "err", err)
 			break
 		}
 		if _, err := w.Write(chunk); err != nil {
-			d.warn("writing entropy to the guest failed", "err", err)
+			d.log.Warn("virtio-rng: writing entropy to the guest failed", "err", err)
 			break
 		}
 		want -= uint32(len(chunk))
 	}
 	return w.Written()
-}
-
-func (d *Device) warn(msg string, args ...any) {
-	if ok, suppressed := d.limiter.Allow(); ok {
-		if suppressed > 0 {
-			args = append(args, "suppressed", suppressed)
-		}
-		d.log.Warn("virtio-rng: "+msg, args...)
-	}
 }

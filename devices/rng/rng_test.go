@@ -2,13 +2,17 @@ package rng
 
 import (
 	"bytes"
+	"errors"
 	"testing"
+	"testing/iotest"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/cowork-vmm/cowork-vmm/devices/virtio"
 	"github.com/cowork-vmm/cowork-vmm/devices/virtio/virtiotest"
+	"github.com/cowork-vmm/cowork-vmm/internal/ratelog"
+	"github.com/cowork-vmm/cowork-vmm/internal/ratelog/ratelogtest"
 )
 
 func TestFillsWritableBuffers(t *testing.T) {
@@ -85,4 +89,22 @@ func TestBrokenQueueNeedsReset(t *testing.T) {
 	used, err := q.Wait(5 * time.Second)
 	require.NoError(t, err)
 	require.EqualValues(t, 8, used.Len)
+}
+
+func TestEntropyFailuresAreLoggedRateLimited(t *testing.T) {
+	logs := &ratelogtest.LogBuffer{}
+	dev := New(logs.Logger())
+	dev.source = iotest.ErrReader(errors.New("no entropy"))
+	d := virtiotest.Start(t, dev, virtiotest.Options{})
+	q := d.Queue(0)
+	for range 3 * ratelog.DefaultBurst {
+		_, err := q.Add(virtiotest.Writable(16))
+		require.NoError(t, err)
+		q.Kick()
+		_, err = q.Wait(5 * time.Second)
+		require.NoError(t, err)
+	}
+	lines := logs.Lines("virtio-rng: reading host entropy failed")
+	require.Len(t, lines, ratelog.DefaultBurst, logs.String())
+	require.Contains(t, lines[0], "device=virtio-rng")
 }

@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 
 	"github.com/cowork-vmm/cowork-vmm/devices"
+	"github.com/cowork-vmm/cowork-vmm/internal/ratelog"
 )
 
 // virtio-mmio version 2 register offsets (virtio 1.2 §4.2.2).
@@ -92,8 +93,7 @@ type MMIO struct {
 	dev     Device
 	mem     GuestMemory
 	irq     devices.IRQ
-	log     *slog.Logger
-	limiter devices.LogLimiter
+	log     *ratelog.Logger // guest misbehaviour, rate-limited
 	offered uint64
 
 	// Read without mu by the Interrupt given to the device, so that a
@@ -115,11 +115,11 @@ type MMIO struct {
 // NewMMIO puts dev behind a virtio-mmio transport that reads the driver's
 // rings from mem and raises irq for used-buffer and config interrupts.
 func NewMMIO(dev Device, mem GuestMemory, irq devices.IRQ, opts MMIOOptions) *MMIO {
-	m := &MMIO{dev: dev, mem: mem, irq: irq, log: opts.Logger}
-	if m.log == nil {
-		m.log = slog.Default()
+	log := opts.Logger
+	if log == nil {
+		log = slog.Default()
 	}
-	m.log = m.log.With("virtio_device", dev.Type())
+	m := &MMIO{dev: dev, mem: mem, irq: irq, log: ratelog.New(log.With("virtio_device", dev.Type()), nil)}
 	m.offered = dev.Features() | FeatureVersion1
 	if !opts.DisableEventIdx {
 		m.offered |= FeatureEventIdx
@@ -154,16 +154,6 @@ func (m *MMIO) Reset() {
 	m.resetLocked()
 }
 
-// warn logs guest misbehaviour, rate-limited.
-func (m *MMIO) warn(msg string, args ...any) {
-	if ok, suppressed := m.limiter.Allow(); ok {
-		if suppressed > 0 {
-			args = append(args, "suppressed", suppressed)
-		}
-		m.log.Warn("virtio-mmio: "+msg, args...)
-	}
-}
-
 // Read implements the bus device read.
 func (m *MMIO) Read(offset uint64, data []byte) {
 	clear(data)
@@ -177,7 +167,7 @@ func (m *MMIO) Read(offset uint64, data []byte) {
 		return
 	}
 	if len(data) != 4 || offset%4 != 0 {
-		m.warn("register read with bad width or alignment", "offset", offset, "len", len(data))
+		m.log.Warn("virtio-mmio: register read with bad width or alignment", "offset", offset, "len", len(data))
 		return
 	}
 	binary.LittleEndian.PutUint32(data, m.readRegister(offset))
@@ -269,7 +259,7 @@ func (m *MMIO) Write(offset uint64, data []byte) {
 		return
 	}
 	if len(data) != 4 || offset%4 != 0 {
-		m.warn("register write with bad width or alignment", "offset", offset, "len", len(data))
+		m.log.Warn("virtio-mmio: register write with bad width or alignment", "offset", offset, "len", len(data))
 		return
 	}
 	value := binary.LittleEndian.Uint32(data)
@@ -299,14 +289,14 @@ func (m *MMIO) Write(offset uint64, data []byte) {
 	case MMIOSHMSel, MMIOQueueReset:
 		// No shared memory regions, VIRTIO_F_RING_RESET not offered.
 	default:
-		m.warn("write to a read-only or unknown register", "offset", offset)
+		m.log.Warn("virtio-mmio: write to a read-only or unknown register", "offset", offset)
 	}
 }
 
 func (m *MMIO) writeDriverFeatures(value uint32) {
 	status := m.status.Load()
 	if status&StatusDriver == 0 || status&StatusFeaturesOK != 0 {
-		m.warn("driver features written outside feature negotiation", "status", status)
+		m.log.Warn("virtio-mmio: driver features written outside feature negotiation", "status", status)
 		return
 	}
 	switch m.driverFeatSel {
@@ -316,7 +306,7 @@ func (m *MMIO) writeDriverFeatures(value uint32) {
 		m.driverFeatures = m.driverFeatures&0xffffffff | uint64(value)<<32
 	default:
 		if value != 0 {
-			m.warn("driver accepted features the device never offered", "select", m.driverFeatSel, "value", value)
+			m.log.Warn("virtio-mmio: driver accepted features the device never offered", "select", m.driverFeatSel, "value", value)
 			m.driverFeatures |= 1 << 63 // poison: FEATURES_OK will fail
 		}
 	}
@@ -325,12 +315,12 @@ func (m *MMIO) writeDriverFeatures(value uint32) {
 func (m *MMIO) writeQueueRegister(offset uint64, value uint32) {
 	status := m.status.Load()
 	if status&StatusFeaturesOK == 0 || status&StatusDriverOK != 0 {
-		m.warn("queue register written outside queue set-up", "offset", offset, "status", status)
+		m.log.Warn("virtio-mmio: queue register written outside queue set-up", "offset", offset, "status", status)
 		return
 	}
 	q := m.selectedQueue()
 	if q == nil {
-		m.warn("queue register written for a queue that does not exist", "queue", m.queueSel)
+		m.log.Warn("virtio-mmio: queue register written for a queue that does not exist", "queue", m.queueSel)
 		return
 	}
 	if offset == MMIOQueueReady {
@@ -338,7 +328,7 @@ func (m *MMIO) writeQueueRegister(offset uint64, value uint32) {
 		return
 	}
 	if q.queue != nil {
-		m.warn("queue register written while the queue is ready", "queue", m.queueSel, "offset", offset)
+		m.log.Warn("virtio-mmio: queue register written while the queue is ready", "queue", m.queueSel, "offset", offset)
 		return
 	}
 	setLow := func(addr *uint64) { *addr = *addr&^0xffffffff | uint64(value) }
@@ -392,24 +382,24 @@ func (m *MMIO) writeStatus(value uint32) {
 	current := m.status.Load()
 	value &^= StatusDeviceNeedsReset // device-owned bit
 	if cleared := current &^ StatusDeviceNeedsReset &^ value; cleared != 0 {
-		m.warn("driver cleared status bits without a reset", "status", current, "written", value)
+		m.log.Warn("virtio-mmio: driver cleared status bits without a reset", "status", current, "written", value)
 		return
 	}
 	added := value &^ current
 	if added&StatusDriver != 0 && value&StatusAcknowledge == 0 {
-		m.warn("DRIVER set before ACKNOWLEDGE", "written", value)
+		m.log.Warn("virtio-mmio: DRIVER set before ACKNOWLEDGE", "written", value)
 		return
 	}
 	if added&StatusFeaturesOK != 0 {
 		if err := m.checkFeatures(value); err != nil {
-			m.warn("refusing FEATURES_OK", "err", err)
+			m.log.Warn("virtio-mmio: refusing FEATURES_OK", "err", err)
 			value &^= StatusFeaturesOK
 		} else {
 			m.negotiated = m.driverFeatures
 		}
 	}
 	if added&StatusDriverOK != 0 && value&StatusFeaturesOK == 0 {
-		m.warn("DRIVER_OK set before FEATURES_OK", "written", value)
+		m.log.Warn("virtio-mmio: DRIVER_OK set before FEATURES_OK", "written", value)
 		value &^= StatusDriverOK
 		added &^= StatusDriverOK
 	}
@@ -463,7 +453,7 @@ func (m *MMIO) notify(value uint32) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.active == nil {
-		m.warn("queue notify while the device is not active", "queue", value, "status", m.status.Load())
+		m.log.Warn("virtio-mmio: queue notify while the device is not active", "queue", value, "status", m.status.Load())
 		return
 	}
 	if m.status.Load()&StatusDeviceNeedsReset != 0 {
@@ -471,7 +461,7 @@ func (m *MMIO) notify(value uint32) {
 	}
 	index := value & 0xffff // without VIRTIO_F_NOTIFICATION_DATA, the queue index
 	if index >= uint32(len(m.queues)) || m.queues[index].queue == nil {
-		m.warn("notify for a queue that is not ready", "queue", index)
+		m.log.Warn("virtio-mmio: notify for a queue that is not ready", "queue", index)
 		return
 	}
 	m.dev.Notify(int(index))
@@ -484,13 +474,13 @@ func (m *MMIO) raise(bits uint32) {
 		return
 	}
 	if err := m.irq.Trigger(); err != nil {
-		m.warn("raising the interrupt line failed", "err", err)
+		m.log.Warn("virtio-mmio: raising the interrupt line failed", "err", err)
 	}
 }
 
 // needsReset marks the device DEVICE_NEEDS_RESET and tells the driver.
 func (m *MMIO) needsReset(err error) {
-	m.warn("device needs reset", "err", err)
+	m.log.Warn("virtio-mmio: device needs reset", "err", err)
 	m.status.Or(StatusDeviceNeedsReset)
 	m.configGen.Add(1)
 	m.raise(InterruptConfigChange)

@@ -9,6 +9,8 @@ import (
 
 	"github.com/cowork-vmm/cowork-vmm/devices/virtio"
 	"github.com/cowork-vmm/cowork-vmm/devices/virtio/virtiotest"
+	"github.com/cowork-vmm/cowork-vmm/internal/ratelog"
+	"github.com/cowork-vmm/cowork-vmm/internal/ratelog/ratelogtest"
 )
 
 func TestMMIOCmdline(t *testing.T) {
@@ -293,4 +295,15 @@ func TestMMIOEndToEndThroughRegisters(t *testing.T) {
 	require.Equal(t, head, used.Head)
 	require.Equal(t, []byte{2, 2, 3, 4}, used.Data)
 	require.NotZero(t, d.AckInterrupts()&virtio.InterruptUsedBuffer)
+}
+
+func TestMMIOGuestMisbehaviourIsLoggedRateLimited(t *testing.T) {
+	logs := &ratelogtest.LogBuffer{}
+	m := virtio.NewMMIO(newProbeDevice(), virtio.NewSliceMemory(4096), nil, virtio.MMIOOptions{Logger: logs.Logger()})
+	for range 100 {
+		m.Read(virtio.MMIOMagicValue+1, make([]byte, 4))
+	}
+	lines := logs.Lines("virtio-mmio: register read with bad width or alignment")
+	require.Len(t, lines, ratelog.DefaultBurst, logs.String())
+	require.Contains(t, lines[0], "virtio_device=66")
 }

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/cowork-vmm/cowork-vmm/devices/virtio"
+	"github.com/cowork-vmm/cowork-vmm/internal/ratelog"
 )
 
 // Queue indices of a virtio-vsock device.
@@ -101,7 +102,7 @@ var errDeviceReset = fmt.Errorf("vsock: device reset by the guest: %w", syscall.
 // Listen for ports the guest dials, Dial for ports the guest listens on.
 type Device struct {
 	cfg  Config
-	log  *rateLog
+	log  *ratelog.Logger // guest-caused problems, rate-limited
 	m    *muxer
 	kick chan struct{} // wakes the worker; capacity 1
 
@@ -119,7 +120,7 @@ func New(cfg Config) (*Device, error) {
 	if err := cfg.applyDefaults(); err != nil {
 		return nil, err
 	}
-	d := &Device{cfg: cfg, log: newRateLog(cfg.Logger), kick: make(chan struct{}, 1)}
+	d := &Device{cfg: cfg, log: ratelog.New(cfg.Logger, nil), kick: make(chan struct{}, 1)}
 	d.m = newMuxer(cfg, d.log, d.wakeWorker)
 	return d, nil
 }

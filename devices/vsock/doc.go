@@ -9,7 +9,10 @@
 //   - device.go: the virtio Device (rx, tx and event queues, config space);
 //   - netconn.go, listener.go, addr.go, deadline.go: the host-side net API
 //     (a Conn's net.Conn methods, the net.Listener, addresses, deadlines);
-//   - ring.go, ratelog.go: the bounded byte FIFO and the rate-limited log.
+//   - ring.go: the bounded byte FIFO.
+//
+// Guest-caused problems are logged through internal/ratelog, so that a
+// guest cannot flood the host's log.
 //
 // Package vsocktest plays a Linux guest's vsock stack against the device,
 // for tests here and in packages built on it.

@@ -11,6 +11,8 @@ import (
 	"github.com/cowork-vmm/cowork-vmm/devices/virtio/virtiotest"
 	"github.com/cowork-vmm/cowork-vmm/devices/vsock"
 	"github.com/cowork-vmm/cowork-vmm/devices/vsock/vsocktest"
+	"github.com/cowork-vmm/cowork-vmm/internal/ratelog"
+	"github.com/cowork-vmm/cowork-vmm/internal/ratelog/ratelogtest"
 )
 
 func guestHeader(op uint16, srcPort, dstPort uint32) vsock.Header {
@@ -247,5 +249,24 @@ func TestRSTForRWOnUnknownConnection(t *testing.T) {
 	time.Sleep(10 * time.Millisecond)
 	if n := g.Received(vsock.OpRST); n != 2 {
 		t.Fatalf("guest received %d RSTs, want 2", n)
+	}
+}
+
+func TestBadPacketsAreLoggedRateLimited(t *testing.T) {
+	logs := &ratelogtest.LogBuffer{}
+	d := newDevice(t, vsock.Config{Logger: logs.Logger()})
+	g := startGuest(t, d, vsocktest.Options{})
+	bad := guestHeader(vsock.OpRW, 3000, 1024)
+	bad.Op = 99
+	for range 3 * ratelog.DefaultBurst {
+		if err := g.SendRaw(virtiotest.Readable(bad.Bytes())); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := g.WaitTxDrained(waitLimit); err != nil {
+		t.Fatal(err)
+	}
+	if lines := logs.Lines("vsock: dropping a bad packet from the guest"); len(lines) != ratelog.DefaultBurst {
+		t.Fatalf("%d lines for %d bad packets, want %d:\n%s", len(lines), 3*ratelog.DefaultBurst, ratelog.DefaultBurst, logs.String())
 	}
 }

@@ -3,6 +3,8 @@ package vsock
 import (
 	"fmt"
 	"sync"
+
+	"github.com/cowork-vmm/cowork-vmm/internal/ratelog"
 )
 
 // muxer routes packets between the device's queues and connections: guest
@@ -12,8 +14,8 @@ import (
 // backlog of RSTs for packets that matched no connection.
 type muxer struct {
 	cfg  Config
-	log  *rateLog
-	kick func() // wakes the device worker; safe under mu, never blocks
+	log  *ratelog.Logger // guest-caused problems, rate-limited (the device's)
+	kick func()          // wakes the device worker; safe under mu, never blocks
 
 	mu        sync.Mutex
 	active    bool // between Activate and Reset: packets can flow
@@ -37,7 +39,7 @@ const (
 	lastEphemeralPort  = 1<<31 - 1
 )
 
-func newMuxer(cfg Config, log *rateLog, kick func()) *muxer {
+func newMuxer(cfg Config, log *ratelog.Logger, kick func()) *muxer {
 	return &muxer{
 		cfg:        cfg,
 		log:        log,

@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/cowork-vmm/cowork-vmm/internal/acceptloop/acceptlooptest"
+	"github.com/cowork-vmm/cowork-vmm/internal/ratelog/ratelogtest"
 )
 
 // safetyTimeout only keeps a broken test from hanging; no assertion depends
@@ -47,7 +48,7 @@ func TestServeRetriesTransientErrorsThenServes(t *testing.T) {
 		acceptlooptest.AcceptError(syscall.ECONNABORTED),
 		acceptlooptest.AcceptError(syscall.EMFILE),
 	)
-	logs := &acceptlooptest.LogBuffer{}
+	logs := &ratelogtest.LogBuffer{}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	conns, done := serveInBackground(ctx, l, Config{Log: logs.Logger()})
@@ -87,7 +88,7 @@ func TestServeLogIsRateLimited(t *testing.T) {
 		errs[i] = acceptlooptest.AcceptError(syscall.EMFILE)
 	}
 	l := acceptlooptest.NewListener(errs...)
-	logs := &acceptlooptest.LogBuffer{}
+	logs := &ratelogtest.LogBuffer{}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	conns, done := serveInBackground(ctx, l, Config{

@@ -11,6 +11,7 @@ import (
 
 	"github.com/cowork-vmm/cowork-vmm/egress"
 	"github.com/cowork-vmm/cowork-vmm/internal/acceptloop/acceptlooptest"
+	"github.com/cowork-vmm/cowork-vmm/internal/ratelog/ratelogtest"
 	"github.com/cowork-vmm/cowork-vmm/protocol"
 )
 
@@ -24,7 +25,7 @@ func TestEgressServerRetriesTransientAcceptFailures(t *testing.T) {
 		acceptlooptest.AcceptError(syscall.ENFILE),
 		acceptlooptest.AcceptError(syscall.EMFILE),
 	)
-	logs := &acceptlooptest.LogBuffer{}
+	logs := &ratelogtest.LogBuffer{}
 	srv := egress.NewServer(egress.Config{Logger: logs.Logger()}) // no spawn is registered
 	done := make(chan error, 1)
 	go func() { done <- srv.Serve(context.Background(), l) }()

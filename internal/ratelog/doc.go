@@ -8,6 +8,6 @@
 // suppressed ("suppressed"=N). Both are safe for concurrent use.
 //
 // This is the helper's one definition of a rate-limited logger (issue #20):
-// the copies in devices, vmm, devices/vsock and egress are to be migrated
-// onto it.
+// the virtio devices (mmio, rng, vsock, p9), vmm's buses, egress and
+// acceptloop log what a guest or a peer can cause through it.
 package ratelog
