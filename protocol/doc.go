@@ -15,6 +15,8 @@
 //     connection modes (one-shot, pipe, subscription); the bounds on
 //     connections that have sent no request yet (a first-request deadline,
 //     a per-uid cap).
+//   - connstate.go: ConnState, what a Handler keeps for one connection
+//     between its calls (the pipe's configured profile).
 //   - listen.go: Listen (socket-path and directory safety) and peer uid
 //     checks.
 //   - agent.go, agentconn.go: the helper ↔ agent channel and AgentConn.

@@ -37,7 +37,8 @@ type serverConn struct {
 	// accepted is when the connection was accepted (for log lines).
 	accepted time.Time
 	// ctx ends when the connection is closed or the server shuts down; it
-	// is the context of every handler call made for this connection.
+	// is the context of every handler call made for this connection, and
+	// carries the connection's ConnState.
 	ctx    context.Context
 	cancel context.CancelFunc
 
@@ -70,7 +71,7 @@ func (s *Server) startConn(conn net.Conn) {
 		return
 	}
 	c := &serverConn{s: s, conn: conn, uid: uid, accepted: time.Now()}
-	c.ctx, c.cancel = context.WithCancel(s.ctx)
+	c.ctx, c.cancel = context.WithCancel(WithConnState(s.ctx))
 	var oldest *serverConn
 	if evict {
 		// Off the books at once (closed just below): its goroutine may take
