@@ -1,0 +1,51 @@
+package beneath
+
+import (
+	"os"
+	"path/filepath"
+	"syscall"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+)
+
+func TestReadFile(t *testing.T) {
+	f := newFixture(t)
+	require.NoError(t, os.WriteFile(filepath.Join(f.root, "a", "b", "text"), []byte("hello"), 0o600))
+	d := openT(t, f.root)
+
+	got, err := d.ReadFile("a/b/text", 5)
+	require.NoError(t, err)
+	assert.Equal(t, "hello", string(got))
+	got, err = d.ReadFile("file", 100)
+	require.NoError(t, err)
+	assert.Len(t, got, 3)
+
+	_, err = d.ReadFile("a/b/text", 4)
+	assert.ErrorIs(t, err, ErrTooLarge)
+	for _, rel := range []string{"a/out/precious", "a/b/out", "out/precious", "a/in/file", "a/b/dangles"} {
+		_, err := d.ReadFile(rel, 1<<31)
+		assert.ErrorIs(t, err, syscall.ELOOP, "%s: a symlink at any component is refused", rel)
+	}
+	_, err = d.ReadFile("a/../../"+filepath.Base(f.root)+"/file", 100)
+	assert.ErrorIs(t, err, syscall.EXDEV, "no way out of the directory")
+	for _, rel := range []string{"", "/etc/passwd"} {
+		_, err := d.ReadFile(rel, 100)
+		assert.ErrorIs(t, err, ErrBadName, rel)
+	}
+	_, err = d.ReadFile("a", 100)
+	assert.ErrorIs(t, err, ErrNotRegular, "a directory")
+	_, err = d.ReadFile("missing", 100)
+	assert.ErrorIs(t, err, os.ErrNotExist)
+	f.assertOutsideIntact(t)
+}
+
+// A FIFO neither blocks the open nor is read.
+func TestReadFileRefusesAFIFO(t *testing.T) {
+	dir := t.TempDir()
+	require.NoError(t, unix.Mkfifo(filepath.Join(dir, "fifo"), 0o600))
+	_, err := openT(t, dir).ReadFile("fifo", 100)
+	assert.ErrorIs(t, err, ErrNotRegular)
+}
