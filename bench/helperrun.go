@@ -28,7 +28,7 @@ const (
 
 // Polling intervals: finer than the desktop client's (several times a
 // second) so the figures have millisecond resolution; isGuestConnected is
-// polled only after the agent has dialed (see run).
+// polled only after the agent has dialed (see helperProcess.boot).
 const (
 	socketPoll    = 500 * time.Microsecond
 	connectedPoll = 2 * time.Millisecond
@@ -57,26 +57,82 @@ type runResult struct {
 // run starts the helper, boots a guest, runs /bin/true and echo, stops
 // the guest and the helper, and returns the phase durations.
 func (h helperRun) run(ctx context.Context) (runResult, error) {
-	progress := h.Progress
-	if progress == nil {
-		progress = func(string) {}
+	p, err := h.start()
+	if err != nil {
+		return runResult{}, err
 	}
+	defer p.close()
+
+	bootCtx, cancel := context.WithTimeout(ctx, h.Timeout)
+	defer cancel()
+	if err := p.connect(bootCtx); err != nil {
+		return p.fail(err)
+	}
+	h.progress("booting the guest")
+	if err := p.boot(bootCtx, h.MemMiB, h.Backend == "kvm"); err != nil {
+		return p.fail(err)
+	}
+
+	opCtx, opCancel := context.WithTimeout(ctx, time.Minute)
+	defer opCancel()
+	if err := p.spawnTrueAndEcho(opCtx, h.progress); err != nil {
+		return p.fail(err)
+	}
+	var guestBytes int64
+	if h.Backend != "process" {
+		guestBytes = int64(h.MemMiB) << 20
+	}
+	mem, memErr := ReadMemory(p.cmd.Process.Pid, guestBytes)
+
+	h.progress("stopping the guest")
+	if err := p.stopGuest(ctx, opCtx); err != nil {
+		return p.fail(err)
+	}
+	return p.finish(mem, memErr)
+}
+
+// progress tells h.Progress, when set, what the run is doing.
+func (h helperRun) progress(step string) {
+	if h.Progress != nil {
+		h.Progress(step)
+	}
+}
+
+// helperProcess is one started helper and the client's connections to it:
+// what a run drives and measures, and what it must clean up (close).
+type helperProcess struct {
+	cmd     *exec.Cmd
+	exited  chan error // cmd.Wait's result
+	stopped bool
+	dataDir string // XDG_DATA_HOME, the bench profile's user data root
+	sock    string
+	logFile *os.File
+	logPath string
+	tl      *Timeline
+	// Set by connect.
+	events *eventLog
+	stream *protocol.EventStream
+	pipe   *protocol.PipeClient
+}
+
+// start makes the run's directories and starts the helper binary on a
+// socket of its own, its output going to helper.log in h.Dir.
+func (h helperRun) start() (*helperProcess, error) {
 	data := filepath.Join(h.Dir, "data")
 	rt := filepath.Join(h.Dir, "rt")
 	for _, d := range []string{data, rt} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
-			return runResult{}, fmt.Errorf("bench work directory: %w", err)
+			return nil, fmt.Errorf("bench work directory: %w", err)
 		}
 	}
-	sock := filepath.Join(rt, "cowork.sock")
-	logPath := filepath.Join(h.Dir, "helper.log")
-	logFile, err := os.Create(logPath)
+	p := &helperProcess{dataDir: data, sock: filepath.Join(rt, "cowork.sock"), logPath: filepath.Join(h.Dir, "helper.log"), tl: NewTimeline()}
+	logFile, err := os.Create(p.logPath)
 	if err != nil {
-		return runResult{}, fmt.Errorf("bench work directory: %w", err)
+		return nil, fmt.Errorf("bench work directory: %w", err)
 	}
-	defer logFile.Close()
+	p.logFile = logFile
 
-	cmd := exec.Command(h.Binary, "-socket", sock)
+	cmd := exec.Command(h.Binary, "-socket", p.sock)
 	cmd.Env = append(os.Environ(), "COWORK_VMM_BACKEND="+h.Backend, "XDG_DATA_HOME="+data, "XDG_RUNTIME_DIR="+rt)
 	if h.Kernel != "" {
 		cmd.Env = append(cmd.Env, "COWORK_VMM_KERNEL="+h.Kernel)
@@ -84,174 +140,205 @@ func (h helperRun) run(ctx context.Context) (runResult, error) {
 	cmd.Stdout = logFile
 	cmd.Stderr = logFile
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL} // never outlive the bench
-	tl := NewTimeline()
-	progress("starting the helper")
-	tl.Mark(MarkExec, time.Now())
+	h.progress("starting the helper")
+	p.tl.Mark(MarkExec, time.Now())
 	if err := cmd.Start(); err != nil {
-		return runResult{}, fmt.Errorf("starting the helper %s: %w", h.Binary, err)
+		logFile.Close()
+		return nil, fmt.Errorf("starting the helper %s: %w", h.Binary, err)
 	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	stopped := false
-	stopHelper := func() error {
-		if stopped {
-			return nil
-		}
-		stopped = true
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case err := <-exited:
-			return err
-		case <-time.After(exitTimeout):
-			_ = cmd.Process.Kill()
-			<-exited
-			return errors.New("the helper did not exit within 20 s of SIGTERM; killed")
-		}
-	}
-	defer func() { _ = stopHelper() }()
-	var events *eventLog
-	// fail keeps what the run measured before it failed (a boot that
-	// reached /init measured the boot even if the agent then failed).
-	fail := func(err error) (runResult, error) {
-		_ = stopHelper()
-		if events != nil {
-			for _, te := range events.snapshot() {
-				tl.OnEvent(te.ev, te.at, trueID, echoID)
-			}
-		}
-		return runResult{Phases: tl.Durations()}, fmt.Errorf("%w%s", err, logTail(logPath))
-	}
+	p.cmd = cmd
+	p.exited = make(chan error, 1)
+	go func() { p.exited <- cmd.Wait() }()
+	return p, nil
+}
 
-	bootCtx, cancel := context.WithTimeout(ctx, h.Timeout)
-	defer cancel()
-	if err := waitSocket(bootCtx, sock, exited); err != nil {
-		return fail(err)
-	}
-	tl.Mark(MarkSocket, time.Now())
-
-	profile := protocol.SubscribeEventsParams{UserDataName: benchProfile, UserDataRoot: data}
-	stream, err := protocol.SubscribeEvents(bootCtx, sock, profile)
-	if err != nil {
-		return fail(err)
-	}
-	defer stream.Close()
-	events = newEventLog()
-	go events.read(stream)
-
-	pipe, err := protocol.DialPipe(bootCtx, sock)
-	if err != nil {
-		return fail(err)
-	}
-	defer pipe.Close()
-	call := func(ctx context.Context, method string, params, result any) error {
-		resp, err := pipe.Call(ctx, method, params)
-		if err != nil {
-			return err
-		}
-		if !resp.Success {
-			return fmt.Errorf("%s: %s", method, resp.Error)
-		}
-		if result != nil && len(resp.Result) > 0 {
-			if err := json.Unmarshal(resp.Result, result); err != nil {
-				return fmt.Errorf("%s: decoding the result: %w", method, err)
-			}
-		}
+// stop ends the helper with SIGTERM (SIGKILL after exitTimeout) and returns
+// how it exited; later calls return nil.
+func (p *helperProcess) stop() error {
+	if p.stopped {
 		return nil
 	}
-	if err := call(bootCtx, protocol.MethodConfigure, protocol.ConfigureParams{UserDataName: benchProfile, UserDataRoot: data}, nil); err != nil {
-		return fail(err)
+	p.stopped = true
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case err := <-p.exited:
+		return err
+	case <-time.After(exitTimeout):
+		_ = p.cmd.Process.Kill()
+		<-p.exited
+		return errors.New("the helper did not exit within 20 s of SIGTERM; killed")
 	}
+}
 
-	progress("booting the guest")
-	memGB := float64(h.MemMiB) / 1024
-	tl.Mark(MarkStartSent, time.Now())
-	if err := call(bootCtx, protocol.MethodStartVM, protocol.StartVMParams{MemoryGB: &memGB}, nil); err != nil {
-		return fail(err)
+// close closes the client's connections, stops the helper if it still runs
+// and closes its log.
+func (p *helperProcess) close() {
+	if p.pipe != nil {
+		p.pipe.Close()
 	}
-	tl.Mark(MarkStartReply, time.Now())
-	if h.Backend == "kvm" {
+	if p.stream != nil {
+		p.stream.Close()
+	}
+	_ = p.stop()
+	p.logFile.Close()
+}
+
+// recordEvents adds the events received so far to the timeline.
+func (p *helperProcess) recordEvents() {
+	if p.events == nil {
+		return
+	}
+	for _, te := range p.events.snapshot() {
+		p.tl.OnEvent(te.ev, te.at, trueID, echoID)
+	}
+}
+
+// fail stops the helper and returns what the run measured before err (a
+// boot that reached /init measured the boot even if the agent then
+// failed), with the end of the helper's log after err.
+func (p *helperProcess) fail(err error) (runResult, error) {
+	_ = p.stop()
+	p.recordEvents()
+	return runResult{Phases: p.tl.Durations()}, fmt.Errorf("%w%s", err, logTail(p.logPath))
+}
+
+// finish closes the client's connections, stops the helper and returns the
+// run's phases, and mem unless memErr.
+func (p *helperProcess) finish(mem Memory, memErr error) (runResult, error) {
+	p.recordEvents()
+	p.pipe.Close()
+	p.stream.Close()
+	if err := p.stop(); err != nil {
+		return runResult{}, fmt.Errorf("stopping the helper: %w%s", err, logTail(p.logPath))
+	}
+	res := runResult{Phases: p.tl.Durations()}
+	if memErr == nil {
+		res.Memory = &mem
+	}
+	return res, nil
+}
+
+// connect waits for the helper's socket, subscribes to its events, opens
+// the client's pipe and configures the bench profile, as the desktop
+// client does.
+func (p *helperProcess) connect(ctx context.Context) error {
+	if err := waitSocket(ctx, p.sock, p.exited); err != nil {
+		return err
+	}
+	p.tl.Mark(MarkSocket, time.Now())
+	profile := protocol.SubscribeEventsParams{UserDataName: benchProfile, UserDataRoot: p.dataDir}
+	stream, err := protocol.SubscribeEvents(ctx, p.sock, profile)
+	if err != nil {
+		return err
+	}
+	p.stream = stream
+	p.events = newEventLog()
+	go p.events.read(stream)
+	pipe, err := protocol.DialPipe(ctx, p.sock)
+	if err != nil {
+		return err
+	}
+	p.pipe = pipe
+	return p.call(ctx, protocol.MethodConfigure, protocol.ConfigureParams{UserDataName: benchProfile, UserDataRoot: p.dataDir}, nil)
+}
+
+// call makes one request on the pipe and decodes its result into result
+// (when not nil); a reply without success is an error.
+func (p *helperProcess) call(ctx context.Context, method string, params, result any) error {
+	resp, err := p.pipe.Call(ctx, method, params)
+	if err != nil {
+		return err
+	}
+	if !resp.Success {
+		return fmt.Errorf("%s: %s", method, resp.Error)
+	}
+	if result != nil && len(resp.Result) > 0 {
+		if err := json.Unmarshal(resp.Result, result); err != nil {
+			return fmt.Errorf("%s: decoding the result: %w", method, err)
+		}
+	}
+	return nil
+}
+
+// boot starts the guest with memMiB of memory and waits until its agent
+// is connected (for a VM, first until the agent has dialed).
+func (p *helperProcess) boot(ctx context.Context, memMiB int, vm bool) error {
+	memGB := float64(memMiB) / 1024
+	p.tl.Mark(MarkStartSent, time.Now())
+	if err := p.call(ctx, protocol.MethodStartVM, protocol.StartVMParams{MemoryGB: &memGB}, nil); err != nil {
+		return err
+	}
+	p.tl.Mark(MarkStartReply, time.Now())
+	if vm {
 		// Poll only once the agent has dialed: a 2 ms poll through the whole
 		// boot costs the helper and the bench CPU the guest's vCPU would
 		// otherwise have (on a one-CPU host it slowed the guest kernel's
 		// boot by a fifth), and the qemu peers have no poller to pay for.
-		if _, err := events.wait(bootCtx, "the guest agent to dial the helper", func(ev protocol.Event) bool {
+		if _, err := p.events.wait(ctx, "the guest agent to dial the helper", func(ev protocol.Event) bool {
 			return ev.Type == protocol.EventStartupStep && ev.Step == stepAgentDial && ev.Status == protocol.StepCompleted
 		}); err != nil {
-			return fail(err)
+			return err
 		}
 	}
-	if err := pollUntil(bootCtx, "the guest agent to connect", connectedPoll, func(ctx context.Context) (bool, error) {
+	if err := pollUntil(ctx, "the guest agent to connect", connectedPoll, func(ctx context.Context) (bool, error) {
 		var r protocol.IsGuestConnectedResult
-		err := call(ctx, protocol.MethodIsGuestConnected, nil, &r)
+		err := p.call(ctx, protocol.MethodIsGuestConnected, nil, &r)
 		return r.Connected, err
-	}, events); err != nil {
-		return fail(err)
+	}, p.events); err != nil {
+		return err
 	}
-	tl.Mark(MarkConnected, time.Now())
+	p.tl.Mark(MarkConnected, time.Now())
+	return nil
+}
 
+// spawnTrueAndEcho runs /bin/true, then echo, each to its exit, in the
+// bench session.
+func (p *helperProcess) spawnTrueAndEcho(ctx context.Context, progress func(string)) error {
 	progress("spawning /bin/true")
-	opCtx, opCancel := context.WithTimeout(ctx, time.Minute)
-	defer opCancel()
-	tl.Mark(MarkSpawnSent, time.Now())
-	if err := call(opCtx, protocol.MethodSpawn, protocol.ClientSpawnParams{ID: trueID, Name: benchSession, Command: "/bin/true", Args: []string{}}, nil); err != nil {
-		return fail(err)
+	p.tl.Mark(MarkSpawnSent, time.Now())
+	if err := p.call(ctx, protocol.MethodSpawn, protocol.ClientSpawnParams{ID: trueID, Name: benchSession, Command: "/bin/true", Args: []string{}}, nil); err != nil {
+		return err
 	}
-	if _, err := events.wait(opCtx, "the exit of /bin/true", func(ev protocol.Event) bool {
-		return ev.Type == protocol.EventExit && ev.ID == trueID
-	}); err != nil {
-		return fail(err)
+	if _, err := p.events.wait(ctx, "the exit of /bin/true", exitOf(trueID)); err != nil {
+		return err
 	}
 	progress("spawning echo")
-	tl.Mark(MarkEchoSent, time.Now())
-	if err := call(opCtx, protocol.MethodSpawn, protocol.ClientSpawnParams{ID: echoID, Name: benchSession, Command: "/bin/echo", Args: []string{echoText}}, nil); err != nil {
-		return fail(err)
+	p.tl.Mark(MarkEchoSent, time.Now())
+	if err := p.call(ctx, protocol.MethodSpawn, protocol.ClientSpawnParams{ID: echoID, Name: benchSession, Command: "/bin/echo", Args: []string{echoText}}, nil); err != nil {
+		return err
 	}
-	if _, err := events.wait(opCtx, "the output of echo", func(ev protocol.Event) bool {
+	if _, err := p.events.wait(ctx, "the output of echo", func(ev protocol.Event) bool {
 		return ev.Type == protocol.EventStdout && ev.ID == echoID && ev.Data != ""
 	}); err != nil {
-		return fail(err)
+		return err
 	}
-	if _, err := events.wait(opCtx, "the exit of echo", func(ev protocol.Event) bool {
-		return ev.Type == protocol.EventExit && ev.ID == echoID
-	}); err != nil {
-		return fail(err)
-	}
+	_, err := p.events.wait(ctx, "the exit of echo", exitOf(echoID))
+	return err
+}
 
-	var guestBytes int64
-	if h.Backend != "process" {
-		guestBytes = int64(h.MemMiB) << 20
-	}
-	mem, memErr := ReadMemory(cmd.Process.Pid, guestBytes)
+// exitOf matches the exit event of the process id.
+func exitOf(id string) func(protocol.Event) bool {
+	return func(ev protocol.Event) bool { return ev.Type == protocol.EventExit && ev.ID == id }
+}
 
-	progress("stopping the guest")
-	tl.Mark(MarkStopSent, time.Now())
-	if err := call(opCtx, protocol.MethodStopVM, nil, nil); err != nil {
-		return fail(err)
+// stopGuest asks the helper to stop the guest (within opCtx) and waits, at
+// most goneTimeout, until the helper says it no longer runs.
+func (p *helperProcess) stopGuest(ctx, opCtx context.Context) error {
+	p.tl.Mark(MarkStopSent, time.Now())
+	if err := p.call(opCtx, protocol.MethodStopVM, nil, nil); err != nil {
+		return err
 	}
 	goneCtx, goneCancel := context.WithTimeout(ctx, goneTimeout)
 	defer goneCancel()
 	if err := pollUntil(goneCtx, "the guest to stop", connectedPoll, func(ctx context.Context) (bool, error) {
 		var r protocol.IsRunningResult
-		err := call(ctx, protocol.MethodIsRunning, nil, &r)
+		err := p.call(ctx, protocol.MethodIsRunning, nil, &r)
 		return !r.Running, err
 	}, nil); err != nil {
-		return fail(err)
+		return err
 	}
-	tl.Mark(MarkGone, time.Now())
-
-	for _, te := range events.snapshot() {
-		tl.OnEvent(te.ev, te.at, trueID, echoID)
-	}
-	pipe.Close()
-	stream.Close()
-	if err := stopHelper(); err != nil {
-		return runResult{}, fmt.Errorf("stopping the helper: %w%s", err, logTail(logPath))
-	}
-	res := runResult{Phases: tl.Durations()}
-	if memErr == nil {
-		res.Memory = &mem
-	}
-	return res, nil
+	p.tl.Mark(MarkGone, time.Now())
+	return nil
 }
 
 // waitSocket polls until the helper's socket accepts a connection, or the

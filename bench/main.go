@@ -193,21 +193,7 @@ func hostInfo(kvmState string) Host {
 // Run measures and writes the report files to opts.Out; progress and
 // notes go to progress (a \r-updated line).
 func Run(ctx context.Context, opts Options, progress io.Writer) (Report, error) {
-	if opts.Runs <= 0 {
-		opts.Runs = DefaultRuns
-	}
-	if opts.MemMiB <= 0 {
-		opts.MemMiB = DefaultMemMiB
-	}
-	if opts.Timeout <= 0 {
-		opts.Timeout = defaultTimeout
-	}
-	if opts.Out == "" {
-		opts.Out = DefaultOut
-	}
-	if opts.Backend == "" {
-		opts.Backend = "auto"
-	}
+	opts = opts.withDefaults()
 	binary, err := resolveBinary(opts.Binary)
 	if err != nil {
 		return Report{}, err
@@ -221,132 +207,214 @@ func Run(ctx context.Context, opts Options, progress io.Writer) (Report, error) 
 	}
 	defer os.RemoveAll(work)
 
-	kvmState, kvmWhy := hostKVM()
-	show := newProgress(progress)
-	defer show.clear()
-	var notes []string
-	note := func(s string) {
-		notes = append(notes, s)
-		show.line("%s", s)
+	b := &benchRun{opts: opts, work: work, binary: binary, show: newProgress(progress), results: NewResults()}
+	defer b.show.clear()
+	b.kvmState, b.kvmWhy = hostKVM()
+	b.chooseBackend()
+	b.results.AddSystem(SystemOurs, "cowork-vmm ("+b.backend+" backend)", false)
+	if err := b.prepareSystems(); err != nil {
+		return Report{}, err
 	}
-	backend := opts.Backend
-	if backend == "auto" {
-		backend = "kvm"
-		if kvmState != "real" {
-			backend = "process"
-			note("the kvm backend (our VMM) is not measured: " + kvmWhy + "; measuring the process backend alone (no VM, no peer). " +
-				"On a machine like this, `make bench` measures the VMM inside the nested harness (qemu with nested SVM gives a real /dev/kvm).")
-		}
-	}
-
-	results := NewResults()
-	label := "cowork-vmm (" + backend + " backend)"
-	results.AddSystem(SystemOurs, label, false)
-
-	var peers []qemuPeer
-	var vmlinux, initrd, qemu, bzImage string
-	if backend == "kvm" {
-		vmlinux, err = resolveKernel(opts.Kernel)
-		if err != nil {
-			return Report{}, err
-		}
-		// Every system reads the same local copies: the originals may sit on
-		// a slower file system (the harness's 9p payload), and a helper
-		// reads its own executable for the initramfs on every start.
-		if binary, vmlinux, err = stage(filepath.Join(work, "stage"), binary, vmlinux); err != nil {
-			return Report{}, err
-		}
-		var why string
-		if qemu, why = findQemu(opts.Qemu, kvmState, kvmWhy); why != "" {
-			note("no qemu peer: " + why)
-		}
-	} else {
-		note("no qemu peer: the process backend boots no kernel, so there is nothing to compare it with")
-	}
-	if qemu != "" {
-		initrd = filepath.Join(work, "initramfs.cpio")
-		if err := writeInitramfs(initrd, binary); err != nil {
-			return Report{}, err
-		}
-		bzImage = BzImageBeside(vmlinux)
-		only := map[string]bool{}
-		for _, p := range splitList(opts.Peers) {
-			only[p] = true
-		}
-		var peerNotes []string
-		peers, peerNotes = qemuPeers(vmlinux, bzImage, only)
-		for _, n := range peerNotes {
-			note(n)
-		}
-		for _, p := range peers {
-			results.AddSystem(p.ID, p.Label, true)
-		}
-	}
-
 	for run := 1; run <= opts.Runs; run++ {
-		status := func(system, step string) {
-			show.status("run %d/%d %s: %s", run, opts.Runs, system, step)
-		}
-		h := helperRun{
-			Binary: binary, Backend: backend, MemMiB: opts.MemMiB, Timeout: opts.Timeout,
-			Dir:      filepath.Join(work, fmt.Sprintf("ours-%d", run)),
-			Progress: func(step string) { status(SystemOurs, step) },
-		}
-		if backend == "kvm" {
-			h.Kernel = vmlinux
-		}
-		res, err := h.run(ctx)
-		// A failed run still reports the phases it completed.
-		results.AddRun(SystemOurs, res.Phases, res.Memory)
-		if err != nil {
-			results.AddFailure(SystemOurs, firstLine(err.Error()))
-			show.line("run %d %s failed: %v", run, SystemOurs, err)
-		}
-		if ctx.Err() != nil {
-			return Report{}, ctx.Err()
-		}
-		for i := 0; i < len(peers); i++ {
-			p := peers[i]
-			status(p.ID, "booting to /init")
-			dir := filepath.Join(work, fmt.Sprintf("%s-%d", p.ID, run))
-			if err := os.MkdirAll(dir, 0o700); err != nil {
-				return Report{}, err
-			}
-			args, err := p.args(dir)
-			if err == nil {
-				var res runResult
-				res, err = qemuBoot{Qemu: qemu, Args: args, Initrd: initrd, MemMiB: opts.MemMiB, Dir: dir, Timeout: opts.Timeout}.run(ctx)
-				if err == nil {
-					results.AddRun(p.ID, res.Phases, res.Memory)
-					continue
-				}
-			}
-			if ctx.Err() != nil {
-				return Report{}, ctx.Err()
-			}
-			results.AddFailure(p.ID, firstLine(err.Error()))
-			show.line("run %d %s failed: %v", run, p.ID, err)
-			if p.Label == "qemu q35 + OVMF" && run == 1 {
-				// OVMF loads only EFI-stub kernels; keep q35 with SeaBIOS.
-				image := bzImage
-				if image == "" {
-					image = vmlinux
-				}
-				note("q35 with OVMF could not boot the kernel (is CONFIG_EFI_STUB set?); q35 runs with SeaBIOS instead")
-				peers[i] = seabiosQ35(image)
-				results.Rename(p.ID, peers[i].Label)
-				i-- // retry this run with SeaBIOS
-			}
+		if err := b.measure(ctx, run); err != nil {
+			return Report{}, err
 		}
 	}
-	show.clear()
+	b.show.clear()
+	return b.writeReport()
+}
 
-	meta := Report{Date: time.Now().UTC().Truncate(time.Second), Host: hostInfo(kvmState), Runs: opts.Runs, Backend: backend, Notes: notes}
-	if info, err := os.Stat(binary); err == nil {
+// withDefaults fills in the options left at their zero value.
+func (o Options) withDefaults() Options {
+	if o.Runs <= 0 {
+		o.Runs = DefaultRuns
+	}
+	if o.MemMiB <= 0 {
+		o.MemMiB = DefaultMemMiB
+	}
+	if o.Timeout <= 0 {
+		o.Timeout = defaultTimeout
+	}
+	if o.Out == "" {
+		o.Out = DefaultOut
+	}
+	if o.Backend == "" {
+		o.Backend = "auto"
+	}
+	return o
+}
+
+// benchRun is the state of one Run: what it measures with, and what it
+// has measured and noted so far.
+type benchRun struct {
+	opts             Options
+	work             string // temporary directory, removed by Run
+	show             *progress
+	notes            []string
+	results          *Results
+	kvmState, kvmWhy string // hostKVM
+	backend          string // "kvm" or "process"
+
+	// What the systems run: our binary, the guest kernel and, for the qemu
+	// peers, the initramfs and the bzImage beside the kernel.
+	binary, vmlinux, initrd, qemu, bzImage string
+	peers                                  []qemuPeer
+}
+
+// note records a note for the report and shows it.
+func (b *benchRun) note(s string) {
+	b.notes = append(b.notes, s)
+	b.show.line("%s", s)
+}
+
+// chooseBackend resolves "auto": kvm where this host's KVM boots Linux,
+// else the process backend (with a note saying why).
+func (b *benchRun) chooseBackend() {
+	b.backend = b.opts.Backend
+	if b.backend != "auto" {
+		return
+	}
+	b.backend = "kvm"
+	if b.kvmState != "real" {
+		b.backend = "process"
+		b.note("the kvm backend (our VMM) is not measured: " + b.kvmWhy + "; measuring the process backend alone (no VM, no peer). " +
+			"On a machine like this, `make bench` measures the VMM inside the nested harness (qemu with nested SVM gives a real /dev/kvm).")
+	}
+}
+
+// prepareSystems stages the binary and the kernel for the kvm backend and
+// sets up the qemu peers that can run here, noting why any cannot.
+func (b *benchRun) prepareSystems() error {
+	if b.backend != "kvm" {
+		b.note("no qemu peer: the process backend boots no kernel, so there is nothing to compare it with")
+		return nil
+	}
+	vmlinux, err := resolveKernel(b.opts.Kernel)
+	if err != nil {
+		return err
+	}
+	// Every system reads the same local copies: the originals may sit on
+	// a slower file system (the harness's 9p payload), and a helper
+	// reads its own executable for the initramfs on every start.
+	if b.binary, b.vmlinux, err = stage(filepath.Join(b.work, "stage"), b.binary, vmlinux); err != nil {
+		return err
+	}
+	var why string
+	if b.qemu, why = findQemu(b.opts.Qemu, b.kvmState, b.kvmWhy); why != "" {
+		b.note("no qemu peer: " + why)
+	}
+	if b.qemu == "" {
+		return nil
+	}
+	b.initrd = filepath.Join(b.work, "initramfs.cpio")
+	if err := writeInitramfs(b.initrd, b.binary); err != nil {
+		return err
+	}
+	b.bzImage = BzImageBeside(b.vmlinux)
+	only := map[string]bool{}
+	for _, p := range splitList(b.opts.Peers) {
+		only[p] = true
+	}
+	var peerNotes []string
+	b.peers, peerNotes = qemuPeers(b.vmlinux, b.bzImage, only)
+	for _, n := range peerNotes {
+		b.note(n)
+	}
+	for _, p := range b.peers {
+		b.results.AddSystem(p.ID, p.Label, true)
+	}
+	return nil
+}
+
+// status shows what run is doing on system.
+func (b *benchRun) status(run int, system, step string) {
+	b.show.status("run %d/%d %s: %s", run, b.opts.Runs, system, step)
+}
+
+// measure does run number run: ours, then each peer. A failed system is
+// recorded as a failure; only the end of ctx (or a work directory that
+// cannot be made) ends the bench.
+func (b *benchRun) measure(ctx context.Context, run int) error {
+	b.measureOurs(ctx, run)
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	for i := 0; i < len(b.peers); i++ {
+		retry, err := b.measurePeer(ctx, run, i)
+		if err != nil {
+			return err
+		}
+		if retry {
+			i-- // this run again, with the replacement peer
+		}
+	}
+	return nil
+}
+
+// measureOurs runs our helper once; a failed run still reports the phases
+// it completed.
+func (b *benchRun) measureOurs(ctx context.Context, run int) {
+	h := helperRun{
+		Binary: b.binary, Backend: b.backend, MemMiB: b.opts.MemMiB, Timeout: b.opts.Timeout,
+		Dir:      filepath.Join(b.work, fmt.Sprintf("ours-%d", run)),
+		Progress: func(step string) { b.status(run, SystemOurs, step) },
+	}
+	if b.backend == "kvm" {
+		h.Kernel = b.vmlinux
+	}
+	res, err := h.run(ctx)
+	b.results.AddRun(SystemOurs, res.Phases, res.Memory)
+	if err != nil {
+		b.results.AddFailure(SystemOurs, firstLine(err.Error()))
+		b.show.line("run %d %s failed: %v", run, SystemOurs, err)
+	}
+}
+
+// measurePeer boots peer i once. When q35 with OVMF fails on the first
+// run, it is replaced by q35 with SeaBIOS and retry says to run it again.
+func (b *benchRun) measurePeer(ctx context.Context, run, i int) (retry bool, err error) {
+	p := b.peers[i]
+	b.status(run, p.ID, "booting to /init")
+	dir := filepath.Join(b.work, fmt.Sprintf("%s-%d", p.ID, run))
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return false, err
+	}
+	args, err := p.args(dir)
+	if err == nil {
+		var res runResult
+		res, err = qemuBoot{Qemu: b.qemu, Args: args, Initrd: b.initrd, MemMiB: b.opts.MemMiB, Dir: dir, Timeout: b.opts.Timeout}.run(ctx)
+		if err == nil {
+			b.results.AddRun(p.ID, res.Phases, res.Memory)
+			return false, nil
+		}
+	}
+	if ctx.Err() != nil {
+		return false, ctx.Err()
+	}
+	b.results.AddFailure(p.ID, firstLine(err.Error()))
+	b.show.line("run %d %s failed: %v", run, p.ID, err)
+	if p.Label != "qemu q35 + OVMF" || run != 1 {
+		return false, nil
+	}
+	// OVMF loads only EFI-stub kernels; keep q35 with SeaBIOS.
+	image := b.bzImage
+	if image == "" {
+		image = b.vmlinux
+	}
+	b.note("q35 with OVMF could not boot the kernel (is CONFIG_EFI_STUB set?); q35 runs with SeaBIOS instead")
+	b.peers[i] = seabiosQ35(image)
+	b.results.Rename(p.ID, b.peers[i].Label)
+	return true, nil
+}
+
+// writeReport writes the report files to opts.Out and returns the report.
+func (b *benchRun) writeReport() (Report, error) {
+	meta := Report{Date: time.Now().UTC().Truncate(time.Second), Host: hostInfo(b.kvmState), Runs: b.opts.Runs, Backend: b.backend, Notes: b.notes}
+	if info, err := os.Stat(b.binary); err == nil {
 		meta.BinaryBytes = info.Size()
 	}
-	rep := results.Report(meta)
-	if err := writeReports(opts.Out, rep); err != nil {
+	rep := b.results.Report(meta)
+	if err := writeReports(b.opts.Out, rep); err != nil {
 		return rep, err
 	}
 	return rep, nil
