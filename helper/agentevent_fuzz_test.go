@@ -28,13 +28,18 @@ func FuzzAgentEvent(f *testing.F) {
 		if json.Unmarshal(raw, &ev) != nil {
 			return
 		}
-		s, err := New(Options{DataDir: t.TempDir(), Backlog: 16})
+		h, err := New(Options{DataDir: t.TempDir(), Backlog: 16})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer h.Close(context.Background())
+		s, err := h.Profile("x", "y")
 		if err != nil {
 			t.Fatal(err)
 		}
 		inst := &guestInstance{s: s}
 		s.procs.add(&process{id: "p", session: "s", guest: inst, running: true})
-		sub := s.SubscribeProfile("x", "y")
+		sub := s.hub.Subscribe()
 		s.onAgentEvent(inst, ev)
 		ctx, cancel := context.WithCancel(context.Background())
 		cancel()

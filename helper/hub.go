@@ -20,36 +20,32 @@ const MaxBacklogBytes = 32 << 20
 // ErrSubscriptionClosed is returned by Subscription.Next after Close.
 var ErrSubscriptionClosed = errors.New("helper: event subscription closed")
 
-// Hub fans events out to subscribers.
+// Hub fans one profile's events out to its subscribers (every profile has
+// a Hub of its own: no event of one reaches another's subscribers).
 //
-// Design: one ring of the last N events, each with a global sequence number.
-// A subscriber is only a cursor into that ring, so a slow subscriber costs no
+// Design: one ring of the last N events, each with a sequence number. A
+// subscriber is only a cursor into that ring, so a slow subscriber costs no
 // memory; one that falls more than N events behind skips ahead (and the loss
-// is logged). Every profile (userDataName + userDataRoot) has an "acked"
-// cursor: the sequence number up to which some subscriber of that profile has
-// finished handling events (a subscriber acknowledges an event by asking for
-// the next one). A subscriber that arrives while its profile has no live
-// subscriber starts at that acked cursor, so events emitted while nobody
-// listened, or the one whose write failed on a dropped connection, are
-// replayed exactly once; one that arrives while another subscriber of its
-// profile is live starts at the newest event, as the contract says.
+// is logged). The hub keeps an "acked" cursor: the sequence number up to
+// which some subscriber has finished handling events (a subscriber
+// acknowledges an event by asking for the next one, or by Ack). A
+// subscriber that arrives while no other is live starts at that acked
+// cursor, so events emitted while nobody listened, or the one whose write
+// failed on a dropped connection, are replayed exactly once (the very first
+// subscriber gets the whole backlog: the events of a guest started before
+// the first subscription are not lost); one that arrives while another is
+// live starts at the newest event, as the contract says.
 type Hub struct {
 	log *slog.Logger
 
-	mu       sync.Mutex
-	ring     []protocol.Event // len == capacity; ring[seq % cap]
-	first    uint64           // sequence number of the oldest event kept
-	next     uint64           // sequence number of the next event published
-	bytes    int              // len(Data) summed over the events kept
-	wake     chan struct{}    // closed and replaced on every publish
-	profiles map[profileKey]*profileCursor
-}
-
-type profileKey struct{ name, root string }
-
-type profileCursor struct {
-	acked uint64 // every event below this has been handled by a subscriber
-	live  int    // subscribers currently open
+	mu    sync.Mutex
+	ring  []protocol.Event // len == capacity; ring[seq % cap]
+	first uint64           // sequence number of the oldest event kept
+	next  uint64           // sequence number of the next event published
+	bytes int              // len(Data) summed over the events kept
+	wake  chan struct{}    // closed and replaced on every publish
+	acked uint64           // every event below this has been handled by a subscriber
+	live  int              // subscribers currently open
 }
 
 // NewHub returns a hub keeping the last backlog events (DefaultBacklog if <= 0).
@@ -61,10 +57,9 @@ func NewHub(backlog int, log *slog.Logger) *Hub {
 		log = slog.New(slog.DiscardHandler)
 	}
 	return &Hub{
-		log:      log,
-		ring:     make([]protocol.Event, backlog),
-		wake:     make(chan struct{}),
-		profiles: make(map[profileKey]*profileCursor),
+		log:  log,
+		ring: make([]protocol.Event, backlog),
+		wake: make(chan struct{}),
 	}
 }
 
@@ -86,35 +81,31 @@ func (h *Hub) Publish(ev protocol.Event) {
 	h.mu.Unlock()
 }
 
-// oldest is the sequence number of the oldest event still in the ring.
-func (h *Hub) oldest() uint64 { return h.first }
-
-// Subscribe opens a subscription for one profile. See Hub for where it starts.
-func (h *Hub) Subscribe(userDataName, userDataRoot string) *Subscription {
-	key := profileKey{userDataName, userDataRoot}
+// Subscribe opens a subscription. See Hub for where it starts.
+func (h *Hub) Subscribe() *Subscription {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	pc := h.profiles[key]
-	if pc == nil {
-		// A profile never seen gets the whole backlog: the events of a VM
-		// started before the first subscription are not lost.
-		pc = &profileCursor{acked: h.oldest()}
-		h.profiles[key] = pc
-	}
 	start := h.next
-	if pc.live == 0 {
-		start = max(pc.acked, h.oldest())
+	if h.live == 0 {
+		start = max(h.acked, h.first)
 	}
-	pc.live++
-	return &Subscription{hub: h, profile: pc, cursor: start, closed: make(chan struct{})}
+	h.live++
+	return &Subscription{hub: h, cursor: start, closed: make(chan struct{})}
+}
+
+// ack records that every event below cursor has been handled. Called with
+// h.mu held.
+func (h *Hub) ack(cursor uint64) {
+	if cursor > h.acked {
+		h.acked = cursor
+	}
 }
 
 // Subscription is one subscriber's cursor. Next and Close may be called from
 // different goroutines; Next must not be called concurrently with itself.
 type Subscription struct {
-	hub     *Hub
-	profile *profileCursor
-	cursor  uint64 // next sequence number to hand out
+	hub    *Hub
+	cursor uint64 // next sequence number to hand out
 
 	closeOnce sync.Once
 	closed    chan struct{}
@@ -127,10 +118,8 @@ func (s *Subscription) Next(ctx context.Context) (protocol.Event, error) {
 	h := s.hub
 	for {
 		h.mu.Lock()
-		if s.cursor > s.profile.acked {
-			s.profile.acked = s.cursor
-		}
-		if oldest := h.oldest(); s.cursor < oldest {
+		h.ack(s.cursor)
+		if oldest := h.first; s.cursor < oldest {
 			h.log.Warn("event subscriber fell behind; events dropped", "dropped", oldest-s.cursor)
 			s.cursor = oldest
 		}
@@ -157,20 +146,18 @@ func (s *Subscription) Next(ctx context.Context) (protocol.Event, error) {
 // nor repeats it.
 func (s *Subscription) Ack() {
 	s.hub.mu.Lock()
-	if s.cursor > s.profile.acked {
-		s.profile.acked = s.cursor
-	}
+	s.hub.ack(s.cursor)
 	s.hub.mu.Unlock()
 }
 
 // Close ends the subscription. An event returned by Next but not yet
-// acknowledged (by Ack or a later Next) is handed to the profile's next
-// subscriber again: its write probably failed.
+// acknowledged (by Ack or a later Next) is handed to the next subscriber
+// again: its write probably failed.
 func (s *Subscription) Close() {
 	s.closeOnce.Do(func() {
 		close(s.closed)
 		s.hub.mu.Lock()
-		s.profile.live--
+		s.hub.live--
 		s.hub.mu.Unlock()
 	})
 }

@@ -33,8 +33,8 @@ func drain(t *testing.T, sub *Subscription) []string {
 
 func TestHubEverySubscriberGetsEveryEvent(t *testing.T) {
 	h := NewHub(8, nil)
-	a := h.Subscribe("p", "/r")
-	b := h.Subscribe("q", "/r")
+	a := h.Subscribe()
+	b := h.Subscribe()
 	for i := range 3 {
 		h.Publish(ev(i))
 	}
@@ -47,13 +47,13 @@ func TestHubBacklogForFirstSubscriber(t *testing.T) {
 	for i := range 6 {
 		h.Publish(ev(i))
 	}
-	s := h.Subscribe("p", "/r")
+	s := h.Subscribe()
 	assert.Equal(t, []string{"2", "3", "4", "5"}, drain(t, s), "the last 4 events, bounded")
 }
 
 func TestHubResubscribeLosesNothingAndRepeatsNothing(t *testing.T) {
 	h := NewHub(16, nil)
-	s := h.Subscribe("p", "/r")
+	s := h.Subscribe()
 	h.Publish(ev(0))
 	h.Publish(ev(1))
 	e, err := s.Next(context.Background())
@@ -65,42 +65,28 @@ func TestHubResubscribeLosesNothingAndRepeatsNothing(t *testing.T) {
 	assert.Equal(t, "1", e.Data) // taken, write fails: not acked
 	s.Close()
 	h.Publish(ev(2)) // nobody listening
-	s2 := h.Subscribe("p", "/r")
+	s2 := h.Subscribe()
 	assert.Equal(t, []string{"1", "2"}, drain(t, s2))
 	s2.Close()
 	// drain's final Next acknowledged "2": it is not repeated.
 	h.Publish(ev(3))
-	s3 := h.Subscribe("p", "/r")
+	s3 := h.Subscribe()
 	assert.Equal(t, []string{"3"}, drain(t, s3))
 }
 
 func TestHubLiveSubscriberMeansNewOneStartsNow(t *testing.T) {
 	h := NewHub(16, nil)
-	a := h.Subscribe("p", "/r")
+	a := h.Subscribe()
 	h.Publish(ev(0))
-	b := h.Subscribe("p", "/r")
+	b := h.Subscribe()
 	h.Publish(ev(1))
 	assert.Equal(t, []string{"0", "1"}, drain(t, a))
 	assert.Equal(t, []string{"1"}, drain(t, b), "from the moment it subscribed")
 }
 
-func TestHubProfilesHaveTheirOwnCursor(t *testing.T) {
-	h := NewHub(16, nil)
-	a := h.Subscribe("p", "/r")
-	h.Publish(ev(0))
-	assert.Equal(t, []string{"0"}, drain(t, a))
-	a.Ack()
-	a.Close()
-	h.Publish(ev(1))
-	q := h.Subscribe("q", "/r") // never seen: whole backlog
-	assert.Equal(t, []string{"0", "1"}, drain(t, q))
-	p := h.Subscribe("p", "/r")
-	assert.Equal(t, []string{"1"}, drain(t, p))
-}
-
 func TestHubSlowSubscriberSkipsAhead(t *testing.T) {
 	h := NewHub(4, nil)
-	s := h.Subscribe("p", "/r")
+	s := h.Subscribe()
 	for i := range 10 {
 		h.Publish(ev(i))
 	}
@@ -109,7 +95,7 @@ func TestHubSlowSubscriberSkipsAhead(t *testing.T) {
 
 func TestHubNextEndsOnClose(t *testing.T) {
 	h := NewHub(4, nil)
-	s := h.Subscribe("p", "/r")
+	s := h.Subscribe()
 	done := make(chan error)
 	go func() {
 		_, err := s.Next(context.Background())
@@ -122,7 +108,7 @@ func TestHubNextEndsOnClose(t *testing.T) {
 
 func TestHubNextWakesOnPublish(t *testing.T) {
 	h := NewHub(4, nil)
-	s := h.Subscribe("p", "/r")
+	s := h.Subscribe()
 	got := make(chan protocol.Event)
 	go func() {
 		e, err := s.Next(context.Background())
@@ -136,19 +122,21 @@ func TestHubNextWakesOnPublish(t *testing.T) {
 
 func TestServiceSubscribeAdapter(t *testing.T) {
 	e := newTestEnv(t)
+	params := json.RawMessage(`{"userDataName":"` + testProfile + `","userDataRoot":"` + testProfileRoot + `"}`)
+	e.sub.Close() // the test's own subscriber would make the adapter's start at the newest event
 	e.s.Publish(ev(0))
-	sub, err := e.s.Subscribe(context.Background(), json.RawMessage(`{"userDataName":"x","userDataRoot":"/y"}`))
+	sub, err := e.h.Subscribe(context.Background(), params)
 	require.NoError(t, err)
 	assert.Equal(t, "0", (<-sub.Events).Data)
 	e.s.Publish(ev(1))
 	assert.Equal(t, "1", (<-sub.Events).Data)
 	sub.Cancel()
 	e.s.Publish(ev(2))
-	sub2, err := e.s.Subscribe(context.Background(), json.RawMessage(`{"userDataName":"x","userDataRoot":"/y"}`))
+	sub2, err := e.h.Subscribe(context.Background(), params)
 	require.NoError(t, err)
 	defer sub2.Cancel()
 	assert.Equal(t, "2", (<-sub2.Events).Data, "resumes after the last event handed over, without repeating it")
-	_, err = e.s.Subscribe(context.Background(), json.RawMessage(`[`))
+	_, err = e.h.Subscribe(context.Background(), json.RawMessage(`[`))
 	require.Error(t, err)
 }
 
@@ -159,7 +147,7 @@ func TestHubBacklogIsBoundedInBytes(t *testing.T) {
 		h.Publish(protocol.Event{Type: protocol.EventStdout, ID: "p", Data: chunk})
 	}
 	h.Publish(ev(1))
-	s := h.Subscribe("p", "/r")
+	s := h.Subscribe()
 	got := drain(t, s)
 	assert.LessOrEqual(t, len(got), MaxBacklogBytes>>20+1)
 	assert.Equal(t, "1", got[len(got)-1])

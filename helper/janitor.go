@@ -73,25 +73,98 @@ func statfs(root *beneath.Dir) (total, free int64, err error) {
 	return int64(st.Blocks) * st.Bsize, int64(st.Bavail) * st.Bsize, nil
 }
 
-func (s *Service) getSessionsDiskInfo(_ context.Context, _ protocol.GetSessionsDiskInfoParams) (protocol.DiskInfoResult, error) {
+// listSessions lists the session directories, without creating the
+// sessions directory (sizeCache.prime).
+func (s *Service) listSessions() ([]string, error) {
+	root, err := beneath.Open(s.sessionsDir)
+	if err != nil {
+		return nil, err
+	}
+	defer root.Close()
+	return sessionNames(root)
+}
+
+// measureSession sizes one session (sizeCache.measure); ok is false when
+// it is not (or no longer) a session directory.
+func (s *Service) measureSession(name string) (bytes int64, ok bool) {
+	root, err := beneath.Open(s.sessionsDir)
+	if err != nil {
+		return 0, false
+	}
+	defer root.Close()
+	if e, err := root.Stat(name); err != nil || !e.IsDir() {
+		return 0, false
+	}
+	return root.SizeOf(name), true
+}
+
+// diskUsage is a profile's disk as getSessionsDiskInfo reports it.
+type diskUsage struct {
+	total, free int64
+	sessions    []protocol.SessionDisk
+}
+
+// diskUsage lists the sessions beneath root with their sizes (disksize.go:
+// cached; it waits for those never measured, and below lowWater for every
+// re-measure pending, within sizeWaitBudget) and the space left: the
+// quota's when createVM set one (never more than the filesystem has
+// free), else the filesystem's.
+func (s *Service) diskUsage(ctx context.Context, root *beneath.Dir, lowWater int64) (diskUsage, error) {
+	names, err := sessionNames(root)
+	if err != nil {
+		return diskUsage{}, err
+	}
+	hostTotal, hostFree, err := statfs(root)
+	if err != nil {
+		return diskUsage{}, err
+	}
+	s.mu.Lock()
+	busy := s.procs.busySessions()
+	quota := s.diskQuota
+	s.mu.Unlock()
+	ctx, cancel := context.WithTimeout(ctx, sizeWaitBudget)
+	defer cancel()
+	sizes, missing := s.sizes.lookup(names, busy)
+	if len(missing) > 0 {
+		s.sizes.wait(ctx, missing, false)
+		sizes, _ = s.sizes.lookup(names, busy)
+	}
+	u := usageOf(names, sizes, quota, hostTotal, hostFree)
+	if lowWater > 0 && u.free < lowWater {
+		// The client reclaims space by these figures: make them exact.
+		s.sizes.wait(ctx, names, true)
+		sizes, _ = s.sizes.lookup(names, busy)
+		u = usageOf(names, sizes, quota, hostTotal, hostFree)
+	}
+	return u, nil
+}
+
+// usageOf sums sizes against quota (0: none) or the filesystem.
+func usageOf(names []string, sizes map[string]int64, quota, hostTotal, hostFree int64) diskUsage {
+	u := diskUsage{total: hostTotal, free: hostFree, sessions: make([]protocol.SessionDisk, 0, len(names))}
+	var used int64
+	for _, n := range names {
+		used += sizes[n]
+		u.sessions = append(u.sessions, protocol.SessionDisk{Name: n, SizeBytes: sizes[n]})
+	}
+	if quota > 0 {
+		u.total = quota
+		u.free = min(max(quota-used, 0), hostFree)
+	}
+	return u
+}
+
+func (s *Service) getSessionsDiskInfo(ctx context.Context, p protocol.GetSessionsDiskInfoParams) (protocol.DiskInfoResult, error) {
 	root, err := s.openSessions()
 	if err != nil {
 		return protocol.DiskInfoResult{}, fmt.Errorf("getSessionsDiskInfo: %w", err)
 	}
 	defer root.Close()
-	total, free, err := statfs(root)
+	u, err := s.diskUsage(ctx, root, int64(p.LowWaterBytes))
 	if err != nil {
 		return protocol.DiskInfoResult{}, fmt.Errorf("getSessionsDiskInfo: %w", err)
 	}
-	names, err := sessionNames(root)
-	if err != nil {
-		return protocol.DiskInfoResult{}, fmt.Errorf("getSessionsDiskInfo: %w", err)
-	}
-	res := protocol.DiskInfoResult{TotalBytes: total, FreeBytes: free, Sessions: []protocol.SessionDisk{}}
-	for _, n := range names {
-		res.Sessions = append(res.Sessions, protocol.SessionDisk{Name: n, SizeBytes: root.SizeOf(n)})
-	}
-	return res, nil
+	return protocol.DiskInfoResult{TotalBytes: u.total, FreeBytes: u.free, Sessions: u.sessions}, nil
 }
 
 func (s *Service) deleteSessionDirs(_ context.Context, p protocol.DeleteSessionDirsParams) (protocol.DeleteResult, error) {
@@ -121,13 +194,17 @@ func (s *Service) deleteSessionDirs(_ context.Context, p protocol.DeleteSessionD
 		if inst != nil {
 			inst.forgetSessionMounts(name)
 		}
+		s.sizes.forget(name)
+		s.mu.Lock()
+		delete(s.innerMounts, name)
+		s.mu.Unlock()
 		res.Deleted = append(res.Deleted, name)
 		s.log.Info("session deleted", "session", name)
 	}
 	return res, nil
 }
 
-func (s *Service) pruneSessionCaches(_ context.Context, p protocol.PruneSessionCachesParams) (protocol.PruneResult, error) {
+func (s *Service) pruneSessionCaches(ctx context.Context, p protocol.PruneSessionCachesParams) (protocol.PruneResult, error) {
 	res := protocol.PruneResult{PrunedSessions: []string{}, SkippedSessions: []string{}, Errors: map[string]string{}}
 	root, err := s.openSessions()
 	if err != nil {
@@ -135,11 +212,12 @@ func (s *Service) pruneSessionCaches(_ context.Context, p protocol.PruneSessionC
 	}
 	defer root.Close()
 	if p.OnlyIfFreeBytesBelow != nil && *p.OnlyIfFreeBytesBelow > 0 {
-		_, free, err := statfs(root)
+		// The free space getSessionsDiskInfo reports (the quota's, if set).
+		u, err := s.diskUsage(ctx, root, 0)
 		if err != nil {
 			return res, fmt.Errorf("pruneSessionCaches: %w", err)
 		}
-		if free >= int64(*p.OnlyIfFreeBytesBelow) {
+		if u.free >= int64(*p.OnlyIfFreeBytesBelow) {
 			return res, nil
 		}
 	}
@@ -161,6 +239,9 @@ func (s *Service) pruneSessionCaches(_ context.Context, p protocol.PruneSessionC
 			continue
 		}
 		r := pruneSession(root, name, p.IncludeSessionTmp, cutoff)
+		if r.tried > 0 {
+			s.sizes.stale(name)
+		}
 		res.FreedBytes += r.freed
 		if len(r.errs) > 0 {
 			res.Errors[name] = errors.Join(r.errs...).Error()

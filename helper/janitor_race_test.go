@@ -54,7 +54,7 @@ type hostileSession struct {
 
 // newHostileSession makes session name and starts its swappers.
 func newHostileSession(t *testing.T, e *testEnv, name string) *hostileSession {
-	dir := filepath.Join(e.s.DataDir(), "sessions", name)
+	dir := filepath.Join(e.s.sessionsDir, name)
 	h := &hostileSession{t: t, outside: t.TempDir(), stop: make(chan struct{})}
 	writeFile(t, filepath.Join(dir, "keep"), 10)
 	for _, entry := range []string{sessionTmpDir, sessionCacheDir} {
@@ -237,7 +237,7 @@ func TestDeleteSessionDirsRacingSymlinkSwaps(t *testing.T) {
 	e := newTestEnv(t)
 	h := newHostileSession(t, e, "hostile")
 	before := h.snapshot()
-	dir := filepath.Join(e.s.DataDir(), "sessions", "hostile")
+	dir := filepath.Join(e.s.sessionsDir, "hostile")
 	var deleted int
 	raceCalls(t, "deleteSessionDirs", deleteRaceIterations, func() {
 		writeFile(t, filepath.Join(dir, "keep"), 10)

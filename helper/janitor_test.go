@@ -27,7 +27,7 @@ func TestDiskInfo(t *testing.T) {
 	e.mustCall("getSessionsDiskInfo", map[string]any{"lowWaterBytes": 0}, &empty)
 	assert.Equal(t, []any{}, empty["sessions"], "no sessions: an empty array, not null")
 
-	dir := filepath.Join(e.s.DataDir(), "sessions")
+	dir := filepath.Join(e.s.sessionsDir)
 	writeFile(t, filepath.Join(dir, "a", "f"), 1000)
 	writeFile(t, filepath.Join(dir, "a", "sub", "g"), 24)
 	outside := t.TempDir()
@@ -66,7 +66,7 @@ func TestDeleteSessionDirs(t *testing.T) {
 		e.mustCall("isProcessRunning", map[string]any{"id": "idle"}, &pr)
 		return !pr.Running
 	})
-	idleDir := filepath.Join(e.s.DataDir(), "sessions", "idle")
+	idleDir := filepath.Join(e.s.sessionsDir, "idle")
 	writeFile(t, filepath.Join(idleDir, "data"), 10)
 	require.NoError(t, os.Symlink(src, filepath.Join(idleDir, "link-out")))
 
@@ -77,7 +77,7 @@ func TestDeleteSessionDirs(t *testing.T) {
 	assert.Contains(t, r.Errors, "../..")
 	assert.Contains(t, r.Errors["busy"], "running process")
 	assert.NoDirExists(t, idleDir)
-	assert.DirExists(t, filepath.Join(e.s.DataDir(), "sessions", "busy"))
+	assert.DirExists(t, filepath.Join(e.s.sessionsDir, "busy"))
 	assert.FileExists(t, filepath.Join(src, "keep"), "mount sources are untouched")
 
 	// The deleted session's mounts are made again on its next spawn.
@@ -94,7 +94,7 @@ func TestPruneSessionCaches(t *testing.T) {
 	g := e.start()
 	e.spawn(map[string]any{"id": "busy", "name": "busy", "command": "sh"})
 	_ = g
-	dir := filepath.Join(e.s.DataDir(), "sessions")
+	dir := filepath.Join(e.s.sessionsDir)
 	writeFile(t, filepath.Join(dir, "busy", ".cache", "x"), 100)
 	writeFile(t, filepath.Join(dir, "idle", ".cache", "x"), 100)
 	writeFile(t, filepath.Join(dir, "idle", ".cache", "y", "z"), 50)

@@ -26,8 +26,13 @@ const (
 const (
 	// agentCallTimeout bounds one ordinary agent request.
 	agentCallTimeout = 20 * time.Second
-	// pingFailuresFatal consecutive failed pings declare the guest dead.
-	pingFailuresFatal = 3
+	// pingFailuresFatal consecutive failed pings (each unanswered within
+	// pingTimeoutIntervals ping intervals) declare the guest dead. Fewer
+	// change nothing: isGuestConnected stays true through a slow ping (a
+	// guest busy compiling, a host under load), since the client takes a
+	// false answer for a dead guest.
+	pingFailuresFatal    = 3
+	pingTimeoutIntervals = 5
 	// maxEventData caps one stdout/stderr event's data; longer chunks from
 	// the agent are split so no event frame nears the 10 MiB limit.
 	maxEventData = 1 << 20
@@ -264,7 +269,13 @@ func (inst *guestInstance) connect() error {
 	s.mu.Unlock()
 	if sdk != nil {
 		if err := inst.mountSDK(sdk); err != nil {
-			return err
+			if _, statErr := os.Stat(sdk.file); statErr == nil {
+				return err
+			}
+			// Gone from the host since installSdk (the client replaced
+			// its version): boot without it until installSdk again.
+			s.log.Warn("the installed SDK is gone from the host; the guest starts without it", "path", sdk.file, "err", err)
+			s.forgetSDK(sdk)
 		}
 	}
 	inst.connected.Store(true)
@@ -284,8 +295,13 @@ func (inst *guestInstance) call(method string, params, result any) error {
 	return agent.Call(ctx, method, params, result)
 }
 
+// pingLoop pings the agent every PingInterval and declares the guest dead
+// (closing the agent channel, which run sees) after pingFailuresFatal
+// pings in a row went unanswered. A ping that fails alone is logged and
+// forgotten at the next answer.
 func (inst *guestInstance) pingLoop() {
-	t := time.NewTicker(inst.s.opts.PingInterval)
+	interval := inst.s.opts.PingInterval
+	t := time.NewTicker(interval)
 	defer t.Stop()
 	failures := 0
 	for {
@@ -296,21 +312,23 @@ func (inst *guestInstance) pingLoop() {
 			return
 		case <-t.C:
 		}
-		ctx, cancel := context.WithTimeout(inst.ctx, 5*inst.s.opts.PingInterval)
+		ctx, cancel := context.WithTimeout(inst.ctx, pingTimeoutIntervals*interval)
 		err := inst.agent.Call(ctx, protocol.AgentMethodPing, nil, nil)
 		cancel()
 		if inst.ctx.Err() != nil {
 			return
 		}
 		if err == nil {
+			if failures > 0 {
+				inst.s.log.Info("guest agent answers pings again", "failed", failures)
+			}
 			failures = 0
-			inst.connected.Store(true)
 			continue
 		}
 		failures++
-		inst.connected.Store(false)
-		inst.s.log.Warn("guest agent did not answer a ping", "err", err, "failures", failures)
+		inst.s.log.Warn("guest agent did not answer a ping", "err", err, "failures", failures, "fatal", pingFailuresFatal)
 		if failures >= pingFailuresFatal {
+			inst.connected.Store(false)
 			inst.agent.Close() // run sees agent.Done and tears the guest down
 			return
 		}
@@ -387,6 +405,7 @@ func (s *Service) reapProcesses(inst *guestInstance, reason string) {
 	for _, p := range procs {
 		if s.procs.markExited(p, nil, "SIGKILL") {
 			s.egressReg.Unregister(p.id)
+			s.sizes.stale(p.session)
 			events = append(events, exitEvent(p))
 		}
 	}
@@ -453,6 +472,7 @@ func (s *Service) onAgentEvent(inst *guestInstance, ev protocol.Event) {
 			return
 		}
 		s.egressReg.Unregister(p.id)
+		s.sizes.stale(p.session) // what it wrote is in the session now
 		out := exitEvent(p)
 		if ev.OOMKillCount != nil && *ev.OOMKillCount >= 0 {
 			out.OOMKillCount = ptr(*ev.OOMKillCount)

@@ -134,7 +134,28 @@ func (inst *guestInstance) mount(host, target string, readOnly bool) error {
 		return err
 	}
 	inst.mounts.set(target, mountRecord{key: key, src: src})
+	inst.s.noteInnerMount(target)
 	return nil
+}
+
+// noteInnerMount records a mount target below a session's home
+// (Service.innerMounts): the host directory beneath it is not what the
+// guest sees there.
+func (s *Service) noteInnerMount(target string) {
+	rest, ok := strings.CutPrefix(target, GuestSessionsDir+"/")
+	if !ok {
+		return
+	}
+	session, inner, ok := strings.Cut(rest, "/")
+	if !ok || inner == "" {
+		return // the home itself: its host directory is what the guest sees
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.innerMounts[session] == nil {
+		s.innerMounts[session] = map[string]bool{}
+	}
+	s.innerMounts[session][target] = true
 }
 
 // forgetSessionMounts withdraws a session's mounts and drops their records

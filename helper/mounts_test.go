@@ -127,7 +127,7 @@ func TestLastExitWithdrawsTheSessionsMounts(t *testing.T) {
 	e.spawn(map[string]any{"id": "a", "name": "s", "command": "sh", "additionalMounts": mounts})
 	e.spawn(map[string]any{"id": "b", "name": "s", "command": "sh", "additionalMounts": mounts})
 	e.spawn(map[string]any{"id": "c", "name": "t", "command": "sh"})
-	home := filepath.Join(e.s.DataDir(), "sessions", "s")
+	home := filepath.Join(e.s.sessionsDir, "s")
 
 	g.agent.exit("a", 0)
 	e.next(protocol.EventExit)
@@ -155,7 +155,7 @@ func TestFailedSpawnWithdrawsItsMounts(t *testing.T) {
 	g.agent.spawnErr = "exec: not found"
 	g.agent.mu.Unlock()
 	require.Error(t, e.call("spawn", map[string]any{"id": "p", "name": "s", "command": "nope"}, nil))
-	home := filepath.Join(e.s.DataDir(), "sessions", "s")
+	home := filepath.Join(e.s.sessionsDir, "s")
 	assert.Equal(t, []protocol.MountSource{bind(home)}, waitUnshares(t, g, 1))
 }
 
@@ -172,7 +172,7 @@ func TestExitDuringASpawnKeepsItsMounts(t *testing.T) {
 	e.next(protocol.EventExit)
 	assertNoMoreUnshares(t, g, 0)
 	done() // that spawn failed: now the session is idle
-	home := filepath.Join(e.s.DataDir(), "sessions", "s")
+	home := filepath.Join(e.s.sessionsDir, "s")
 	assert.Equal(t, []protocol.MountSource{bind(home)}, waitUnshares(t, g, 1))
 }
 
@@ -195,7 +195,7 @@ func TestReadFileAfterLastExit(t *testing.T) {
 	var r protocol.ClientReadFileResult
 	e.mustCall("readFile", map[string]any{"processName": "s", "filePath": "/sessions/s/mnt/out/result.txt"}, &r)
 	again, _ := g.shareState()
-	home := filepath.Join(e.s.DataDir(), "sessions", "s")
+	home := filepath.Join(e.s.sessionsDir, "s")
 	assert.Equal(t, []string{home, out}, again[len(shared):], "home first, then the mount holding the file")
 	got := waitUnshares(t, g, 4)
 	assert.ElementsMatch(t, []protocol.MountSource{bind(home), bind(out)}, got[2:], "withdrawn again after the read")
@@ -216,7 +216,7 @@ func TestDeleteSessionDirsWithdrawsItsMounts(t *testing.T) {
 	var r protocol.DeleteResult
 	e.mustCall("deleteSessionDirs", map[string]any{"names": []string{"s"}}, &r)
 	require.Equal(t, []string{"s"}, r.Deleted)
-	home := filepath.Join(e.s.DataDir(), "sessions", "s")
+	home := filepath.Join(e.s.sessionsDir, "s")
 	got := waitUnshares(t, g, 3)
 	assert.ElementsMatch(t, []protocol.MountSource{bind(home), bind(extra)}, got[1:])
 	assertNoMoreUnshares(t, g, 3)

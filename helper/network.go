@@ -89,23 +89,17 @@ func (th *testHosts) LookupNetIP(_ context.Context, _, host string) ([]netip.Add
 // allowAddr permits exactly the test addresses.
 func (th *testHosts) allowAddr(a netip.Addr) bool { return th.addrs[a.Unmap()] }
 
-// newEgressServer makes the helper's egress server for opts.
-func newEgressServer(opts Options, reg *egress.Registry, log *slog.Logger) (*egress.Server, *testHosts, error) {
+// newEgressServer makes a profile's egress server for opts, confined to
+// th when the test hosts are set.
+func newEgressServer(opts Options, th *testHosts, reg *egress.Registry, log *slog.Logger) *egress.Server {
 	cfg := egress.Config{Lookup: reg.Lookup, Logger: log.With("component", "egress"),
 		AllowPrivate: opts.EgressAllowPrivate, UpstreamProxy: opts.EgressProxy}
-	var th *testHosts
-	if opts.EgressTestHosts != "" {
-		var err error
-		if th, err = parseEgressTestHosts(opts.EgressTestHosts); err != nil {
-			return nil, nil, err
-		}
+	if th != nil {
 		cfg.Resolver = th
 		cfg.AllowAddr = th.allowAddr
 		cfg.UpstreamProxy = nil // test names are served on loopback, never by a proxy
-		log.Warn("TEST MODE: egress resolves only the names of "+EgressTestHostsEnv+" and dials only their loopback addresses; never use this in production",
-			"hosts", opts.EgressTestHosts)
 	}
-	return egress.NewServer(cfg), th, nil
+	return egress.NewServer(cfg)
 }
 
 // serveEgress serves a guest's egress connections (Guest.Egress) until ctx

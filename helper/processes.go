@@ -96,6 +96,17 @@ func (t *processTable) sessionBusy(name string) bool {
 	return false
 }
 
+// busySessions is the set of sessions with a running process.
+func (t *processTable) busySessions() map[string]bool {
+	out := map[string]bool{}
+	for _, p := range t.byID {
+		if p.running {
+			out[p.session] = true
+		}
+	}
+	return out
+}
+
 // exitEvent is the client event for a finished process.
 func exitEvent(p *process) protocol.Event {
 	ev := protocol.Event{Type: protocol.EventExit, ID: p.id}

@@ -40,6 +40,7 @@ func (s *Service) installSdk(_ context.Context, p protocol.InstallSdkParams) (em
 	s.sdk = sdk
 	inst := s.guest
 	s.mu.Unlock()
+	s.persist() // a restarted helper mounts it at boot without installSdk
 	if inst != nil && inst.connected.Load() {
 		if err := inst.mountSDK(sdk); err != nil {
 			return nil, fmt.Errorf("installSdk: %w", err)
@@ -55,4 +56,17 @@ func (inst *guestInstance) mountSDK(sdk *sdkInstall) error {
 		return fmt.Errorf("mounting the SDK at %s: %w", GuestSDKPath, err)
 	}
 	return nil
+}
+
+// forgetSDK drops sdk, if it is still the installed one.
+func (s *Service) forgetSDK(sdk *sdkInstall) {
+	s.mu.Lock()
+	forgot := s.sdk == sdk
+	if forgot {
+		s.sdk = nil
+	}
+	s.mu.Unlock()
+	if forgot {
+		s.persist()
+	}
 }

@@ -28,16 +28,26 @@ const (
 // (those that exist on the host).
 var DefaultSystemDirs = []string{"/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt"}
 
-// Options configure a Service.
+// Guest sizes before configure or startVM give one.
+const (
+	defaultMemoryMB = 4096
+	defaultCPUCount = 2
+)
+
+// Options configure a Helper.
 type Options struct {
 	// Backend is the backend name startVM uses ("" means BackendKVM).
 	Backend string
 	// Backends maps backend names to their factories. A name without a
 	// factory makes startVM fail with an error naming the alternatives.
 	Backends map[string]BackendFactory
-	// DataDir holds the helper's data; sessions live in DataDir/sessions.
+	// DataDir holds the helper's data: sessions and state (see state.go).
 	// Empty means DefaultDataDir().
 	DataDir string
+	// Stateless keeps no state in DataDir and reads none (the run
+	// subcommand): no helper.json or profile.json, and no profile takes
+	// DataDir/sessions.
+	Stateless bool
 	// Logger receives one line per notable event; nil discards.
 	Logger *slog.Logger
 	// LogLevel is switched by setDebugLogging; may be nil.
@@ -45,13 +55,16 @@ type Options struct {
 	// OnDebugLogging is also called by setDebugLogging (e.g. to turn on the
 	// socket server's per-frame logging); may be nil.
 	OnDebugLogging func(enabled bool)
-	// Backlog is how many events a late subscriber can catch up on.
+	// Backlog is how many events of a profile a late subscriber can catch
+	// up on.
 	Backlog int
 	// StopGrace is how long processes get between SIGTERM and SIGKILL on
 	// stopVM (default 5 s).
 	StopGrace time.Duration
-	// PingInterval is how often a connected agent is pinged (default 2 s);
-	// three failed pings in a row declare the guest dead.
+	// PingInterval is how often a connected agent is pinged (default 2 s).
+	// A ping unanswered within 5 intervals fails; pingFailuresFatal failures
+	// in a row declare the guest dead. Until then isGuestConnected stays
+	// true: one slow ping is not a dead guest.
 	PingInterval time.Duration
 	// SystemDirs override DefaultSystemDirs (tests).
 	SystemDirs []string
@@ -73,50 +86,15 @@ type Options struct {
 	EgressProxy *egress.UpstreamProxy
 }
 
-// DefaultDataDir is $XDG_DATA_HOME/cowork-vmm, or ~/.local/share/cowork-vmm.
-func DefaultDataDir() (string, error) {
-	if d := os.Getenv("XDG_DATA_HOME"); d != "" && filepath.IsAbs(d) {
-		return filepath.Join(d, "cowork-vmm"), nil
-	}
-	home, err := os.UserHomeDir()
-	if err != nil {
-		return "", fmt.Errorf("finding the data directory: set XDG_DATA_HOME or HOME: %w", err)
-	}
-	return filepath.Join(home, ".local", "share", "cowork-vmm"), nil
-}
-
-// Service implements the client's methods. It is safe for concurrent use.
-type Service struct {
-	opts        Options
-	log         *slog.Logger
-	hub         *Hub
-	sessionsDir string
-	methods     map[string]func(context.Context, json.RawMessage) (any, error)
-	// egressReg holds each live spawn's allowedDomains and egress token;
-	// egressSrv serves every guest's egress connections against it.
-	egressReg *egress.Registry
-	egressSrv *egress.Server
-	testHosts *testHosts // EgressTestHostsEnv, nil in production
-
-	mu         sync.Mutex
-	profile    profileKey
-	memoryMB   int
-	cpuCount   int
-	oauthToken string
-	sdk        *sdkInstall
-	guest      *guestInstance // nil when no guest is starting or running
-	procs      processTable
-}
-
-// New returns a Service; it creates the data directory.
-func New(opts Options) (*Service, error) {
+// withDefaults fills in what opts leaves out.
+func (opts Options) withDefaults() (Options, error) {
 	if opts.Backend == "" {
 		opts.Backend = BackendKVM
 	}
 	if opts.DataDir == "" {
 		d, err := DefaultDataDir()
 		if err != nil {
-			return nil, err
+			return opts, err
 		}
 		opts.DataDir = d
 	}
@@ -129,31 +107,87 @@ func New(opts Options) (*Service, error) {
 	if opts.SystemDirs == nil {
 		opts.SystemDirs = DefaultSystemDirs
 	}
-	log := opts.Logger
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
 	}
-	egressReg := egress.NewRegistry()
-	egressSrv, testHosts, err := newEgressServer(opts, egressReg, log)
+	return opts, nil
+}
+
+// DefaultDataDir is $XDG_DATA_HOME/cowork-vmm, or ~/.local/share/cowork-vmm.
+func DefaultDataDir() (string, error) {
+	if d := os.Getenv("XDG_DATA_HOME"); d != "" && filepath.IsAbs(d) {
+		return filepath.Join(d, "cowork-vmm"), nil
+	}
+	home, err := os.UserHomeDir()
 	if err != nil {
-		return nil, err
+		return "", fmt.Errorf("finding the data directory: set XDG_DATA_HOME or HOME: %w", err)
 	}
+	return filepath.Join(home, ".local", "share", "cowork-vmm"), nil
+}
+
+// Service is one profile's helper: its guest (at most one, from startVM
+// to its end), its processes, its sessions directory and their sizes
+// against its disk quota, its SDK and approved token, and its events (a
+// Hub of its own: no other profile's subscriber sees them). Every client
+// method but subscribeEvents runs on a Service; the Helper picks which.
+// It is safe for concurrent use.
+type Service struct {
+	h           *Helper
+	key         profileKey
+	opts        Options
+	log         *slog.Logger
+	hub         *Hub
+	sessionsDir string
+	methods     map[string]func(context.Context, json.RawMessage) (any, error)
+	// egressReg holds each live spawn's allowedDomains and egress token;
+	// egressSrv serves this profile's guest's egress connections against
+	// it (per profile, so that two profiles may use the same spawn ids).
+	egressReg *egress.Registry
+	egressSrv *egress.Server
+	testHosts *testHosts // EgressTestHostsEnv, nil in production
+	sizes     *sizeCache // the sessions' sizes (disksize.go)
+
+	// persistMu serialises profile.json writes (state.go): each writes a
+	// snapshot taken while it is held, so the last write has the last state.
+	persistMu sync.Mutex
+
+	mu         sync.Mutex
+	memoryMB   int
+	cpuCount   int
+	diskQuota  int64 // bytes; 0: none (getSessionsDiskInfo reports the filesystem)
+	ownsData   bool  // the sessions are DataDir/sessions (saved with the state)
+	oauthToken string
+	sdk        *sdkInstall
+	guest      *guestInstance // nil when no guest is starting or running
+	procs      processTable
+	// innerMounts records, per session, every mount target below its home
+	// that a guest of this profile mounted (mnt/<name>, …): readFile never
+	// reads those paths from the host directory, which they shadow.
+	innerMounts map[string]map[string]bool
+}
+
+// newService makes the Service of a profile from its saved state ps.
+func newService(h *Helper, key profileKey, ps profileState, sessionsDir string) *Service {
+	opts := h.opts
+	log := h.log.With("profile", key.name)
 	s := &Service{
-		egressReg:   egressReg,
-		egressSrv:   egressSrv,
-		testHosts:   testHosts,
+		h:           h,
+		key:         key,
 		opts:        opts,
 		log:         log,
 		hub:         NewHub(opts.Backlog, log),
-		sessionsDir: filepath.Join(opts.DataDir, "sessions"),
-		memoryMB:    4096,
-		cpuCount:    2,
+		sessionsDir: sessionsDir,
+		egressReg:   egress.NewRegistry(),
+		testHosts:   h.testHosts,
+		memoryMB:    defaultMemoryMB,
+		cpuCount:    defaultCPUCount,
+		innerMounts: map[string]map[string]bool{},
 	}
+	s.egressSrv = newEgressServer(opts, h.testHosts, s.egressReg, log)
 	s.procs.init()
-	if err := os.MkdirAll(s.sessionsDir, 0o700); err != nil {
-		egressSrv.Close()
-		return nil, fmt.Errorf("creating the session directory: %w", err)
-	}
+	s.restore(ps)
+	s.sizes = newSizeCache(s.measureSession, log)
+	s.sizes.prime(s.listSessions)
 	s.methods = map[string]func(context.Context, json.RawMessage) (any, error){
 		protocol.MethodConfigure:             handler(s.configure),
 		protocol.MethodSubscribeEvents:       handler(s.subscribeEventsCall),
@@ -177,7 +211,7 @@ func New(opts Options) (*Service, error) {
 		protocol.MethodAddApprovedOauthToken: handler(s.addApprovedOauthToken),
 		protocol.MethodGetNetworkDrives:      handler(s.getNetworkDrives),
 	}
-	return s, nil
+	return s
 }
 
 // handler adapts a typed method to the generic dispatch signature.
@@ -211,9 +245,10 @@ func (s *Service) Methods() []string {
 	return names
 }
 
-// Call runs one client method. params is the raw JSON of the frame's
-// "params" (may be nil). A nil result means a reply without "result".
-// An unknown method fails with "Unknown method: <name>".
+// Call runs one client method on this profile (configure's profile names
+// are the Helper's business: here it sets the sizing only). params is the
+// raw JSON of the frame's "params" (may be nil). A nil result means a reply
+// without "result". An unknown method fails with "Unknown method: <name>".
 func (s *Service) Call(ctx context.Context, method string, params json.RawMessage) (any, error) {
 	h, ok := s.methods[method]
 	if !ok {
@@ -229,33 +264,13 @@ func (s *Service) Call(ctx context.Context, method string, params json.RawMessag
 	return res, err
 }
 
-// SubscribeProfile opens a hub subscription for a profile: the caller
-// writes every event Next returns, calling Ack after each write.
-func (s *Service) SubscribeProfile(userDataName, userDataRoot string) *Subscription {
-	return s.hub.Subscribe(userDataName, userDataRoot)
-}
-
-// Handle implements protocol.Handler: it runs one client method.
-func (s *Service) Handle(ctx context.Context, method string, params json.RawMessage) (any, error) {
-	return s.Call(ctx, method, params)
-}
-
-// Subscribe implements protocol.Handler for subscribeEvents. Events are
-// handed over an unbuffered channel; one is acknowledged (see Hub) as soon
-// as the server has taken it, so after a drop the next subscription of the
-// profile resumes right after the last event the server took.
-func (s *Service) Subscribe(_ context.Context, params json.RawMessage) (*protocol.Subscription, error) {
-	var p struct {
-		UserDataName string `json:"userDataName"`
-		UserDataRoot string `json:"userDataRoot"`
-	}
-	if len(params) > 0 && string(params) != "null" {
-		if err := json.Unmarshal(params, &p); err != nil {
-			return nil, fmt.Errorf("subscribeEvents: invalid params: %w", err)
-		}
-	}
-	sub := s.hub.Subscribe(p.UserDataName, p.UserDataRoot)
-	s.log.Info("event subscriber connected", "profile", p.UserDataName)
+// Subscribe is subscribeEvents for this profile, for the socket server:
+// events are handed over an unbuffered channel; one is acknowledged (see
+// Hub) as soon as the server has taken it, so after a drop the profile's
+// next subscription resumes right after the last event the server took.
+func (s *Service) Subscribe(context.Context) (*protocol.Subscription, error) {
+	sub := s.hub.Subscribe()
+	s.log.Info("event subscriber connected")
 	ctx, cancel := context.WithCancel(context.Background())
 	events := make(chan protocol.Event)
 	producerDone := make(chan struct{})
@@ -280,24 +295,28 @@ func (s *Service) Subscribe(_ context.Context, params json.RawMessage) (*protoco
 		// before the subscription closes, or it would be sent again.
 		<-producerDone
 		sub.Close()
-		s.log.Info("event subscriber disconnected", "profile", p.UserDataName)
+		s.log.Info("event subscriber disconnected")
 	}}, nil
 }
 
-// Publish sends an event to subscribers (for backends and later features
-// such as the egress proxy).
+// Events opens a subscription to this profile's events (in-process
+// callers, such as the run subcommand): handle every event Next returns,
+// calling Ack after each, and Close it when done.
+func (s *Service) Events() *Subscription { return s.hub.Subscribe() }
+
+// Publish sends an event to this profile's subscribers (for backends and
+// later features such as the egress proxy).
 func (s *Service) Publish(ev protocol.Event) { s.hub.Publish(ev) }
 
-// Close stops the guest, if any, as stopVM does, and ends every egress
-// connection. The Service is not used after Close.
+// Close stops the guest, if any, as stopVM does, ends every egress
+// connection and the size measurements. Calls still work afterwards (the
+// janitor, a later startVM).
 func (s *Service) Close(ctx context.Context) error {
 	err := s.stopVM(ctx)
 	s.egressSrv.Close()
+	s.sizes.close()
 	return err
 }
-
-// DataDir is where sessions and other data live.
-func (s *Service) DataDir() string { return s.opts.DataDir }
 
 // SessionDir is the host directory of a session.
 func (s *Service) SessionDir(name string) (string, error) {
@@ -309,19 +328,23 @@ func (s *Service) SessionDir(name string) (string, error) {
 
 type empty = *struct{}
 
+// configure sets the profile's guest sizing (the pipe variant,
+// sessionOnly, sets nothing here: its profile is the Helper's business).
 func (s *Service) configure(_ context.Context, p protocol.ConfigureParams) (empty, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.profile = profileKey{p.UserDataName, p.UserDataRoot}
-	if !p.SessionOnly {
-		if p.MemoryMB != nil && *p.MemoryMB > 0 && *p.MemoryMB < 1<<30 {
-			s.memoryMB = int(*p.MemoryMB)
-		}
-		if p.CPUCount != nil && *p.CPUCount > 0 && *p.CPUCount < 1<<16 {
-			s.cpuCount = int(*p.CPUCount)
-		}
-		s.log.Info("configured", "profile", p.UserDataName, "memoryMB", s.memoryMB, "cpus", s.cpuCount)
+	if p.SessionOnly {
+		return nil, nil
 	}
+	s.mu.Lock()
+	if p.MemoryMB != nil && *p.MemoryMB > 0 && *p.MemoryMB < 1<<30 {
+		s.memoryMB = int(*p.MemoryMB)
+	}
+	if p.CPUCount != nil && *p.CPUCount > 0 && *p.CPUCount < 1<<16 {
+		s.cpuCount = int(*p.CPUCount)
+	}
+	mem, cpus := s.memoryMB, s.cpuCount
+	s.mu.Unlock()
+	s.log.Info("configured", "memoryMB", mem, "cpus", cpus)
+	s.persist()
 	return nil, nil
 }
 
@@ -329,9 +352,31 @@ func (s *Service) subscribeEventsCall(context.Context, struct{}) (empty, error) 
 	return nil, errors.New("subscribeEvents must be the first frame of its own connection")
 }
 
-func (s *Service) createVM(context.Context, struct{}) (empty, error) {
-	// No disk image to create: the guest's root is built from the host's
-	// system directories.
+// maxDiskSizeGB bounds createVM's diskSizeGB (a petabyte and more is a
+// mistake, not a quota).
+const maxDiskSizeGB = 1 << 20
+
+// createVM sets the profile's disk quota: diskSizeGB GiB for its sessions
+// together (getSessionsDiskInfo reports against it). There is no disk image
+// to create: the guest's root is built from the host's system directories,
+// and sessions are host directories. An absent or zero diskSizeGB leaves
+// the quota as it was.
+func (s *Service) createVM(_ context.Context, p protocol.CreateVMParams) (empty, error) {
+	if p.DiskSizeGB < 0 || p.DiskSizeGB > maxDiskSizeGB {
+		return nil, fmt.Errorf("createVM: diskSizeGB %v is out of range (0 to %d)", p.DiskSizeGB, maxDiskSizeGB)
+	}
+	if p.DiskSizeGB == 0 {
+		return nil, nil
+	}
+	quota := int64(p.DiskSizeGB * (1 << 30))
+	s.mu.Lock()
+	changed := s.diskQuota != quota
+	s.diskQuota = quota
+	s.mu.Unlock()
+	if changed {
+		s.log.Info("disk quota", "diskSizeGB", p.DiskSizeGB, "bytes", quota)
+		s.persist()
+	}
 	return nil, nil
 }
 
@@ -377,11 +422,10 @@ func (s *Service) addApprovedOauthToken(_ context.Context, p protocol.AddApprove
 	s.oauthToken = p.Token
 	s.mu.Unlock()
 	s.log.Info("OAuth token approved")
+	s.persist()
 	return nil, nil
 }
 
 func (s *Service) getNetworkDrives(context.Context, struct{}) (protocol.NetworkDrivesResult, error) {
 	return protocol.NetworkDrivesResult{}, nil
 }
-
-var _ protocol.Handler = (*Service)(nil)

@@ -21,12 +21,18 @@ import (
 )
 
 type testEnv struct {
-	t       *testing.T
+	t *testing.T
+	h *Helper
+	// s is the profile of the test's connection (ctx): testProfile.
 	s       *Service
+	ctx     context.Context
 	backend *fakeBackend
 	sub     *Subscription
 	sysDir  string
 }
+
+// The profile a testEnv's connection configures, as the client's pipe does.
+const testProfile, testProfileRoot = "profile", "/root"
 
 func newTestEnv(t *testing.T) *testEnv { return newTestEnvWith(t, nil) }
 
@@ -47,34 +53,47 @@ func newTestEnvWith(t *testing.T, adjust func(*Options)) *testEnv {
 	if adjust != nil {
 		adjust(&opts)
 	}
-	s, err := New(opts)
+	h, err := New(opts)
 	require.NoError(t, err)
-	env := &testEnv{t: t, s: s, backend: backend, sub: s.SubscribeProfile("profile", "/root"), sysDir: sys}
+	env := &testEnv{t: t, h: h, ctx: protocol.WithConnState(context.Background()), backend: backend, sysDir: sys}
 	t.Cleanup(func() {
-		env.sub.Close()
-		require.NoError(t, s.Close(context.Background()))
+		if env.sub != nil {
+			env.sub.Close()
+		}
+		require.NoError(t, h.Close(context.Background()))
 	})
+	env.mustCall("configure", map[string]any{"userDataName": testProfile, "userDataRoot": testProfileRoot, "sessionOnly": true}, nil)
+	env.s, err = h.Profile(testProfile, testProfileRoot)
+	require.NoError(t, err)
+	env.sub = env.s.hub.Subscribe()
 	return env
 }
 
-// call runs a method with params given as a Go value and decodes the result.
+// call runs a method on the test's connection with params given as a Go
+// value and decodes the result.
 func (e *testEnv) call(method string, params any, result any) error {
 	e.t.Helper()
+	return callOn(e.t, e.h, e.ctx, method, params, result)
+}
+
+// callOn runs a method through h on ctx's connection.
+func callOn(t *testing.T, h *Helper, ctx context.Context, method string, params any, result any) error {
+	t.Helper()
 	var raw json.RawMessage
 	if params != nil {
 		b, err := json.Marshal(params)
-		require.NoError(e.t, err)
+		require.NoError(t, err)
 		raw = b
 	}
-	res, err := e.s.Call(context.Background(), method, raw)
+	res, err := h.Call(ctx, method, raw)
 	if err != nil {
 		return err
 	}
 	if result != nil {
-		require.NotNil(e.t, res, "%s returned no result", method)
+		require.NotNil(t, res, "%s returned no result", method)
 		b, err := json.Marshal(res)
-		require.NoError(e.t, err)
-		require.NoError(e.t, json.Unmarshal(b, result))
+		require.NoError(t, err)
+		require.NoError(t, json.Unmarshal(b, result))
 	}
 	return nil
 }
@@ -372,7 +391,7 @@ func TestSpawnFlow(t *testing.T) {
 
 	home, ok := g.agent.mountAt("/sessions/sess")
 	require.True(t, ok)
-	assert.Equal(t, filepath.Join(e.s.DataDir(), "sessions", "sess"), home.Source.Path)
+	assert.Equal(t, filepath.Join(e.s.sessionsDir, "sess"), home.Source.Path)
 	assert.False(t, home.ReadOnly)
 	assert.DirExists(t, home.Source.Path)
 	m, ok := g.agent.mountAt("/sessions/sess/mnt/work")
@@ -607,13 +626,15 @@ func TestUnansweredPingsDisconnect(t *testing.T) {
 	defer s.Close(context.Background())
 	_, err = s.Call(context.Background(), "startVM", nil)
 	require.NoError(t, err)
-	waitFor(t, "connected", func() bool { r, _ := s.isGuestConnected(context.Background(), struct{}{}); return r.Connected })
+	svc, err := s.Profile("", "") // no configure: the default profile
+	require.NoError(t, err)
+	waitFor(t, "connected", func() bool { r, _ := svc.isGuestConnected(context.Background(), struct{}{}); return r.Connected })
 	g := backend.last()
 	g.agent.mu.Lock()
 	g.agent.ignorePing = true
 	g.agent.mu.Unlock()
-	waitFor(t, "guest declared dead", func() bool { r, _ := s.isRunning(context.Background(), struct{}{}); return !r.Running })
-	r, _ := s.isGuestConnected(context.Background(), struct{}{})
+	waitFor(t, "guest declared dead", func() bool { r, _ := svc.isRunning(context.Background(), struct{}{}); return !r.Running })
+	r, _ := svc.isGuestConnected(context.Background(), struct{}{})
 	assert.False(t, r.Connected)
 }
 

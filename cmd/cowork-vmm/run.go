@@ -175,9 +175,17 @@ func runWith(args []string, stderr io.Writer, backends func(*slog.Logger, io.Wri
 	factories := backends(log, agentLog)
 	backend, fallback := chooseRunBackend(factories, stderr)
 	for {
-		svc, err := helper.New(helper.Options{Backend: backend, Backends: factories, Logger: log, LogLevel: level,
+		// Stateless: a run shares the helper's data directory but none of
+		// its state (no profile of the client's is read, changed or taken).
+		h, err := helper.New(helper.Options{Backend: backend, Backends: factories, Logger: log, LogLevel: level,
+			Stateless:          true,
 			EgressTestHosts:    os.Getenv(helper.EgressTestHostsEnv),
 			EgressAllowPrivate: os.Getenv(egress.AllowPrivateEnv) == "1", EgressProxy: egress.UpstreamProxyFromEnv(os.Getenv)})
+		if err != nil {
+			fmt.Fprintln(stderr, "cowork-vmm run:", err)
+			return 1
+		}
+		svc, err := h.Profile(runProfile, "")
 		if err != nil {
 			fmt.Fprintln(stderr, "cowork-vmm run:", err)
 			return 1
@@ -197,6 +205,9 @@ func runWith(args []string, stderr io.Writer, backends func(*slog.Logger, io.Wri
 		return code
 	}
 }
+
+// runProfile is the profile (userDataName) a run's guest belongs to.
+const runProfile = "cowork-vmm-run"
 
 // startError is a startVM failure, which run may answer by falling back.
 type startError struct{ err error }
@@ -246,7 +257,7 @@ func runInGuest(ctx context.Context, svc *helper.Service, o runOptions, stdin io
 	session := "run-" + hex.EncodeToString(tag[:])
 	const procID = "run"
 
-	configure := map[string]any{"userDataName": "cowork-vmm-run", "userDataRoot": ""}
+	configure := map[string]any{"userDataName": runProfile, "userDataRoot": ""}
 	if o.memMiB > 0 {
 		configure["memoryMB"] = o.memMiB
 	}
@@ -256,7 +267,7 @@ func runInGuest(ctx context.Context, svc *helper.Service, o runOptions, stdin io
 	if err := call(ctx, svc, protocol.MethodConfigure, configure, nil); err != nil {
 		return 1, err
 	}
-	sub := svc.SubscribeProfile("cowork-vmm-run", "")
+	sub := svc.Events()
 	defer sub.Close()
 	if err := call(ctx, svc, protocol.MethodStartVM, map[string]any{}, nil); err != nil {
 		return 1, &startError{err}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"log/slog"
 	"os"
 	"os/signal"
 	"syscall"
@@ -31,12 +32,18 @@ func helperMain(args []string, stderr io.Writer) int {
 		usage(stderr)
 		return 2
 	}
+	// The client reads our stderr through a pipe. Once it is gone, a log
+	// line must not kill the helper (Go's default for SIGPIPE on fd 1 and
+	// 2) in the middle of stopping the guest: writes fail and are dropped.
+	signal.Ignore(syscall.SIGPIPE)
 	log, level := newLogger(stderr, *debug)
 
 	var srv *protocol.Server
 	svc, err := helper.New(helper.Options{
-		Backend:  os.Getenv("COWORK_VMM_BACKEND"),
-		Backends: backendFactories(log, stderr), // the agent logs beside the helper
+		Backend: os.Getenv("COWORK_VMM_BACKEND"),
+		// The agent logs beside the helper, through a pipe the helper
+		// drains whatever becomes of stderr (lossyWriter).
+		Backends: backendFactories(log, lossyWriter{stderr}),
 		Logger:   log,
 		// Test-only (see helper.EgressTestHostsEnv); logged loudly when set.
 		EgressTestHosts:    os.Getenv(helper.EgressTestHostsEnv),
@@ -71,6 +78,8 @@ func helperMain(args []string, stderr io.Writer) int {
 	select {
 	case <-ctx.Done():
 		log.Info("signal received; shutting down")
+	case <-clientGone(os.Stdin, log):
+		log.Info("the desktop client that started the helper has exited; shutting down as on SIGTERM")
 	case err := <-serveErr:
 		log.Error("serving the socket failed", "err", err)
 		status = 1
@@ -95,4 +104,60 @@ func backendName() string {
 		return b
 	}
 	return helper.BackendKVM
+}
+
+// clientGone is closed when the process that started the helper — the
+// desktop client — has exited, however it died: the helper then shuts
+// down as on SIGTERM rather than keep a guest nobody will reach (a client
+// that comes back starts a helper of its own). The client starts the helper
+// with stdin a pipe (or socket) of its own; end-of-file there wakes the
+// check, and the helper's parent having changed (an orphan is adopted by
+// init or a subreaper) confirms it, so a client that merely closes our
+// stdin is not taken for gone; the parent is also checked every
+// parentPollInterval. A stdin that is not a pipe or socket (a terminal,
+// /dev/null: a helper started by hand, by a test or by the bench) is not
+// watched: never closed.
+func clientGone(stdin *os.File, log *slog.Logger) <-chan struct{} {
+	fi, err := stdin.Stat()
+	if err != nil || fi.Mode()&(os.ModeNamedPipe|os.ModeSocket) == 0 {
+		return nil
+	}
+	parent := os.Getppid()
+	eof := make(chan struct{})
+	go func() {
+		_, _ = io.Copy(io.Discard, stdin) // the client sends nothing
+		close(eof)
+	}()
+	gone := make(chan struct{})
+	go func() {
+		t := time.NewTicker(parentPollInterval)
+		defer t.Stop()
+		for {
+			select {
+			case <-eof:
+				log.Debug("stdin closed; checking whether the client is still there", "parent", parent)
+				eof = nil
+			case <-t.C:
+			}
+			if os.Getppid() != parent {
+				close(gone)
+				return
+			}
+		}
+	}()
+	return gone
+}
+
+// parentPollInterval is how often clientGone checks the helper's parent.
+const parentPollInterval = time.Second
+
+// lossyWriter writes to w and reports success whatever happens, so that a
+// copier feeding it never stops: the guest agent's log pipe stays drained
+// after the client (our stderr's reader) is gone, and the agent never sees
+// a broken pipe.
+type lossyWriter struct{ w io.Writer }
+
+func (l lossyWriter) Write(p []byte) (int, error) {
+	_, _ = l.w.Write(p)
+	return len(p), nil
 }
