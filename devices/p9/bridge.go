@@ -3,9 +3,9 @@ package p9
 import (
 	"bytes"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"runtime/debug"
 	"sync"
 
@@ -30,6 +30,12 @@ import (
 //     the chain.
 //   - Concurrency: a bridge tag is a slot; there are maxInFlight of them,
 //     so the server never has more requests than that in flight.
+//   - Failure: a panic in a file operation is EIO for that request (guard.go).
+//     When the server connection dies instead — its goroutine panics or
+//     returns, the feeder or the demux panics, or a file operation ends its
+//     goroutine — fail answers every request in flight with EIO and marks
+//     the device DEVICE_NEEDS_RESET; the worker answers the chains still
+//     queued with EIO too, and the next activation gets a new bridge.
 //
 // The server connection lives as long as the device: at reset the device
 // clunks every fid the guest held (tracked from the requests), instead of
@@ -60,9 +66,11 @@ type pending struct {
 	done     chan struct{} // closed when the reply has been handled
 	capture  []byte        // the reply's first bytes (for Rversion), when set
 
-	mu       sync.Mutex // guards the fields below and writes to chain
-	orphaned bool       // the device was reset: drop the reply
-	failed   bool       // the chain could not take the reply
+	mu sync.Mutex // guards the fields below and writes to chain
+	// orphaned: the device was reset, or the server died and fail
+	// answered the chain: drop the reply, never touch the chain again.
+	orphaned bool
+	failed   bool // the chain could not take the reply
 
 	// The rest of a streamed Twrite (see above): dataLeft bytes the feeder
 	// still reads from data, the chain's reader or, after a reset, a copy.
@@ -105,10 +113,37 @@ func (p *pending) detachData() {
 	p.data = bytes.NewReader(rest)
 }
 
+// failWith answers p's chain with EIO (with nothing when part of a reply
+// is already in it) and marks its device DEVICE_NEEDS_RESET, unless a reset
+// disowned the chain; then it releases p's waiter. The bridge has already
+// forgotten p (fail).
+func (p *pending) failWith(cause error) {
+	p.mu.Lock()
+	if p.chain != nil && !p.orphaned {
+		var reply []byte
+		if p.chain.Writer().Written() == 0 {
+			reply = rlerror(p.guestTag, linux.EIO)
+		}
+		if err := completeChain(p.queue, p.irq, p.chain, reply); err != nil {
+			cause = fmt.Errorf("%w; completing a request: %w", cause, err)
+		}
+		p.irq.NeedsReset(cause)
+	}
+	p.orphaned = true
+	p.detachData()
+	p.mu.Unlock()
+	close(p.done)
+}
+
 // bridge owns the server connection and the tags in flight.
 type bridge struct {
-	log      *slog.Logger
 	guestLog *ratelog.Logger // guest misbehaviour, rate-limited
+	panics   *ratelog.Logger // the server's failures, rate-limited
+	guard    *guard
+
+	// dead is closed by fail: the server connection is gone.
+	dead     chan struct{}
+	failOnce sync.Once
 
 	feed     chan request // messages for the server, in order
 	freeTags chan uint16
@@ -121,10 +156,17 @@ type bridge struct {
 	demux demux
 }
 
-func newBridge(attacher p9lib.Attacher, maxInFlight int, log *slog.Logger, guestLog *ratelog.Logger) *bridge {
+// errServerStopped is why a bridge fails when the server's Handle returns.
+var errServerStopped = errors.New("virtio-9p: the 9P server stopped serving")
+
+// newBridge starts a server for attacher, at most maxInFlight requests in
+// flight. panics logs the server's failures (its own budget: a guest's
+// flood of bad messages must not hide them).
+func newBridge(attacher p9lib.Attacher, maxInFlight int, guestLog, panics *ratelog.Logger) *bridge {
 	b := &bridge{
-		log:      log,
 		guestLog: guestLog,
+		panics:   panics,
+		dead:     make(chan struct{}),
 		feed:     make(chan request, maxInFlight),
 		freeTags: make(chan uint16, maxInFlight),
 		pending:  make(map[uint16]*pending),
@@ -134,17 +176,84 @@ func newBridge(attacher p9lib.Attacher, maxInFlight int, log *slog.Logger, guest
 		b.freeTags <- uint16(t)
 	}
 	b.demux.b = b
-	srv := p9lib.NewServer(attacher)
+	b.guard = newGuard(panics, b.fail)
+	srv := p9lib.NewServer(guardedAttacher{a: attacher, g: b.guard}, p9lib.WithServerLogger(serverLog{panics}))
 	go func() {
+		cause := errServerStopped
 		defer func() {
 			if r := recover(); r != nil {
-				log.Error("virtio-9p: 9P server stopped", "panic", r, "stack", string(debug.Stack()))
+				cause = fmt.Errorf("virtio-9p: the 9P server panicked: %v", r)
+				panics.Error("virtio-9p: 9P server stopped", "panic", fmt.Sprint(r), "stack", string(debug.Stack()))
 			}
+			b.fail(cause)
 		}()
-		_ = srv.Handle(&feeder{ch: b.feed, buffers: &b.buffers}, &b.demux)
+		_ = srv.Handle(&feeder{b: b, ch: b.feed, buffers: &b.buffers}, &b.demux)
 	}()
 	return b
 }
+
+// isDead reports whether fail was called.
+func (b *bridge) isDead() bool {
+	select {
+	case <-b.dead:
+		return true
+	default:
+		return false
+	}
+}
+
+// fail declares the server connection dead (cause says why): every request
+// in flight is answered with EIO and its device marked DEVICE_NEEDS_RESET,
+// later submits are refused, the server's goroutines are parked (the feeder
+// hands them nothing more, the demux drops what they write) and the files
+// they hold are closed. The server connection cannot be ended (see above);
+// Device.Reset starts a new bridge instead. Safe to call more than once.
+func (b *bridge) fail(cause error) {
+	b.failOnce.Do(func() {
+		b.panics.Error("virtio-9p: the 9P server connection died; failing its requests with EIO", "err", cause)
+		b.mu.Lock()
+		close(b.dead)
+		all := make([]*pending, 0, len(b.pending))
+		for _, p := range b.pending {
+			all = append(all, p)
+		}
+		clear(b.pending)
+		clear(b.byGuest)
+		b.mu.Unlock()
+		b.guard.closeAll()
+		for _, p := range all {
+			p.failWith(cause)
+		}
+	})
+}
+
+// serving runs fn, part of serving the byte stream on one of the server's
+// goroutines (what), and reports whether fn panicked. A panic, or fn ending
+// its goroutine (which is then parked instead), kills the server
+// connection (fail): nothing after it in the stream can be trusted.
+func (b *bridge) serving(what string, fn func()) (panicked bool) {
+	returned := false
+	defer func() {
+		if returned {
+			return
+		}
+		if r := recover(); r != nil {
+			b.panics.Error("virtio-9p: the device panicked "+what, "panic", fmt.Sprint(r), "stack", string(debug.Stack()))
+			b.fail(fmt.Errorf("virtio-9p: panic %s: %v", what, r))
+			panicked = true
+			return
+		}
+		b.fail(fmt.Errorf("%w (%s)", errServerGoroutineExited, what))
+		park() // ending, the goroutine would run the server's racy clean-up
+	}()
+	fn()
+	returned = true
+	return false
+}
+
+// park blocks the calling server goroutine for good: the server's stream
+// cannot be ended safely (see above).
+func park() { select {} }
 
 // request is one message queued for the server.
 type request struct {
@@ -158,22 +267,43 @@ type request struct {
 }
 
 // submit hands one message (its tag field is overwritten) to the server
-// under bridge tag, registering p to receive the reply. buf is msg's
-// pooled buffer or nil; either way the caller must not touch msg again.
-// When p.dataLeft > 0, the message goes on with that many bytes of p.data.
-func (b *bridge) submit(tag uint16, msg []byte, buf *[]byte, p *pending) {
+// under bridge tag, registering p to receive the reply, and reports true.
+// buf is msg's pooled buffer or nil; either way the caller must not touch
+// msg again. When p.dataLeft > 0, the message goes on with that many bytes
+// of p.data. Once the server is dead it takes nothing and reports false.
+func (b *bridge) submit(tag uint16, msg []byte, buf *[]byte, p *pending) bool {
 	binary.LittleEndian.PutUint16(msg[5:7], tag)
 	req := request{msg: msg, buf: buf}
 	if p.dataLeft > 0 {
 		req.data = p
 	}
 	b.mu.Lock()
+	if b.isDead() {
+		b.mu.Unlock()
+		return false
+	}
 	b.pending[tag] = p
 	if p.chain != nil {
 		b.byGuest[p.guestTag] = tag
 	}
 	b.mu.Unlock()
 	b.feed <- req // never blocks: at most maxInFlight tags exist
+	return true
+}
+
+// sendInternal sends a request of the device's own and waits for the
+// reply, which is dropped; it gives up once the server is dead.
+func (b *bridge) sendInternal(msg []byte) {
+	var tag uint16
+	select {
+	case tag = <-b.freeTags:
+	case <-b.dead:
+		return
+	}
+	p := &pending{done: make(chan struct{})}
+	if b.submit(tag, msg, nil, p) {
+		<-p.done // closed by finish or by fail
+	}
 }
 
 // bridgeTagFor maps a guest tag (Tflush's oldtag) to the bridge tag of a
@@ -207,9 +337,13 @@ func (b *bridge) orphanAll() {
 	}
 }
 
-// finish retires a bridge tag after its reply.
+// finish retires a bridge tag after its reply, unless fail took p.
 func (b *bridge) finish(tag uint16, p *pending) {
 	b.mu.Lock()
+	if b.pending[tag] != p {
+		b.mu.Unlock()
+		return
+	}
 	delete(b.pending, tag)
 	if t, ok := b.byGuest[p.guestTag]; ok && t == tag {
 		delete(b.byGuest, p.guestTag)
@@ -227,17 +361,28 @@ func (b *bridge) lookup(tag uint16) *pending {
 
 // feeder is the server's reader: the queued messages, back to back. The
 // server reads with one goroutine at a time (its receive mutex). It never
-// reports end of stream (see above).
+// reports end of stream (see above): once the server is dead, it parks the
+// goroutine that reads.
 type feeder struct {
+	b       *bridge
 	mu      sync.Mutex
 	ch      chan request
 	buffers *bufferPool
 	cur     request // the rest of the message being read
 }
 
-func (f *feeder) Read(p []byte) (int, error) {
+func (f *feeder) Read(p []byte) (n int, err error) {
+	if f.b.serving("reading a request for the server", func() { n = f.read(p) }) {
+		park()
+	}
+	return n, nil
+}
+
+// read fills p with the next bytes of the stream, waiting for a message
+// when none is left; it parks the goroutine once the server is dead.
+func (f *feeder) read(p []byte) int {
 	if len(p) == 0 {
-		return 0, nil
+		return 0
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -251,17 +396,21 @@ func (f *feeder) Read(p []byte) (int, error) {
 				f.buffers.put(f.cur.buf)
 				f.cur.buf = nil
 			}
-			return n, nil
+			return n
 		case f.cur.data != nil:
 			n, more := f.cur.data.readData(p)
 			if !more {
 				f.cur.data = nil
 			}
 			if n > 0 {
-				return n, nil
+				return n
 			}
 		default:
-			f.cur = <-f.ch
+			select {
+			case f.cur = <-f.ch:
+			case <-f.b.dead:
+				park() // hand a dead server nothing more
+			}
 		}
 	}
 }
@@ -314,8 +463,16 @@ type demux struct {
 	written   uint32 // bytes written into the current chain
 }
 
+// Write takes the next bytes of the server's replies. Once the server is
+// dead it drops them.
 func (d *demux) Write(p []byte) (int, error) {
-	total := len(p)
+	if !d.b.isDead() {
+		d.b.serving("handling a reply of the server", func() { d.write(p) })
+	}
+	return len(p), nil
+}
+
+func (d *demux) write(p []byte) {
 	for len(p) > 0 {
 		if d.hdrN < headerSize {
 			n := copy(d.hdr[d.hdrN:], p)
@@ -334,7 +491,6 @@ func (d *demux) Write(p []byte) (int, error) {
 			d.end()
 		}
 	}
-	return total, nil
 }
 
 func (d *demux) Close() error { return nil }
@@ -351,33 +507,40 @@ func (d *demux) begin() {
 	d.cur = d.b.lookup(h.tag)
 	if d.cur == nil {
 		d.b.guestLog.Warn("virtio-9p: 9P server replied to an unknown tag; dropping the reply", "tag", h.tag, "type", h.typ)
-	} else if p := d.cur; p.chain != nil {
-		p.mu.Lock()
-		if !p.orphaned {
-			if p.dataFailed {
-				// The server wrote zeros for what guest memory could
-				// not supply: do not report success.
-				p.failed = true
-				d.b.guestLog.Warn("virtio-9p: cannot read a 9P write's data from guest memory; answering EIO")
-				d.written = d.writeChain(p, rlerror(p.guestTag, linux.EIO))
-			} else if h.size > p.chain.WritableLen() {
-				// The guest's reply buffers are too small: tell it so
-				// instead of truncating a reply it would misparse.
-				p.failed = true
-				d.written = d.writeChain(p, rlerror(p.guestTag, errMsgSize))
-			} else {
-				hdr := d.hdr
-				binary.LittleEndian.PutUint16(hdr[5:7], p.guestTag)
-				d.written = d.writeChain(p, hdr[:])
-			}
-		}
-		p.mu.Unlock()
+	} else if d.cur.chain != nil {
+		d.beginChain(d.cur, h)
 	}
 	if d.cur != nil && d.cur.capture != nil {
 		d.cur.capture = append(d.cur.capture[:0], d.hdr[:]...)
 	}
 	if d.remaining == 0 {
 		d.end()
+	}
+}
+
+// beginChain writes the start of the reply h into p's chain: its header
+// with the guest's tag, or an Rlerror instead of a reply the chain cannot
+// hold or that carries zeros for a Twrite's unreadable data.
+func (d *demux) beginChain(p *pending, h header) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	switch {
+	case p.orphaned:
+	case p.dataFailed:
+		// The server wrote zeros for what guest memory could not
+		// supply: do not report success.
+		p.failed = true
+		d.b.guestLog.Warn("virtio-9p: cannot read a 9P write's data from guest memory; answering EIO")
+		d.written = d.writeChain(p, rlerror(p.guestTag, linux.EIO))
+	case h.size > p.chain.WritableLen():
+		// The guest's reply buffers are too small: tell it so instead
+		// of truncating a reply it would misparse.
+		p.failed = true
+		d.written = d.writeChain(p, rlerror(p.guestTag, errMsgSize))
+	default:
+		hdr := d.hdr
+		binary.LittleEndian.PutUint16(hdr[5:7], p.guestTag)
+		d.written = d.writeChain(p, hdr[:])
 	}
 }
 
@@ -393,10 +556,10 @@ func (d *demux) body(b []byte) {
 		return
 	}
 	p.mu.Lock()
+	defer p.mu.Unlock()
 	if !p.orphaned && !p.failed {
 		d.written += d.writeChain(p, b)
 	}
-	p.mu.Unlock()
 }
 
 // writeChain writes into p's chain; a short write marks the reply failed.
@@ -417,13 +580,20 @@ func (d *demux) end() {
 		return
 	}
 	if p.chain != nil {
-		p.mu.Lock()
-		if !p.orphaned {
-			if err := p.queue.Complete(p.chain, d.written, p.irq); err != nil {
-				p.irq.NeedsReset(fmt.Errorf("virtio-9p: completing a request: %w", err))
-			}
-		}
-		p.mu.Unlock()
+		p.completeReply(d.written)
 	}
 	d.b.finish(tag, p)
+}
+
+// completeReply completes p's chain with the written bytes of its reply,
+// unless it was orphaned.
+func (p *pending) completeReply(written uint32) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.orphaned {
+		return
+	}
+	if err := p.queue.Complete(p.chain, written, p.irq); err != nil {
+		p.irq.NeedsReset(fmt.Errorf("virtio-9p: completing a request: %w", err))
+	}
 }

@@ -59,11 +59,15 @@ type Options struct {
 // connection per activation through hugelgupf/p9. See bridge.go for how
 // chains reach the server. It implements virtio.Device.
 type Device struct {
-	log      *slog.Logger
 	guestLog *ratelog.Logger // guest misbehaviour, rate-limited
+	panics   *ratelog.Logger // the server's failures, rate-limited
 	config   []byte
 	opts     Options
-	bridge   *bridge
+	// bridge is the server connection. Only Reset (under mu, once the
+	// worker has stopped) replaces it, when it is dead; the worker an
+	// activation then starts sees the new one, and a reset's clean-up
+	// keeps the bridge it started with.
+	bridge *bridge
 
 	// fids the guest holds on the server, tracked so that a reset can
 	// clunk them; guarded by fidMu. msize is the negotiated message size
@@ -110,8 +114,8 @@ func New(opts Options) (*Device, error) {
 	opts.MaxMessageSize = min(max(opts.MaxMessageSize, minMessageSize), maxServerMessage)
 	log := opts.Logger.With("device", "virtio-9p", "tag", opts.Tag)
 	d := &Device{
-		log:      log,
 		guestLog: ratelog.New(log, nil),
+		panics:   ratelog.New(log, nil),
 		opts:     opts,
 		fids:     make(map[uint32]struct{}),
 		msize:    opts.MaxMessageSize,
@@ -121,8 +125,13 @@ func New(opts Options) (*Device, error) {
 	copy(d.config[2:], opts.Tag)
 	d.cleanup = make(chan struct{})
 	close(d.cleanup)
-	d.bridge = newBridge(opts.Attacher, opts.MaxInFlight, d.log, d.guestLog)
+	d.bridge = d.newBridge()
 	return d, nil
+}
+
+// newBridge starts a server connection for the device's Attacher.
+func (d *Device) newBridge() *bridge {
+	return newBridge(d.opts.Attacher, d.opts.MaxInFlight, d.guestLog, d.panics)
 }
 
 // Type implements virtio.Device.
@@ -179,7 +188,9 @@ func (d *Device) Notify(int) {
 // Reset implements virtio.Device. It stops the worker, disowns the
 // requests in flight (their replies are dropped, their chains never
 // touched again) and clunks, in the background, every fid the guest held;
-// the next activation waits for those clunks before serving.
+// the next activation waits for those clunks before serving. A dead server
+// connection (bridge.fail) is replaced by a new one instead: its fids went
+// with it.
 func (d *Device) Reset() {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -200,10 +211,16 @@ func (d *Device) Reset() {
 	d.fidMu.Unlock()
 	cleanup := make(chan struct{})
 	d.cleanup = cleanup
+	if d.bridge.isDead() {
+		d.bridge = d.newBridge()
+		close(cleanup)
+		return
+	}
+	b := d.bridge
 	go func() {
 		defer close(cleanup)
 		for _, fid := range fids {
-			d.sendInternal(tclunk(0, fid))
+			b.sendInternal(tclunk(0, fid))
 		}
 	}()
 }
@@ -216,15 +233,6 @@ func (d *Device) Close() {
 	cleanup := d.cleanup
 	d.mu.Unlock()
 	<-cleanup
-}
-
-// sendInternal sends a request of the device's own and waits for the
-// reply, which is dropped.
-func (d *Device) sendInternal(msg []byte) {
-	tag := <-d.bridge.freeTags
-	p := &pending{done: make(chan struct{})}
-	d.bridge.submit(tag, msg, nil, p)
-	<-p.done
 }
 
 func (d *Device) serve(q *virtio.Queue, irq virtio.Interrupt, wake, stop, done, cleanup chan struct{}) {
@@ -263,6 +271,11 @@ func (d *Device) drain(q *virtio.Queue, irq virtio.Interrupt, stop chan struct{}
 			irq.NeedsReset(err)
 			return false
 		case chain == nil:
+			if d.bridge.isDead() {
+				// Every chain the guest queued is answered (EIO).
+				irq.NeedsReset(errServerDead)
+				return false
+			}
 			return true
 		}
 		if !d.handle(q, irq, chain, stop) {
@@ -271,95 +284,147 @@ func (d *Device) drain(q *virtio.Queue, irq virtio.Interrupt, stop chan struct{}
 	}
 }
 
+// errServerDead is why the device needs a reset after its server
+// connection died (bridge.fail).
+var errServerDead = errors.New("virtio-9p: the 9P server connection died")
+
 // complete finishes a chain the device answers itself.
 func (d *Device) complete(q *virtio.Queue, irq virtio.Interrupt, chain *virtio.Chain, reply []byte) bool {
-	var n int
-	if reply != nil && uint32(len(reply)) <= chain.WritableLen() {
-		n, _ = chain.Writer().Write(reply)
-	}
-	if err := q.Complete(chain, uint32(n), irq); err != nil {
+	if err := completeChain(q, irq, chain, reply); err != nil {
 		irq.NeedsReset(fmt.Errorf("virtio-9p: completing a request: %w", err))
 		return false
 	}
 	return true
 }
 
+// completeChain writes reply into chain when it fits (else nothing: a
+// used length of 0) and completes the chain.
+func completeChain(q *virtio.Queue, irq virtio.Interrupt, chain *virtio.Chain, reply []byte) error {
+	var n int
+	if reply != nil && uint32(len(reply)) <= chain.WritableLen() {
+		n, _ = chain.Writer().Write(reply)
+	}
+	return q.Complete(chain, uint32(n), irq)
+}
+
+// tmessage is one T-message read from a chain and checked.
+type tmessage struct {
+	h   header
+	msg []byte  // header and body; for a streamed Twrite, its fixed part only
+	buf *[]byte // msg's pooled buffer, or nil; nil once the bridge owns it
+	// streamed is how many bytes of a large Twrite's data stay in the chain
+	// for the feeder to stream (see bridge.go).
+	streamed uint32
+	// offered is the msize a Tversion offers the server (msg is not ours
+	// after submit).
+	offered uint32
+}
+
+func (m *tmessage) body() []byte { return m.msg[headerSize:] }
+
 // handle validates one chain's T-message and answers it or passes it on.
 func (d *Device) handle(q *virtio.Queue, irq virtio.Interrupt, chain *virtio.Chain, stop chan struct{}) bool {
+	m, reply, ok := d.readMessage(chain)
+	// A large message is in a pooled buffer, which the bridge recycles
+	// once the server has read it; otherwise it goes back here.
+	defer func() { d.bridge.buffers.put(m.buf) }()
+	if !ok {
+		return d.complete(q, irq, chain, reply)
+	}
+	if reply, answered := d.intercept(&m); answered {
+		return d.complete(q, irq, chain, reply)
+	}
+	if errno := d.trackFids(m.h.typ, m.body()); errno != 0 {
+		return d.complete(q, irq, chain, rlerror(m.h.tag, errno))
+	}
+	return d.forward(q, irq, chain, &m, stop)
+}
+
+// readMessage reads chain's T-message and checks it against its buffers,
+// the negotiated msize and the layout the server will decode. When it
+// fails (ok false), reply is the answer: an Rlerror, or nil for a chain
+// too small to hold one.
+func (d *Device) readMessage(chain *virtio.Chain) (m tmessage, reply []byte, ok bool) {
 	if chain.ReadableLen() < headerSize || chain.WritableLen() < rlerrorSize {
 		d.guestLog.Warn("virtio-9p: request chain too small for a 9P message and its reply",
 			"readable", chain.ReadableLen(), "writable", chain.WritableLen())
-		return d.complete(q, irq, chain, nil)
+		return m, nil, false
 	}
 	var hb [headerSize]byte
 	if _, err := io.ReadFull(chain.Reader(), hb[:]); err != nil {
 		d.guestLog.Warn("virtio-9p: cannot read a 9P header", "err", err)
-		return d.complete(q, irq, chain, nil)
+		return m, nil, false
 	}
 	h := parseHeader(hb[:])
 	if h.size < headerSize || h.size > chain.ReadableLen() {
 		d.guestLog.Warn("virtio-9p: 9P message size disagrees with its buffers", "size", h.size, "readable", chain.ReadableLen())
-		return d.complete(q, irq, chain, rlerror(h.tag, linux.EINVAL))
+		return m, rlerror(h.tag, linux.EINVAL), false
 	}
 	if h.size > d.msize {
 		d.guestLog.Warn("virtio-9p: 9P message larger than the negotiated msize", "size", h.size, "msize", d.msize)
-		return d.complete(q, irq, chain, rlerror(h.tag, errMsgSize))
+		return m, rlerror(h.tag, errMsgSize), false
 	}
+	m.h = h
 	// A large Twrite's data stays in the chain: only its first bytes are
 	// read and checked here; the feeder streams the rest (see bridge.go).
-	readLen, streamed := h.size, uint32(0)
+	readLen := h.size
 	if h.typ == msgTwrite && h.size >= pooledMessageMin {
 		readLen = headerSize + twriteFixedSize
-		streamed = h.size - readLen
+		m.streamed = h.size - readLen
 	}
-	// Another large message goes into a pooled buffer, which the bridge
-	// recycles once the server has read it; every early return below
-	// recycles it.
-	buf := d.bridge.buffers.get(readLen, d.msize)
-	var msg []byte
-	if buf != nil {
-		msg = *buf
+	if m.buf = d.bridge.buffers.get(readLen, d.msize); m.buf != nil {
+		m.msg = *m.buf
 	} else {
-		msg = make([]byte, readLen)
+		m.msg = make([]byte, readLen)
 	}
-	defer func() {
-		if buf != nil {
-			d.bridge.buffers.put(buf)
-		}
-	}()
-	copy(msg, hb[:])
-	if _, err := io.ReadFull(chain.Reader(), msg[headerSize:]); err != nil {
+	copy(m.msg, hb[:])
+	if _, err := io.ReadFull(chain.Reader(), m.msg[headerSize:]); err != nil {
 		d.guestLog.Warn("virtio-9p: cannot read a 9P message", "err", err)
-		return d.complete(q, irq, chain, rlerror(h.tag, linux.EIO))
+		return m, rlerror(h.tag, linux.EIO), false
 	}
-	body := msg[headerSize:]
-	if streamed > 0 {
-		// What checkBody checks of a Twrite: count covers the rest exactly.
-		if count := u32(body, twriteFixedSize-4); count != streamed {
-			d.guestLog.Warn("virtio-9p: malformed 9P message", "err", fmt.Errorf("%w: Twrite count %d but %d data bytes", errMalformed, count, streamed))
-			return d.complete(q, irq, chain, rlerror(h.tag, linux.EINVAL))
+	if errno := d.checkMessage(&m); errno != 0 {
+		return m, rlerror(h.tag, errno), false
+	}
+	return m, nil, true
+}
+
+// checkMessage checks m's body: what checkBody checks, or for a streamed
+// Twrite that its count covers the data left in the chain exactly.
+func (d *Device) checkMessage(m *tmessage) linux.Errno {
+	body := m.body()
+	if m.streamed > 0 {
+		if count := u32(body, twriteFixedSize-4); count != m.streamed {
+			d.guestLog.Warn("virtio-9p: malformed 9P message", "err", fmt.Errorf("%w: Twrite count %d but %d data bytes", errMalformed, count, m.streamed))
+			return linux.EINVAL
 		}
-	} else if err := checkBody(h.typ, body); err != nil {
+		return 0
+	}
+	if err := checkBody(m.h.typ, body); err != nil {
 		var errno linux.Errno
 		if !errors.As(err, &errno) {
 			d.guestLog.Warn("virtio-9p: malformed 9P message", "err", err)
 			errno = linux.EINVAL
 		}
-		return d.complete(q, irq, chain, rlerror(h.tag, errno))
+		return errno
 	}
+	return 0
+}
 
-	// Messages the device answers itself (see the package doc).
-	var offered uint32 // Tversion's msize, kept: msg is not ours after submit
-	switch h.typ {
+// intercept answers the messages the device answers itself (see the
+// package doc), and lowers to the device's limits what the server would
+// take as it is: Treaddir's count, Tversion's msize.
+func (d *Device) intercept(m *tmessage) (reply []byte, answered bool) {
+	body := m.body()
+	switch m.h.typ {
 	case msgTxattrwalk:
 		if xattrwalkName(body) != "" {
-			return d.complete(q, irq, chain, rlerror(h.tag, linux.ENODATA))
+			return rlerror(m.h.tag, linux.ENODATA), true
 		}
-		return d.complete(q, irq, chain, rlerror(h.tag, linux.EOPNOTSUPP))
+		return rlerror(m.h.tag, linux.EOPNOTSUPP), true
 	case msgTxattrcreate:
-		return d.complete(q, irq, chain, rlerror(h.tag, linux.EOPNOTSUPP))
+		return rlerror(m.h.tag, linux.EOPNOTSUPP), true
 	case msgTgetlock:
-		return d.complete(q, irq, chain, rgetlockNoConflict(h.tag, body))
+		return rgetlockNoConflict(m.h.tag, body), true
 	case msgTreaddir:
 		// The server builds a reply of up to count bytes whatever msize
 		// says (hugelgupf/p9 v0.3.0 passes count through): clamp it to
@@ -372,15 +437,18 @@ func (d *Device) handle(q *virtio.Queue, irq virtio.Interrupt, chain *virtio.Cha
 		if requested < minMessageSize {
 			// The server would adopt it and then refuse every message,
 			// Tversion included: the guest could never recover.
-			return d.complete(q, irq, chain, rlerror(h.tag, linux.EINVAL))
+			return rlerror(m.h.tag, linux.EINVAL), true
 		}
-		offered = min(requested, d.opts.MaxMessageSize)
-		binary.LittleEndian.PutUint32(body[0:4], offered)
+		m.offered = min(requested, d.opts.MaxMessageSize)
+		binary.LittleEndian.PutUint32(body[0:4], m.offered)
 	}
-	if errno := d.trackFids(h.typ, body); errno != 0 {
-		return d.complete(q, irq, chain, rlerror(h.tag, errno))
-	}
+	return nil, false
+}
 
+// forward passes m to the server under a bridge tag; the bridge completes
+// the chain with the reply. Once the server is dead, the chain is answered
+// with EIO instead.
+func (d *Device) forward(q *virtio.Queue, irq virtio.Interrupt, chain *virtio.Chain, m *tmessage, stop chan struct{}) bool {
 	var tag uint16
 	select {
 	case tag = <-d.bridge.freeTags:
@@ -388,25 +456,32 @@ func (d *Device) handle(q *virtio.Queue, irq virtio.Interrupt, chain *virtio.Cha
 		// Reset while waiting for a slot: the chain is abandoned with
 		// the rest of the queue's state.
 		return false
+	case <-d.bridge.dead:
+		return d.complete(q, irq, chain, rlerror(m.h.tag, linux.EIO))
 	}
-	if h.typ == msgTflush {
+	body := m.body()
+	if m.h.typ == msgTflush {
 		binary.LittleEndian.PutUint16(body[0:2], d.bridge.bridgeTagFor(binary.LittleEndian.Uint16(body[0:2])))
 	}
-	p := &pending{guestTag: h.tag, queue: q, chain: chain, irq: irq, done: make(chan struct{})}
-	if h.typ == msgTversion {
+	p := &pending{guestTag: m.h.tag, queue: q, chain: chain, irq: irq, done: make(chan struct{})}
+	if m.h.typ == msgTversion {
 		p.capture = make([]byte, 0, 64)
 	}
-	if streamed > 0 {
-		p.data, p.dataLeft = chain.Reader(), streamed
+	if m.streamed > 0 {
+		p.data, p.dataLeft = chain.Reader(), m.streamed
 	}
-	d.bridge.submit(tag, msg, buf, p)
-	buf = nil // the bridge owns it now
-	if h.typ == msgTversion {
+	if !d.bridge.submit(tag, m.msg, m.buf, p) {
+		return d.complete(q, irq, chain, rlerror(m.h.tag, linux.EIO))
+	}
+	m.buf = nil // the bridge owns it now
+	if m.h.typ == msgTversion {
 		// Tversion is a barrier: learn the server's new limit before
 		// passing on anything that depends on it.
 		select {
 		case <-p.done:
-			d.noteVersion(offered, p.capture)
+			if !d.bridge.isDead() { // else fail released p, and the demux may still write capture
+				d.noteVersion(m.offered, p.capture)
+			}
 		case <-stop:
 			return false
 		}

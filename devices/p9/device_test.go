@@ -399,8 +399,8 @@ func (f *fakeFS) Attach() (p9lib.File, error) {
 	return &fakeFile{fs: f}, nil
 }
 
-// fakeFile implements what the tests use; anything else would panic inside
-// the server's handler, which the server turns into EFAULT.
+// fakeFile implements what the tests use; anything else panics (a nil
+// embedded File), which the device's guard turns into EIO (guard.go).
 type fakeFile struct {
 	p9lib.File
 	fs *fakeFS

@@ -17,6 +17,12 @@
 // Treaddir's count is lowered to what an Rreaddir within the negotiated
 // msize carries (the server would build a reply of any count).
 //
+// The server's failures do not hang the guest (guard.go, bridge.go): a
+// panic in a file operation is answered with Rlerror EIO, logged
+// (rate-limited), and serving goes on; when the server connection itself
+// dies, every request in flight or queued is answered with EIO, the device
+// sets DEVICE_NEEDS_RESET, and the next activation gets a new server.
+//
 // Answered by the device itself, because hugelgupf/p9 answers them wrongly
 // for the Linux client: Txattrwalk (ENODATA for a name, EOPNOTSUPP for the
 // list), Txattrcreate (EOPNOTSUPP) and Tgetlock (no conflicting lock: the
