@@ -69,14 +69,15 @@ func TestKVMStress2VCPUs(t *testing.T) {
 		logStart := len(h.stderr.String())
 		start := time.Now()
 		err := stressBoot(h, ev, i, vcpus)
+		took := time.Since(start).Round(time.Millisecond)
 		if err == nil {
 			clean++
-			t.Logf("boot %d: clean in %v", i, time.Since(start).Round(time.Millisecond))
+			t.Logf("boot %d: clean in %v; %s", i, took, resourceLine(h.cmd.Process.Pid))
 			continue
 		}
 		log := h.stderr.String()[logStart:]
 		failures = append(failures, fmt.Sprintf("boot %d: %v\nhelper log of this boot:\n%s", i, err, lastLines(log, 80)))
-		t.Logf("boot %d: FAILED after %v: %v", i, time.Since(start).Round(time.Millisecond), err)
+		t.Logf("boot %d: FAILED after %v: %v; %s", i, took, err, resourceLine(h.cmd.Process.Pid))
 	}
 	t.Logf("STRESSFIGURE vcpus=%d clean=%d total=%d", vcpus, clean, boots)
 	for _, f := range failures {
@@ -135,6 +136,25 @@ func tryConnected(c *client, timeout time.Duration) error {
 		time.Sleep(100 * time.Millisecond)
 	}
 	return errors.New("the guest never connected")
+}
+
+// resourceLine is what the helper holds after a boot and what the host has
+// left: a leak across boots shows as a rising RSS, thread or fd count, or a
+// falling MemAvailable.
+func resourceLine(pid int) string {
+	status, _ := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	fds, _ := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+	meminfo, _ := os.ReadFile("/proc/meminfo")
+	field := func(text, name string) string {
+		for _, line := range strings.Split(text, "\n") {
+			if v, ok := strings.CutPrefix(line, name+":"); ok {
+				return strings.TrimSpace(v)
+			}
+		}
+		return "?"
+	}
+	return fmt.Sprintf("helper VmRSS %s, threads %s, fds %d; host MemAvailable %s",
+		field(string(status), "VmRSS"), field(string(status), "Threads"), len(fds), field(string(meminfo), "MemAvailable"))
 }
 
 func lastLines(s string, n int) string {
