@@ -27,7 +27,8 @@ import (
 // A call answers with the sizes known. It waits, at most sizeWaitBudget,
 // for sessions never measured, and — when the free space it would report
 // is below the client's lowWaterBytes, i.e. the client is about to reclaim
-// space by these figures — for every re-measure pending.
+// space by these figures — has every busy session measured afresh and
+// waits for every re-measure pending.
 
 const (
 	busySizeAge    = 10 * time.Second

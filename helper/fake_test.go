@@ -174,8 +174,11 @@ type fakeAgent struct {
 	stdin      map[string]string
 	files      map[string][]byte
 	ignorePing bool
-	spawnErr   string
-	mountErr   string
+	// delayPing delays the answer to the next ping that much (once).
+	delayPing time.Duration
+	pings     int // pings answered
+	spawnErr  string
+	mountErr  string
 }
 
 func newFakeAgent(conn net.Conn, g *fakeGuest) *fakeAgent {
@@ -274,6 +277,14 @@ func (a *fakeAgent) handle(f protocol.AgentFrame) {
 	case protocol.AgentMethodPing:
 		if a.ignorePing {
 			a.mu.Unlock()
+			return
+		}
+		a.pings++
+		if d := a.delayPing; d > 0 {
+			a.delayPing = 0
+			a.mu.Unlock()
+			time.Sleep(d)
+			a.send(reply)
 			return
 		}
 	case protocol.AgentMethodShutdown:

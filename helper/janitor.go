@@ -131,7 +131,11 @@ func (s *Service) diskUsage(ctx context.Context, root *beneath.Dir, lowWater int
 	}
 	u := usageOf(names, sizes, quota, hostTotal, hostFree)
 	if lowWater > 0 && u.free < lowWater {
-		// The client reclaims space by these figures: make them exact.
+		// The client reclaims space by these figures: make them exact
+		// (an idle session's size is, since its last process ended).
+		for n := range busy {
+			s.sizes.stale(n)
+		}
 		s.sizes.wait(ctx, names, true)
 		sizes, _ = s.sizes.lookup(names, busy)
 		u = usageOf(names, sizes, quota, hostTotal, hostFree)

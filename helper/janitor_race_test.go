@@ -3,6 +3,7 @@ package helper
 import (
 	"context"
 	"io/fs"
+	"math"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -219,7 +220,10 @@ func TestDiskInfoRacingSymlinkSwaps(t *testing.T) {
 	before := h.snapshot()
 	var biggest int64
 	raceCalls(t, "getSessionsDiskInfo", raceIterations, func() {
-		r, err := e.s.getSessionsDiskInfo(context.Background(), protocol.GetSessionsDiskInfoParams{})
+		// Sizes are cached: have each call measure the session afresh
+		// (below the low-water mark, the call waits for the measure).
+		e.s.sizes.stale("hostile")
+		r, err := e.s.getSessionsDiskInfo(context.Background(), protocol.GetSessionsDiskInfoParams{LowWaterBytes: math.MaxInt64})
 		require.NoError(t, err)
 		require.Len(t, r.Sessions, 1)
 		biggest = max(biggest, r.Sessions[0].SizeBytes)
