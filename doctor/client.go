@@ -64,112 +64,130 @@ const gateNote = "cowork-vmm does not use it"
 func (r *runner) clientChecks() (passes bool, conclusion string) {
 	r.clientHelperCheck()
 	var failures []string
-	fail := func(c *Check, reason string) {
-		c.Status = StatusFail
-		failures = append(failures, reason)
-	}
-
-	// qemu on PATH.
-	q := Check{ID: CheckGateQEMU, Group: GroupClient, Title: "Gate: qemu"}
-	name := qemuBinary()
-	if p, err := r.h.LookPath(name); err == nil {
-		q.Status = StatusOK
-		q.Detail = p + " (" + gateNote + ")"
-		if !inMinimalPath(p) {
-			q.Status = StatusWarn
-			q.Detail = p + " is on your PATH but not in /usr/bin, /bin or /usr/local/bin: a client started from the desktop menu may not find it"
-			q.Fix = fmt.Sprintf("sudo ln -s %s /usr/local/bin/%s", p, name)
+	for _, check := range []func() (Check, string){r.gateQEMUCheck, r.gateFirmwareCheck, r.gateVirtiofsdCheck, r.gateKVMCheck, r.gateVhostVsockCheck} {
+		c, failure := check()
+		if failure != "" {
+			failures = append(failures, failure)
 		}
-	} else {
-		fail(&q, "virtualization_tools_missing ("+name+")")
-		q.Detail = name + " is not on PATH: the gate reports virtualization_tools_missing (" + gateNote + ")"
-		q.Fix = "install it so the gate passes: sudo apt install qemu-system-x86 (Debian/Ubuntu), sudo dnf install qemu-system-x86-core (Fedora), sudo pacman -S qemu-base (Arch)"
+		r.add(c)
 	}
-	r.add(q)
-
-	// Firmware.
-	fw := Check{ID: CheckGateFirmware, Group: GroupClient, Title: "Gate: UEFI firmware"}
-	pairs := gateFirmware()
-	for _, p := range pairs {
-		if r.h.Access(p.code, unix.R_OK) == nil && r.h.Access(p.vars, unix.R_OK) == nil {
-			fw.Status = StatusOK
-			fw.Detail = p.code + " and " + p.vars + " (" + gateNote + ")"
-			break
-		}
-	}
-	if fw.Status == "" {
-		fail(&fw, "virtualization_tools_missing (firmware)")
-		fw.Detail = "none of " + pairsString(pairs) + " is readable with its VARS file: the gate reports the tools missing (" + gateNote + ")"
-		fw.Fix = "sudo apt install ovmf (Debian/Ubuntu); elsewhere link your distribution's files to those paths, e.g. Fedora: sudo mkdir -p /usr/share/OVMF && sudo ln -s /usr/share/edk2/ovmf/OVMF_CODE.fd /usr/share/edk2/ovmf/OVMF_VARS.fd /usr/share/OVMF/"
-	}
-	r.add(fw)
-
-	// virtiofsd.
-	v := Check{ID: CheckGateVirtiofsd, Group: GroupClient, Title: "Gate: virtiofsd"}
-	for _, p := range gateVirtiofsd {
-		if r.h.Access(p, unix.R_OK) == nil {
-			v.Status = StatusOK
-			v.Detail = p + " (" + gateNote + ")"
-			break
-		}
-	}
-	if v.Status == "" {
-		fail(&v, "virtualization_tools_missing (virtiofsd)")
-		v.Detail = "no readable " + strings.Join(gateVirtiofsd, " or ") + ": the gate reports the tools missing (" + gateNote + ")"
-		v.Fix = "sudo apt install virtiofsd (Ubuntu 24.04+, Debian 13+; Debian 12: from bookworm-backports), sudo dnf install virtiofsd (Fedora)"
-		for _, p := range otherVirtiofsd {
-			if r.h.Access(p, unix.R_OK) == nil {
-				v.Detail += "; there is one at " + p + ", where the gate does not look"
-				v.Fix = fmt.Sprintf("sudo ln -s %s /usr/libexec/virtiofsd; or %s", p, v.Fix)
-				break
-			}
-		}
-	}
-	r.add(v)
-
-	// /dev/kvm and /dev/vhost-vsock, read+write by access(2).
-	k := Check{ID: CheckGateKVM, Group: GroupClient, Title: "Gate: /dev/kvm"}
-	switch err := r.h.Access("/dev/kvm", unix.R_OK|unix.W_OK); {
-	case err == nil:
-		k.Status = StatusOK
-		k.Detail = "/dev/kvm is readable and writable"
-	case errors.Is(err, fs.ErrNotExist):
-		fail(&k, "no /dev/kvm")
-		k.Detail = "/dev/kvm does not exist: the gate marks Cowork unsupported, and the client starts no helper at all — not even for COWORK_VMM_BACKEND=process"
-		k.Fix = "make /dev/kvm exist (see the KVM device check above); without it only a patched client (the community app.asar gate patch) will start cowork-vmm"
-	default:
-		fail(&k, "kvm_permission_denied")
-		k.Detail = "/dev/kvm is not readable and writable by you: the gate reports kvm_permission_denied"
-		k.Fix = kvmGroupFix
-	}
-	r.add(k)
-
-	vs := Check{ID: CheckGateVhostVsock, Group: GroupClient, Title: "Gate: /dev/vhost-vsock"}
-	switch err := r.h.Access(vhostVsockPath, unix.R_OK|unix.W_OK); {
-	case err == nil:
-		vs.Status = StatusOK
-		vs.Detail = vhostVsockPath + " is readable and writable (cowork-vmm does not use it; the gate checks it)"
-	case errors.Is(err, fs.ErrNotExist):
-		if _, merr := r.h.Stat("/sys/module/vhost_vsock"); merr == nil {
-			fail(&vs, "vhost_vsock_kernel_unsupported")
-			vs.Detail = "the vhost_vsock module is loaded but " + vhostVsockPath + " does not exist: the gate reports vhost_vsock_kernel_unsupported"
-			vs.Fix = "sudo udevadm trigger (or reboot) so the device node appears; cowork-vmm itself does not need it"
-		} else {
-			fail(&vs, "vhost_vsock_module_missing")
-			vs.Detail = vhostVsockPath + " does not exist (vhost_vsock not loaded): the gate reports vhost_vsock_module_missing (cowork-vmm does not use it)"
-			vs.Fix = "sudo modprobe vhost_vsock (at boot: echo vhost_vsock | sudo tee /etc/modules-load.d/vhost_vsock.conf); on kernels without it (e.g. Crostini) only a patched client starts cowork-vmm"
-		}
-	default:
-		fail(&vs, "no access to "+vhostVsockPath)
-		vs.Detail = vhostVsockPath + " exists but is not readable and writable by you: the gate refuses it (cowork-vmm does not use it)"
-		vs.Fix = `echo 'KERNEL=="vhost-vsock", GROUP="kvm", MODE="0660"' | sudo tee /etc/udev/rules.d/65-vhost-vsock.rules && sudo udevadm control --reload && sudo udevadm trigger (and be in the kvm group)`
-	}
-	r.add(vs)
-
 	if len(failures) == 0 {
 		return true, "the gate will pass (unless a server-side flag disables Cowork), and the client starts the helper at " + r.clientHelperPath()
 	}
 	return false, "the gate will mark Cowork unsupported (" + strings.Join(failures, "; ") + ") and start no helper, ours or the official one; fix the gate checks above, or use a client patched to skip the gate"
+}
+
+// gateQEMUCheck: qemu on PATH.
+func (r *runner) gateQEMUCheck() (c Check, failure string) {
+	fail := func(reason string) { c.Status, failure = StatusFail, reason }
+	c = Check{ID: CheckGateQEMU, Group: GroupClient, Title: "Gate: qemu"}
+	name := qemuBinary()
+	if p, err := r.h.LookPath(name); err == nil {
+		c.Status = StatusOK
+		c.Detail = p + " (" + gateNote + ")"
+		if !inMinimalPath(p) {
+			c.Status = StatusWarn
+			c.Detail = p + " is on your PATH but not in /usr/bin, /bin or /usr/local/bin: a client started from the desktop menu may not find it"
+			c.Fix = fmt.Sprintf("sudo ln -s %s /usr/local/bin/%s", p, name)
+		}
+	} else {
+		fail("virtualization_tools_missing (" + name + ")")
+		c.Detail = name + " is not on PATH: the gate reports virtualization_tools_missing (" + gateNote + ")"
+		c.Fix = "install it so the gate passes: sudo apt install qemu-system-x86 (Debian/Ubuntu), sudo dnf install qemu-system-x86-core (Fedora), sudo pacman -S qemu-base (Arch)"
+	}
+	return c, failure
+}
+
+// gateFirmwareCheck: the UEFI firmware pair.
+func (r *runner) gateFirmwareCheck() (c Check, failure string) {
+	fail := func(reason string) { c.Status, failure = StatusFail, reason }
+	c = Check{ID: CheckGateFirmware, Group: GroupClient, Title: "Gate: UEFI firmware"}
+	pairs := gateFirmware()
+	for _, p := range pairs {
+		if r.h.Access(p.code, unix.R_OK) == nil && r.h.Access(p.vars, unix.R_OK) == nil {
+			c.Status = StatusOK
+			c.Detail = p.code + " and " + p.vars + " (" + gateNote + ")"
+			break
+		}
+	}
+	if c.Status == "" {
+		fail("virtualization_tools_missing (firmware)")
+		c.Detail = "none of " + pairsString(pairs) + " is readable with its VARS file: the gate reports the tools missing (" + gateNote + ")"
+		c.Fix = "sudo apt install ovmf (Debian/Ubuntu); elsewhere link your distribution's files to those paths, e.g. Fedora: sudo mkdir -p /usr/share/OVMF && sudo ln -s /usr/share/edk2/ovmf/OVMF_CODE.fd /usr/share/edk2/ovmf/OVMF_VARS.fd /usr/share/OVMF/"
+	}
+	return c, failure
+}
+
+// gateVirtiofsdCheck: virtiofsd where the gate looks.
+func (r *runner) gateVirtiofsdCheck() (c Check, failure string) {
+	fail := func(reason string) { c.Status, failure = StatusFail, reason }
+	c = Check{ID: CheckGateVirtiofsd, Group: GroupClient, Title: "Gate: virtiofsd"}
+	for _, p := range gateVirtiofsd {
+		if r.h.Access(p, unix.R_OK) == nil {
+			c.Status = StatusOK
+			c.Detail = p + " (" + gateNote + ")"
+			break
+		}
+	}
+	if c.Status == "" {
+		fail("virtualization_tools_missing (virtiofsd)")
+		c.Detail = "no readable " + strings.Join(gateVirtiofsd, " or ") + ": the gate reports the tools missing (" + gateNote + ")"
+		c.Fix = "sudo apt install virtiofsd (Ubuntu 24.04+, Debian 13+; Debian 12: from bookworm-backports), sudo dnf install virtiofsd (Fedora)"
+		for _, p := range otherVirtiofsd {
+			if r.h.Access(p, unix.R_OK) == nil {
+				c.Detail += "; there is one at " + p + ", where the gate does not look"
+				c.Fix = fmt.Sprintf("sudo ln -s %s /usr/libexec/virtiofsd; or %s", p, c.Fix)
+				break
+			}
+		}
+	}
+	return c, failure
+}
+
+// gateKVMCheck: /dev/kvm read+write by access(2).
+func (r *runner) gateKVMCheck() (c Check, failure string) {
+	fail := func(reason string) { c.Status, failure = StatusFail, reason }
+	c = Check{ID: CheckGateKVM, Group: GroupClient, Title: "Gate: /dev/kvm"}
+	switch err := r.h.Access("/dev/kvm", unix.R_OK|unix.W_OK); {
+	case err == nil:
+		c.Status = StatusOK
+		c.Detail = "/dev/kvm is readable and writable"
+	case errors.Is(err, fs.ErrNotExist):
+		fail("no /dev/kvm")
+		c.Detail = "/dev/kvm does not exist: the gate marks Cowork unsupported, and the client starts no helper at all — not even for COWORK_VMM_BACKEND=process"
+		c.Fix = "make /dev/kvm exist (see the KVM device check above); without it only a patched client (the community app.asar gate patch) will start cowork-vmm"
+	default:
+		fail("kvm_permission_denied")
+		c.Detail = "/dev/kvm is not readable and writable by you: the gate reports kvm_permission_denied"
+		c.Fix = kvmGroupFix
+	}
+	return c, failure
+}
+
+// gateVhostVsockCheck: /dev/vhost-vsock read+write by access(2).
+func (r *runner) gateVhostVsockCheck() (c Check, failure string) {
+	fail := func(reason string) { c.Status, failure = StatusFail, reason }
+	c = Check{ID: CheckGateVhostVsock, Group: GroupClient, Title: "Gate: /dev/vhost-vsock"}
+	switch err := r.h.Access(vhostVsockPath, unix.R_OK|unix.W_OK); {
+	case err == nil:
+		c.Status = StatusOK
+		c.Detail = vhostVsockPath + " is readable and writable (cowork-vmm does not use it; the gate checks it)"
+	case errors.Is(err, fs.ErrNotExist):
+		if _, merr := r.h.Stat("/sys/module/vhost_vsock"); merr == nil {
+			fail("vhost_vsock_kernel_unsupported")
+			c.Detail = "the vhost_vsock module is loaded but " + vhostVsockPath + " does not exist: the gate reports vhost_vsock_kernel_unsupported"
+			c.Fix = "sudo udevadm trigger (or reboot) so the device node appears; cowork-vmm itself does not need it"
+		} else {
+			fail("vhost_vsock_module_missing")
+			c.Detail = vhostVsockPath + " does not exist (vhost_vsock not loaded): the gate reports vhost_vsock_module_missing (cowork-vmm does not use it)"
+			c.Fix = "sudo modprobe vhost_vsock (at boot: echo vhost_vsock | sudo tee /etc/modules-load.d/vhost_vsock.conf); on kernels without it (e.g. Crostini) only a patched client starts cowork-vmm"
+		}
+	default:
+		fail("no access to " + vhostVsockPath)
+		c.Detail = vhostVsockPath + " exists but is not readable and writable by you: the gate refuses it (cowork-vmm does not use it)"
+		c.Fix = `echo 'KERNEL=="vhost-vsock", GROUP="kvm", MODE="0660"' | sudo tee /etc/udev/rules.d/65-vhost-vsock.rules && sudo udevadm control --reload && sudo udevadm trigger (and be in the kvm group)`
+	}
+	return c, failure
 }
 
 func (r *runner) clientHelperPath() string {

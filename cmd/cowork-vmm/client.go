@@ -205,124 +205,176 @@ func dialError(socket string, err error) error {
 }
 
 // runClient runs o.command through the helper at o.socket and returns its
-// exit status; err says why when the command could not run to its end.
+// exit status; err says why when the command could not run to its end. It
+// follows the desktop client's order: configure the pipe, subscribe
+// (before anything that makes events), boot, spawn.
 func runClient(ctx context.Context, o clientOptions, tio clientIO) (int, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-
-	if info, err := os.Lstat(o.socket); err != nil {
-		return 1, dialError(o.socket, err)
-	} else if info.Mode()&fs.ModeSocket == 0 {
-		return 1, fmt.Errorf("%s is not a socket (%v); point --socket at the path the helper was started with (cowork-vmm -socket PATH)", o.socket, info.Mode().Type())
-	}
-	pipe, err := protocol.DialPipe(ctx, o.socket)
-	if err != nil {
-		return 1, dialError(o.socket, err)
-	}
-	defer pipe.Close()
-	call := func(method string, params, result any) error {
-		callCtx, cancel := context.WithTimeout(ctx, clientCallTimeout)
-		defer cancel()
-		return pipe.CallResult(callCtx, method, params, result)
-	}
-	// A signal before the command runs abandons the call; after, it is
-	// forwarded to the command.
-	spawning, spawnedID := make(chan struct{}), make(chan string, 1)
-	var interrupted atomic.Bool
-	var gaveUp atomic.Int32 // the exit status after a second signal, 0 before
-	var stream *protocol.EventStream
-	if tio.signals != nil {
-		go handleClientSignals(ctx, pipe, tio.signals, spawning, spawnedID, func() {
-			interrupted.Store(true)
-			cancel()
-		}, func(sig os.Signal) {
-			// stream is set before the spawn, which happens before any
-			// forwarded signal (spawnedID orders them).
-			gaveUp.Store(int32(128 + signalNumber(signalNames[sig])))
-			stream.Close()
-		})
-	}
-	wasInterrupted := func(err error) (int, error) {
-		if interrupted.Load() {
-			return 130, errors.New("interrupted before the command started")
-		}
+	r := &clientSession{o: o, tio: tio, ctx: ctx, cancel: cancel, spawning: make(chan struct{}), spawnedID: make(chan string, 1)}
+	if err := r.dial(); err != nil {
 		return 1, err
 	}
-
-	// The desktop client's order: configure the pipe, subscribe (before
-	// anything that makes events), boot, spawn.
-	if err := call(protocol.MethodConfigure, protocol.ConfigureParams{UserDataName: clientProfile, SessionOnly: true}, nil); err != nil {
-		return wasInterrupted(fmt.Errorf("the helper at %s refused the connection: %w", o.socket, err))
+	defer r.pipe.Close()
+	r.watchSignals()
+	if err := r.subscribe(); err != nil {
+		return r.failed(err)
 	}
-	subCtx, subCancel := context.WithTimeout(ctx, clientCallTimeout)
-	stream, err = protocol.SubscribeEvents(subCtx, o.socket, protocol.SubscribeEventsParams{UserDataName: clientProfile})
-	subCancel()
-	if err != nil {
-		return wasInterrupted(fmt.Errorf("subscribing to the helper's events: %w", err))
-	}
-	defer stream.Close()
-	stopStream := context.AfterFunc(ctx, func() { _ = stream.Close() })
+	defer r.stream.Close()
+	stopStream := context.AfterFunc(ctx, func() { _ = r.stream.Close() })
 	defer stopStream()
-
-	bootCtx, bootCancel := context.WithTimeout(ctx, o.timeout)
-	defer bootCancel()
-	_, err = protocol.StartGuest(bootCtx, pipe, protocol.ConfigureParams{UserDataName: clientProfile}, protocol.StartVMParams{})
-	if err != nil {
-		return wasInterrupted(fmt.Errorf("starting the guest: %w", err))
-	}
-	if err := protocol.WaitGuestConnected(bootCtx, pipe, clientPollInterval); err != nil {
-		if interrupted.Load() {
-			return wasInterrupted(err)
-		}
-		if errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
-			return 1, fmt.Errorf("the guest did not come up within %v (--timeout); the helper's log says why, and `cowork-vmm doctor` checks the host", o.timeout)
-		}
-		if errors.Is(err, protocol.ErrGuestStopped) {
-			return 1, fmt.Errorf("%w; the helper's log says why, and `cowork-vmm doctor` checks the host", err)
-		}
-		return 1, err
+	if err := r.boot(); err != nil {
+		return r.failed(err)
 	}
 	if o.stopVM {
-		defer func() {
-			stopCtx, cancel := context.WithTimeout(context.Background(), clientCallTimeout)
-			defer cancel()
-			if err := pipe.CallResult(stopCtx, protocol.MethodStopVM, nil, nil); err != nil {
-				fmt.Fprintln(tio.stderr, "cowork-vmm client: stopping the guest:", err)
-			}
-		}()
+		defer r.stopGuest()
 	}
-	procID, err := newClientProcessID()
+	procID, code, err := r.spawn()
 	if err != nil {
-		return 1, err
+		return code, err
+	}
+	r.spawnedID <- procID
+	if tio.stdin != nil {
+		go forwardClientStdin(ctx, r.pipe, procID, tio.stdin)
+	}
+	code, err = streamProcess(r.stream, procID, tio)
+	if n := r.gaveUp.Load(); n != 0 {
+		return int(n), errors.New("gave up waiting after a second signal: the command did not end and may still run in the guest (stopVM ends it)")
+	}
+	return code, err
+}
+
+// clientSession is one runClient: the pipe, the event stream and what the
+// signal handler has seen.
+type clientSession struct {
+	o      clientOptions
+	tio    clientIO
+	ctx    context.Context
+	cancel context.CancelFunc
+	pipe   *protocol.PipeClient
+	stream *protocol.EventStream
+	// A signal before the command runs abandons the call; after, it is
+	// forwarded to the command (spawnedID orders the two).
+	spawning    chan struct{}
+	spawnedID   chan string
+	interrupted atomic.Bool
+	gaveUp      atomic.Int32 // the exit status after a second signal, 0 before
+}
+
+// dial checks that o.socket is a socket and opens the pipe.
+func (r *clientSession) dial() error {
+	if info, err := os.Lstat(r.o.socket); err != nil {
+		return dialError(r.o.socket, err)
+	} else if info.Mode()&fs.ModeSocket == 0 {
+		return fmt.Errorf("%s is not a socket (%v); point --socket at the path the helper was started with (cowork-vmm -socket PATH)", r.o.socket, info.Mode().Type())
+	}
+	pipe, err := protocol.DialPipe(r.ctx, r.o.socket)
+	if err != nil {
+		return dialError(r.o.socket, err)
+	}
+	r.pipe = pipe
+	return nil
+}
+
+func (r *clientSession) call(method string, params, result any) error {
+	ctx, cancel := context.WithTimeout(r.ctx, clientCallTimeout)
+	defer cancel()
+	return r.pipe.CallResult(ctx, method, params, result)
+}
+
+// watchSignals starts the signal handler, if there are signals to watch.
+func (r *clientSession) watchSignals() {
+	if r.tio.signals == nil {
+		return
+	}
+	go handleClientSignals(r.ctx, r.pipe, r.tio.signals, r.spawning, r.spawnedID, func() {
+		r.interrupted.Store(true)
+		r.cancel()
+	}, func(sig os.Signal) {
+		// stream is set before the spawn, which happens before any
+		// forwarded signal.
+		r.gaveUp.Store(int32(128 + signalNumber(signalNames[sig])))
+		r.stream.Close()
+	})
+}
+
+// failed is the exit for an error before the command ran.
+func (r *clientSession) failed(err error) (int, error) {
+	if r.interrupted.Load() {
+		return 130, errors.New("interrupted before the command started")
+	}
+	return 1, err
+}
+
+// subscribe configures the pipe and subscribes to the events.
+func (r *clientSession) subscribe() error {
+	if err := r.call(protocol.MethodConfigure, protocol.ConfigureParams{UserDataName: clientProfile, SessionOnly: true}, nil); err != nil {
+		return fmt.Errorf("the helper at %s refused the connection: %w", r.o.socket, err)
+	}
+	ctx, cancel := context.WithTimeout(r.ctx, clientCallTimeout)
+	defer cancel()
+	stream, err := protocol.SubscribeEvents(ctx, r.o.socket, protocol.SubscribeEventsParams{UserDataName: clientProfile})
+	if err != nil {
+		return fmt.Errorf("subscribing to the helper's events: %w", err)
+	}
+	r.stream = stream
+	return nil
+}
+
+// boot starts the guest unless it runs and waits for its agent.
+func (r *clientSession) boot() error {
+	ctx, cancel := context.WithTimeout(r.ctx, r.o.timeout)
+	defer cancel()
+	if _, err := protocol.StartGuest(ctx, r.pipe, protocol.ConfigureParams{UserDataName: clientProfile}, protocol.StartVMParams{}); err != nil {
+		return fmt.Errorf("starting the guest: %w", err)
+	}
+	err := protocol.WaitGuestConnected(ctx, r.pipe, clientPollInterval)
+	switch {
+	case err == nil || r.interrupted.Load():
+		return err
+	case errors.Is(err, context.DeadlineExceeded) && r.ctx.Err() == nil:
+		return fmt.Errorf("the guest did not come up within %v (--timeout); the helper's log says why, and `cowork-vmm doctor` checks the host", r.o.timeout)
+	case errors.Is(err, protocol.ErrGuestStopped):
+		return fmt.Errorf("%w; the helper's log says why, and `cowork-vmm doctor` checks the host", err)
+	}
+	return err
+}
+
+// stopGuest stops the guest (--stop-vm), whatever happened before.
+func (r *clientSession) stopGuest() {
+	ctx, cancel := context.WithTimeout(context.Background(), clientCallTimeout)
+	defer cancel()
+	if err := r.pipe.CallResult(ctx, protocol.MethodStopVM, nil, nil); err != nil {
+		fmt.Fprintln(r.tio.stderr, "cowork-vmm client: stopping the guest:", err)
+	}
+}
+
+// spawn starts the command; on failure code is the exit status to give.
+func (r *clientSession) spawn() (procID string, code int, err error) {
+	procID, err = newClientProcessID()
+	if err != nil {
+		return "", 1, err
 	}
 	spawn := protocol.ClientSpawnParams{
-		ID: procID, Name: o.session, Command: o.command[0], Args: o.command[1:],
-		Cwd: o.workdir, Env: o.env, AdditionalMounts: o.mounts,
+		ID: procID, Name: r.o.session, Command: r.o.command[0], Args: r.o.command[1:],
+		Cwd: r.o.workdir, Env: r.o.env, AdditionalMounts: r.o.mounts,
 	}
 	if spawn.Args == nil {
 		spawn.Args = []string{} // the desktop client always sends the array
 	}
 	var spawned protocol.SpawnResult
-	close(spawning)
-	if err := call(protocol.MethodSpawn, spawn, &spawned); err != nil {
-		if interrupted.Load() {
-			return wasInterrupted(err)
+	close(r.spawning)
+	if err := r.call(protocol.MethodSpawn, spawn, &spawned); err != nil {
+		if r.interrupted.Load() {
+			code, err := r.failed(err)
+			return "", code, err
 		}
-		return 127, err
+		return "", 127, err
 	}
 	for _, name := range spawned.FailedMounts {
-		fmt.Fprintf(tio.stderr, "cowork-vmm client: --mount %s could not be made (the helper's log says why); the command runs without it\n", name)
+		fmt.Fprintf(r.tio.stderr, "cowork-vmm client: --mount %s could not be made (the helper's log says why); the command runs without it\n", name)
 	}
-
-	spawnedID <- procID
-	if tio.stdin != nil {
-		go forwardClientStdin(ctx, pipe, procID, tio.stdin)
-	}
-	code, err := streamProcess(stream, procID, tio)
-	if n := gaveUp.Load(); n != 0 {
-		return int(n), errors.New("gave up waiting after a second signal: the command did not end and may still run in the guest (stopVM ends it)")
-	}
-	return code, err
+	return procID, 0, nil
 }
 
 // streamProcess writes the process's output as its events arrive and
