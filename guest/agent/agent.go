@@ -49,6 +49,13 @@ type Options struct {
 	// When nil (unit tests of the agent), spawns get no proxy and stay in
 	// the agent's network namespace — the behaviour before egress existed.
 	Egress proxy.HostDialer
+	// IsolateSessions runs each spawn with its session's view only: its
+	// own uid per session, user, mount and IPC namespaces, a root holding
+	// the system directories and its own session (see isolate.go). It needs
+	// the agent to be real root of the initial user namespace, on a root
+	// that pivot_root accepts (the VM after leaveRootfs, or after a NewRoot
+	// setup), and spawns fail until setup has run.
+	IsolateSessions bool
 }
 
 // ErrShutdown is returned by Run after a shutdown request was served.
@@ -98,7 +105,7 @@ func Run(ctx context.Context, conn io.ReadWriteCloser, opts Options) error {
 		shutdownDone: make(chan struct{}),
 	}
 	a.procs = newProcessTable(a)
-	a.mnt = newMounter(a.log)
+	a.mnt = newMounter(a.log, opts.IsolateSessions)
 	defer a.mnt.close()
 
 	stopReaper := a.procs.startReaper()
@@ -247,7 +254,7 @@ func (a *agent) handle(method string, raw json.RawMessage) (any, error) {
 		if err := decodeParams(raw, &p); err != nil {
 			return nil, err
 		}
-		return nil, a.procs.spawn(p, a.mnt.sandboxSpawns())
+		return nil, a.procs.spawn(p)
 	case protocol.AgentMethodStdin:
 		var p protocol.StdinParams
 		if err := decodeParams(raw, &p); err != nil {

@@ -469,8 +469,9 @@ func TestMountValidation(t *testing.T) {
 
 // startChildAgent runs the agent in a re-executed test binary in new mount
 // and PID namespaces (root only), as the process backend does without the
-// user namespace.
-func startChildAgent(t *testing.T) *testClient {
+// user namespace; args are added to its command line, and extra are its
+// descriptors 4 and on.
+func startChildAgent(t *testing.T, args []string, extra ...*os.File) *testClient {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root for mount namespaces")
@@ -480,9 +481,9 @@ func startChildAgent(t *testing.T) *testClient {
 	child := os.NewFile(uintptr(fds[0]), "agent-end")
 	exe, err := os.Executable()
 	require.NoError(t, err)
-	cmd := exec.Command(exe, "--fd", "3")
+	cmd := exec.Command(exe, append([]string{"--fd", "3"}, args...)...)
 	cmd.Env = append(os.Environ(), testAgentEnv+"=1")
-	cmd.ExtraFiles = []*os.File{child}
+	cmd.ExtraFiles = append([]*os.File{child}, extra...)
 	cmd.Stderr = os.Stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: unix.CLONE_NEWNS | unix.CLONE_NEWPID, Pdeathsig: unix.SIGKILL}
 	if err := cmd.Start(); err != nil {
@@ -508,7 +509,7 @@ func startChildAgent(t *testing.T) *testClient {
 }
 
 func TestChildAgentIsPID1AndMountsBindReadOnly(t *testing.T) {
-	c := startChildAgent(t)
+	c := startChildAgent(t, nil)
 	require.Equal(t, 1, c.hello.PID)
 	src := t.TempDir()
 	require.NoError(t, os.WriteFile(filepath.Join(src, "hello"), []byte("from host"), 0o644))
@@ -538,7 +539,7 @@ func TestChildAgentIsPID1AndMountsBindReadOnly(t *testing.T) {
 }
 
 func TestChildAgentFileMountOverReadOnlyDirectory(t *testing.T) {
-	c := startChildAgent(t)
+	c := startChildAgent(t, nil)
 	// A read-only directory with existing entries, like /usr/local/bin in a
 	// read-only /usr.
 	sys := t.TempDir()

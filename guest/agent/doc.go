@@ -11,6 +11,12 @@
 // proxy's variables are merged into its environment, and the proxy closes
 // when the process exits.
 //
+// Isolation (Options.IsolateSessions, the VM): each spawn runs as its
+// session's own uid, in user, mount and IPC namespaces of its own, on a root
+// that holds the system directories and only its own session; the agent is
+// non-dumpable. See isolate.go for the design and how the process backend
+// differs.
+//
 // Entry points: Run serves one connection; ProcessMain is the
 // `cowork-vmm agent --fd N [--egress-fd M]` mode of the process backend; VMMain is the PID 1
 // (/init) mode of the VM.

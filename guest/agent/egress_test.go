@@ -4,6 +4,7 @@ import (
 	"context"
 	"net"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -23,18 +24,29 @@ type refusingDialer struct {
 
 func (d *refusingDialer) DialHost(context.Context) (net.Conn, error) {
 	proxySide, helperSide := net.Pipe()
-	go func() {
-		defer helperSide.Close()
-		req, err := protocol.ReadEgressRequest(helperSide)
-		if err != nil {
-			return
-		}
-		d.mu.Lock()
-		d.requests = append(d.requests, req)
-		d.mu.Unlock()
-		_ = protocol.WriteEgressReply(helperSide, protocol.EgressReply{Blocked: true, Error: "blocked-by-allowlist: " + req.Host})
-	}()
+	go d.refuse(helperSide)
 	return proxySide, nil
+}
+
+// refuse serves one connection from a proxy as the helper would: it reads
+// the request, records it, and refuses it as blocked.
+func (d *refusingDialer) refuse(helperSide net.Conn) {
+	defer helperSide.Close()
+	req, err := protocol.ReadEgressRequest(helperSide)
+	if err != nil {
+		return
+	}
+	d.mu.Lock()
+	d.requests = append(d.requests, req)
+	d.mu.Unlock()
+	_ = protocol.WriteEgressReply(helperSide, protocol.EgressReply{Blocked: true, Error: "blocked-by-allowlist: " + req.Host})
+}
+
+// seen returns the requests so far.
+func (d *refusingDialer) seen() []protocol.EgressRequest {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return slices.Clone(d.requests)
 }
 
 // TestSpawnGetsItsOwnNetworkAndProxy: with Options.Egress, a spawn runs in

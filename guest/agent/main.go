@@ -35,6 +35,7 @@ func ProcessMain(args []string) int {
 	fs := flag.NewFlagSet("agent", flag.ContinueOnError)
 	fd := fs.Int("fd", 3, "inherited socket `fd` connected to the helper")
 	egressFD := fs.Int("egress-fd", 0, "inherited SOCK_SEQPACKET socket `fd` to pass egress connections to the helper over (0: spawns get no proxy and no network namespace of their own)")
+	isolate := fs.Bool("isolate-sessions", false, "isolate sessions as the VM does (Options.IsolateSessions): a uid per session and a root with only its session; needs real root of the initial user namespace, so not the process backend (tests)")
 	debug := fs.Bool("debug", false, "log debug messages")
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -51,7 +52,7 @@ func ProcessMain(args []string) int {
 		log.Error("agent: the --fd descriptor is not a socket", "fd", *fd, "err", err)
 		return 2
 	}
-	opts := Options{Logger: log, Subreaper: true}
+	opts := Options{Logger: log, Subreaper: true, IsolateSessions: *isolate}
 	if *egressFD != 0 {
 		if *egressFD < 3 || *egressFD == *fd {
 			log.Error("agent: --egress-fd must name another inherited descriptor (3 or more)", "fd", *egressFD)
@@ -78,14 +79,19 @@ func ProcessMain(args []string) int {
 	return 1
 }
 
-// VMMain is PID 1 (/init) of the VM: it mounts the kernel filesystems, writes
-// the boot timer, dials the helper over vsock (host CID 2,
-// protocol.AgentVSockPort), serves it, and powers the VM off (a reset, which
-// the VMM treats as the end; the kernel command line has reboot=k). It does
-// not return.
+// VMMain is PID 1 (/init) of the VM: it writes the boot timer, moves off the
+// kernel's rootfs (leaveRootfs), mounts the kernel filesystems, dials the
+// helper over vsock (host CID 2, protocol.AgentVSockPort), serves it with
+// isolated sessions (Options.IsolateSessions), and powers the VM off (a
+// reset, which the VMM treats as the end; the kernel command line has
+// reboot=k). It does not return.
 func VMMain() {
 	log := newLogger(os.Stderr, false)
 	writeBootTimer(log)
+	if err := leaveRootfs(); err != nil {
+		// Spawns then fail (closed): their roots need pivot_root.
+		log.Error("agent: cannot move off the rootfs; spawned processes cannot be isolated and will not start", "err", err)
+	}
 	mountKernelFilesystems(log)
 	if strings.Contains(readCmdline(), "cowork.debug") {
 		log = newLogger(os.Stderr, true)
@@ -97,7 +103,7 @@ func VMMain() {
 	if err != nil {
 		log.Error("agent: cannot reach the helper over vsock; powering off", "err", err)
 	} else {
-		err = Run(context.Background(), conn, Options{Logger: log, Egress: proxy.VSockDialer{}})
+		err = Run(context.Background(), conn, Options{Logger: log, Egress: proxy.VSockDialer{}, IsolateSessions: true})
 		if !errors.Is(err, ErrShutdown) {
 			log.Error("agent ended", "err", err)
 		}
@@ -113,6 +119,48 @@ func notDumpable(log *slog.Logger) {
 	if err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {
 		log.Warn("agent: cannot make itself non-dumpable; guest processes may inspect it", "err", err)
 	}
+}
+
+// leaveRootfs moves the agent's root off the kernel's rootfs onto a tmpfs
+// mounted over it, as switch_root does (the initramfs is left in place,
+// unreachable): pivot_root, with which every isolated spawn's root is made,
+// refuses a root that is the rootfs (it has no parent mount), and a spawn's
+// namespace that detaches the agent's tree then keeps only the bare
+// initramfs below its own root. A /dev mounted already (writeBootTimer)
+// moves along.
+func leaveRootfs() error {
+	const newRoot = "/.root"
+	if err := os.MkdirAll(newRoot, 0o755); err != nil {
+		return err
+	}
+	if err := unix.Mount("tmpfs", newRoot, "tmpfs", 0, "mode=0755"); err != nil {
+		return fmt.Errorf("mounting the new root: %w", err)
+	}
+	for _, d := range []struct {
+		name string
+		mode os.FileMode
+	}{{"dev", 0o755}, {"proc", 0o555}, {"sys", 0o555}, {"tmp", 0o1777}, {"run", 0o755}, {"sessions", 0o755}, {"root", 0o700}} {
+		p := newRoot + "/" + d.name
+		if err := os.Mkdir(p, d.mode); err != nil {
+			return err
+		}
+		if err := os.Chmod(p, d.mode); err != nil {
+			return err
+		}
+	}
+	if err := unix.Mount("/dev", newRoot+"/dev", "", unix.MS_MOVE, ""); err != nil && !errors.Is(err, unix.EINVAL) {
+		return fmt.Errorf("moving /dev: %w", err) // EINVAL: /dev is no mount point
+	}
+	if err := unix.Chdir(newRoot); err != nil {
+		return err
+	}
+	if err := unix.Mount(".", "/", "", unix.MS_MOVE, ""); err != nil {
+		return fmt.Errorf("moving the new root over the rootfs: %w", err)
+	}
+	if err := unix.Chroot("."); err != nil {
+		return fmt.Errorf("entering the new root: %w", err)
+	}
+	return unix.Chdir("/")
 }
 
 // mountKernelFilesystems mounts /proc, /sys, /dev, /dev/pts, /dev/shm and /tmp;

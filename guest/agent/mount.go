@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"path"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 
@@ -73,11 +75,15 @@ type mounter struct {
 	// is the superblock's, hence one per tag.
 	ninePRoots map[string]ninePMount
 	mounts     map[string]protocol.Mount // by target
+	system     []string                  // the system mounts' targets, after setup
 	setupRan   bool
+	// isolate: spawns get their session's view only (Options.IsolateSessions;
+	// see isolate.go). Fixed at creation.
+	isolate bool
 }
 
-func newMounter(log *slog.Logger) *mounter {
-	return &mounter{log: log, mounts: make(map[string]protocol.Mount), ninePRoots: make(map[string]ninePMount)}
+func newMounter(log *slog.Logger, isolate bool) *mounter {
+	return &mounter{log: log, mounts: make(map[string]protocol.Mount), ninePRoots: make(map[string]ninePMount), isolate: isolate}
 }
 
 // ninePRoot returns the attach root of the virtio-9p device with this tag,
@@ -175,11 +181,52 @@ func (m *mounter) close() {
 	}
 }
 
-// sandboxSpawns says whether spawns need the nested namespaces.
+// sandboxSpawns says whether spawns need the process backend's nested
+// namespaces (after a NewRoot setup, unless spawns are isolated).
 func (m *mounter) sandboxSpawns() bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	return m.hostRoot != nil
+	return m.hostRoot != nil && !m.isolate
+}
+
+// spawnView returns what an isolated spawn of session sees of the agent's
+// mounts (planRoot's binds) and the owners of those that are neither system
+// mounts nor below one: its session's home and mounts, and other mounts
+// such as `run --mount`'s.
+func (m *mounter) spawnView(session string) (binds []string, owners []owner, err error) {
+	m.mu.Lock()
+	if !m.setupRan {
+		m.mu.Unlock()
+		return nil, nil, errors.New("the guest's root filesystem is not set up yet")
+	}
+	system := slices.Clone(m.system)
+	var mounted []string
+	for target := range m.mounts {
+		mounted = append(mounted, target)
+	}
+	m.mu.Unlock()
+	binds = planRoot(system, mounted, session)
+	var own []string
+	if session != "" {
+		own = append(own, path.Join(sessionsDir, session))
+	}
+	slices.Sort(mounted)
+	for _, t := range mounted {
+		underSystem := slices.ContainsFunc(system, func(s string) bool { return beneath(t, s) })
+		if !underSystem && slices.ContainsFunc(binds, func(b string) bool { return beneath(t, b) }) {
+			own = append(own, t)
+		}
+	}
+	for _, p := range own {
+		var st unix.Stat_t
+		if unix.Stat(p, &st) != nil {
+			continue
+		}
+		if o := (owner{st.Uid, st.Gid}); !slices.Contains(owners, o) {
+			owners = append(owners, o)
+		}
+	}
+	return binds, owners, nil
 }
 
 // mount performs one Mount. Mounting the same spec at the same target again is

@@ -94,7 +94,7 @@ func TestValidateMountCacheModes(t *testing.T) {
 // cache mode cache (a directory stands in for the device's attach root).
 func mounterWithTag(t *testing.T, tag, cache string) (*mounter, *os.File) {
 	t.Helper()
-	m := newMounter(slog.New(slog.DiscardHandler))
+	m := newMounter(slog.New(slog.DiscardHandler), false)
 	root, err := os.Open(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
@@ -141,7 +141,7 @@ func TestMountRefusesAConflictingCacheModeBeforeTouchingTheTarget(t *testing.T) 
 }
 
 func TestSetupRefusesMixedCacheModesOnOneTag(t *testing.T) {
-	m := newMounter(slog.New(slog.DiscardHandler))
+	m := newMounter(slog.New(slog.DiscardHandler), false)
 	defer m.close()
 	sys := func(target, tag, cache string) protocol.Mount {
 		return protocol.Mount{Source: protocol.MountSource{Kind: "9p", Tag: tag, Aname: "e" + filepath.Base(target), Cache: cache}, Target: target, ReadOnly: true}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"path"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -79,6 +80,8 @@ type processTable struct {
 	closing  bool           // shutdown started: no new spawns
 	finished chan struct{}  // signalled when a process leaves the table
 	wg       sync.WaitGroup // per-process goroutines
+
+	uids sessionUIDs // isolated spawns' uids by session
 }
 
 func newProcessTable(a *agent) *processTable {
@@ -142,9 +145,10 @@ func (t *processTable) reapAll() {
 	}
 }
 
-// spawn starts one process. sandboxed runs it in a fresh user and mount
-// namespace (see mounter.sandboxSpawns).
-func (t *processTable) spawn(sp protocol.SpawnParams, sandboxed bool) error {
+// spawn starts one process: isolated (Options.IsolateSessions, see
+// isolate.go), sandboxed in a fresh user and mount namespace (the process
+// backend, see mounter.sandboxSpawns), or plainly (unit tests).
+func (t *processTable) spawn(sp protocol.SpawnParams) error {
 	if sp.ID == "" || len(sp.ID) > maxProcessIDLen {
 		return fmt.Errorf("spawn needs a process id of 1 to %d bytes", maxProcessIDLen)
 	}
@@ -164,6 +168,12 @@ func (t *processTable) spawn(sp protocol.SpawnParams, sandboxed bool) error {
 	if err != nil {
 		return fmt.Errorf("spawn %s: %w", sp.ID, err)
 	}
+	var iso *isolation
+	if t.a.mnt.isolate {
+		if iso, err = t.isolationFor(sp); err != nil {
+			return fmt.Errorf("spawn %s: %w", sp.ID, err)
+		}
+	}
 
 	stdinR, stdinW, err := os.Pipe()
 	if err != nil {
@@ -180,7 +190,18 @@ func (t *processTable) spawn(sp protocol.SpawnParams, sandboxed bool) error {
 		return fmt.Errorf("spawn %s: stderr pipe: %w", sp.ID, err)
 	}
 	sys := &syscall.SysProcAttr{Setpgid: true}
-	if sandboxed {
+	switch {
+	case iso != nil:
+		sys = iso.sysProcAttr()
+		// The pipes are the process's, so that it may reopen them
+		// (/dev/stdout is /proc/self/fd/1, a pipe of mode 0600).
+		for _, f := range []*os.File{stdinR, stdoutW, stderrW} {
+			if err := unix.Fchown(int(f.Fd()), int(iso.id.uid), int(iso.id.gid)); err != nil {
+				closeAll(stdinR, stdinW, stdoutR, stdoutW, stderrR, stderrW)
+				return fmt.Errorf("spawn %s: handing its pipes over: %w", sp.ID, err)
+			}
+		}
+	case t.a.mnt.sandboxSpawns():
 		// A user namespace nested in ours: the process is root in it but has
 		// no capability over the agent's namespaces, and the mounts it
 		// inherits are locked (the cover over the host root cannot be lifted).
@@ -208,6 +229,12 @@ func (t *processTable) spawn(sp protocol.SpawnParams, sandboxed bool) error {
 		Sys:   sys,
 	}
 	argv := append([]string{sp.Command}, sp.Args...)
+	if iso != nil {
+		// The child's capabilities take effect only with the exec: it
+		// inherits its working directory from the thread instead
+		// (iso.start).
+		attr.Dir = ""
+	}
 
 	p := &process{
 		id:         sp.ID,
@@ -218,56 +245,94 @@ func (t *processTable) spawn(sp protocol.SpawnParams, sandboxed bool) error {
 		stderr:     stderrR,
 		egress:     egress,
 	}
-	failEarly := func() {
-		closeAll(stdinR, stdinW, stdoutR, stdoutW, stderrR, stderrW)
-		if egress != nil {
-			egress.Close()
-		}
-	}
 	// The table lock is held across the fork so the reaper cannot reap the
 	// pid before it is registered.
-	t.mu.Lock()
-	if t.closing {
-		t.mu.Unlock()
-		failEarly()
-		return fmt.Errorf("spawn %s: the guest is shutting down", sp.ID)
-	}
-	if _, dup := t.byID[sp.ID]; dup {
-		t.mu.Unlock()
-		failEarly()
-		return fmt.Errorf("spawn %s: a process with this id is still running", sp.ID)
-	}
-	var pid int
+	var errNotStarted error
 	fork := func() error {
-		var err error
-		pid, err = syscall.ForkExec(path, argv, attr)
-		return err
-	}
-	if egress != nil {
-		// Forked on the namespace's thread: the child lives in the
-		// spawn's network namespace, where only the proxy listens.
-		err = egress.Start(fork)
-	} else {
-		err = fork()
-	}
-	if err == nil {
+		execPath, execArgv := path, argv
+		if iso != nil {
+			if err := iso.enter(); err != nil {
+				errNotStarted = fmt.Errorf("spawn %s: isolating the process: %w", sp.ID, err)
+				return errNotStarted
+			}
+			var err error
+			if execPath, execArgv, err = iso.start(cwd, path, argv); err != nil {
+				errNotStarted = fmt.Errorf("spawn %s: %w", sp.ID, err)
+				return errNotStarted
+			}
+		}
+		t.mu.Lock()
+		defer t.mu.Unlock()
+		if t.closing {
+			errNotStarted = fmt.Errorf("spawn %s: the guest is shutting down", sp.ID)
+			return errNotStarted
+		}
+		if _, dup := t.byID[sp.ID]; dup {
+			errNotStarted = fmt.Errorf("spawn %s: a process with this id is still running", sp.ID)
+			return errNotStarted
+		}
+		pid, err := syscall.ForkExec(execPath, execArgv, attr)
+		if err != nil {
+			return err
+		}
 		p.pid = pid
 		t.byID[sp.ID] = p
 		t.byPID[pid] = p
 		t.wg.Add(1)
+		return nil
 	}
-	t.mu.Unlock()
+	switch {
+	case egress != nil:
+		// Forked on the namespace's thread: the child lives in the
+		// spawn's network namespace, where only the proxy listens.
+		err = egress.Start(fork)
+	case iso != nil:
+		err = onOwnThread(fork)
+	default:
+		err = fork()
+	}
 	closeAll(stdinR, stdoutW, stderrW)
 	if err != nil {
 		closeAll(stdinW, stdoutR, stderrR)
 		if egress != nil {
 			egress.Close()
 		}
+		if errNotStarted != nil {
+			return errNotStarted
+		}
 		return fmt.Errorf("spawn %s: starting %s: %w", sp.ID, path, err)
 	}
-	t.a.log.Info("process started", "id", sp.ID, "pid", pid, "command", sp.Command)
+	if iso != nil {
+		t.a.log.Info("process started", "id", sp.ID, "pid", p.pid, "command", sp.Command, "session", iso.session, "uid", iso.id.uid)
+	} else {
+		t.a.log.Info("process started", "id", sp.ID, "pid", p.pid, "command", sp.Command)
+	}
 	go t.run(p)
 	return nil
+}
+
+// isolationFor decides an isolated spawn's set-up: its session (from its
+// working directory or HOME), what of the agent's mounts it sees, its
+// session's uid and the owners its user namespace maps, its user database.
+func (t *processTable) isolationFor(sp protocol.SpawnParams) (*isolation, error) {
+	session := sessionOf(sp.Cwd, sp.Env)
+	binds, owners, err := t.a.mnt.spawnView(session)
+	if err != nil {
+		return nil, err
+	}
+	uid := t.uids.get(session, owners)
+	iso := &isolation{session: session, binds: binds, id: identityFor(uid, owners)}
+	home := "/"
+	if h := path.Join(sessionsDir, session); session != "" && !strings.ContainsAny(h, ":\n") {
+		home = h
+	}
+	if base, err := os.ReadFile("/etc/passwd"); err == nil {
+		iso.passwd = withUser(base, fmt.Sprintf("%s:x:%d:%d:Cowork session:%s:/bin/sh\n", spawnUserName, uid, uid, home))
+	}
+	if base, err := os.ReadFile("/etc/group"); err == nil {
+		iso.group = withUser(base, fmt.Sprintf("%s:x:%d:\n", spawnUserName, uid))
+	}
+	return iso, nil
 }
 
 // run forwards a process's output, stdin, and finally its exit.

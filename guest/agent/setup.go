@@ -40,13 +40,37 @@ func (m *mounter) setup(p protocol.SetupParams) error {
 	if err != nil {
 		return err
 	}
+	for _, mt := range p.System {
+		m.system = append(m.system, mt.Target)
+	}
 	m.setupRan = true
 	return nil
 }
 
 // setupInPlace mounts the system directories on the current root (the VM's
-// initramfs) and creates /sessions.
+// tmpfs root, see leaveRootfs) and creates /sessions.
+//
+// With isolated spawns the root's mounts are made shared first, so that a
+// mount the agent makes later (below a session's home, or the SDK in
+// /usr/local/bin) propagates into the mount namespaces of running spawns,
+// whose copies are its slaves; and the staging directory gets a private
+// tmpfs, so that what is mounted there (the 9p devices' attach roots, with
+// every export) is not shared with anything.
 func (m *mounter) setupInPlace(system []protocol.Mount) error {
+	if m.isolate {
+		if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_SHARED, ""); err != nil {
+			return fmt.Errorf("sharing the guest root's mounts: %w", err)
+		}
+		if err := os.MkdirAll(stagingDir, 0o700); err != nil {
+			return fmt.Errorf("creating the agent's staging directory: %w", err)
+		}
+		if err := unix.Mount("tmpfs", stagingDir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "mode=0700"); err != nil {
+			return fmt.Errorf("mounting the agent's staging directory: %w", err)
+		}
+		if err := unix.Mount("", stagingDir, "", unix.MS_PRIVATE, ""); err != nil {
+			return fmt.Errorf("making the agent's staging directory private: %w", err)
+		}
+	}
 	for _, mt := range system {
 		if err := m.mountAt(mt, mt.Target); err != nil {
 			return fmt.Errorf("system mount %s: %w", mt.Target, err)
