@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"time"
 
 	"github.com/cowork-vmm/cowork-vmm/protocol"
 )
@@ -255,6 +256,30 @@ func (h *Helper) Close(ctx context.Context) error {
 	}
 	wg.Wait()
 	return errors.Join(errs...)
+}
+
+// WaitDelivered waits until every profile's live subscribers have taken
+// every event published so far (those of a profile without a subscriber
+// stay in its backlog), or ctx ends: after Close, so that the exits of the
+// processes it ended reach the client before the connections close.
+func (h *Helper) WaitDelivered(ctx context.Context) {
+	h.mu.Lock()
+	hubs := make([]*Hub, 0, len(h.services))
+	for _, s := range h.services {
+		hubs = append(hubs, s.hub)
+	}
+	h.mu.Unlock()
+	t := time.NewTicker(10 * time.Millisecond)
+	defer t.Stop()
+	for _, hub := range hubs {
+		for !hub.delivered() {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+		}
+	}
 }
 
 // DataDir is where the helper keeps sessions and state.

@@ -93,6 +93,14 @@ func (h *Hub) Subscribe() *Subscription {
 	return &Subscription{hub: h, cursor: start, closed: make(chan struct{})}
 }
 
+// delivered says whether a live subscriber has taken every event
+// published (true as well when none is live: the backlog keeps them).
+func (h *Hub) delivered() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.live == 0 || h.acked >= h.next
+}
+
 // ack records that every event below cursor has been handled. Called with
 // h.mu held.
 func (h *Hub) ack(cursor uint64) {

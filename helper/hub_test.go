@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"strconv"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -154,4 +155,21 @@ func TestHubBacklogIsBoundedInBytes(t *testing.T) {
 	h.mu.Lock()
 	assert.LessOrEqual(t, h.bytes, MaxBacklogBytes)
 	h.mu.Unlock()
+}
+
+// WaitDelivered returns once live subscribers have taken every event; a
+// profile without one keeps its backlog and is not waited for.
+func TestWaitDelivered(t *testing.T) {
+	e := newTestEnv(t)
+	e.s.Publish(ev(0))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	e.h.WaitDelivered(ctx)
+	assert.GreaterOrEqual(t, time.Since(start), 30*time.Millisecond, "the live subscriber has not taken it")
+	assert.Equal(t, []string{"0"}, drain(t, e.sub))
+	e.h.WaitDelivered(context.Background()) // taken: returns at once
+	e.sub.Close()
+	e.s.Publish(ev(1))
+	e.h.WaitDelivered(context.Background()) // nobody live: the backlog keeps it
 }

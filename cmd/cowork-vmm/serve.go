@@ -19,6 +19,10 @@ import (
 // get the helper's grace period, then the guest is stopped.
 const stopTimeout = 20 * time.Second
 
+// deliverTimeout bounds the wait for the last events to reach the
+// subscribers before the connections close.
+const deliverTimeout = 2 * time.Second
+
 // helperMain is `cowork-vmm -socket PATH`, the mode the desktop client uses.
 func helperMain(args []string, stderr io.Writer) int {
 	fs := flagSet("cowork-vmm", stderr)
@@ -89,6 +93,10 @@ func helperMain(args []string, stderr io.Writer) int {
 	if err := svc.Close(stopCtx); err != nil {
 		log.Error("stopping the guest", "err", err)
 	}
+	// The exits of the processes just ended, to the subscribers still there.
+	deliverCtx, cancelDeliver := context.WithTimeout(stopCtx, deliverTimeout)
+	svc.WaitDelivered(deliverCtx)
+	cancelDeliver()
 	if err := srv.Shutdown(stopCtx); err != nil && !errors.Is(err, protocol.ErrServerClosed) {
 		log.Warn("closing client connections", "err", err)
 	}
