@@ -4,22 +4,32 @@
 //
 // It knows nothing of sockets (package protocol serves the client) nor of how
 // a guest is made (the backends: helper/backend/kvm and
-// helper/backend/process). Its files, by what they hold:
+// helper/backend/process). The Helper keeps one Service per client profile
+// (userDataName + userDataRoot) and hands each call to the Service of its
+// profile; a Service holds everything of one profile: its guest, processes,
+// sessions, quota, SDK, token and events. Its files, by what they hold:
 //
-//   - service.go: Options, the Service, method dispatch, configure and the
-//     small methods; backend.go: the Backend and Guest interfaces.
+//   - helper.go: the Helper — profiles and the routing of calls to them (the
+//     connection's configured profile, else the last configured), Close.
+//   - service.go: Options, the Service, method dispatch, configure, createVM
+//     and the small methods; backend.go: the Backend and Guest interfaces.
+//   - state.go: the data directory's layout and state files (what a
+//     restarted helper reloads), saved atomically.
 //   - lifecycle.go: one guest's life — startVM, the agent connection and its
 //     pings, stopVM, guest death — and turning agent events into client
 //     events; agentclient.go: the agent channel's request/reply client.
-//   - hub.go: the event hub with its per-profile backlog.
+//   - hub.go: a profile's event hub with its backlog.
 //   - sessions.go: session names and their host directories; mounts.go: what
 //     is shared with the guest and mounted where (session homes, mountPath,
 //     the SDK), and withdrawing it; spawn.go: spawn and its environment;
 //     processes.go: the process table, kill, writeStdin, isProcessRunning;
-//     readfile.go: readFile; sdk.go: installSdk.
-//   - janitor.go: disk info, deleteSessionDirs, pruneSessionCaches (by
-//     descriptor: session directories are guest-writable).
-//   - network.go: egress (one egress.Server and Registry serving every
+//     readfile.go: readFile (in the guest, or from the host while it is
+//     down); sdk.go: installSdk.
+//   - janitor.go: disk info against the quota, deleteSessionDirs,
+//     pruneSessionCaches (by descriptor: session directories are
+//     guest-writable); disksize.go: the sessions' cached sizes and their
+//     background measures.
+//   - network.go: egress (a profile's egress.Server and Registry serving its
 //     guest's egress listener) and the networkStatus and apiReachability
 //     monitors.
 package helper

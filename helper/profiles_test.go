@@ -59,12 +59,7 @@ func (c *profileConn) mustCall(method string, params, result any) {
 // start boots the profile's guest and returns it.
 func (c *profileConn) start() *fakeGuest {
 	c.t.Helper()
-	c.mustCall("startVM", map[string]any{"bundlePath": "/nonexistent"}, nil)
-	waitFor(c.t, "guest connected", func() bool {
-		var r protocol.IsGuestConnectedResult
-		c.mustCall("isGuestConnected", nil, &r)
-		return r.Connected
-	})
+	startOn(c.t, c.h, c.ctx)
 	c.s.mu.Lock()
 	inst := c.s.guest
 	c.s.mu.Unlock()

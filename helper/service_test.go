@@ -117,13 +117,19 @@ func (e *testEnv) next(types ...string) protocol.Event {
 
 func (e *testEnv) start() *fakeGuest {
 	e.t.Helper()
-	e.mustCall("startVM", map[string]any{"bundlePath": "/nonexistent"}, nil)
-	waitFor(e.t, "guest connected", func() bool {
+	startOn(e.t, e.h, e.ctx)
+	return e.backend.last()
+}
+
+// startOn boots the guest of ctx's profile and waits until it is connected.
+func startOn(t *testing.T, h *Helper, ctx context.Context) {
+	t.Helper()
+	require.NoError(t, callOn(t, h, ctx, "startVM", map[string]any{"bundlePath": "/nonexistent"}, nil))
+	waitFor(t, "guest connected", func() bool {
 		var r protocol.IsGuestConnectedResult
-		e.mustCall("isGuestConnected", nil, &r)
+		require.NoError(t, callOn(t, h, ctx, "isGuestConnected", nil, &r))
 		return r.Connected
 	})
-	return e.backend.last()
 }
 
 func (e *testEnv) spawn(params map[string]any) protocol.SpawnResult {
@@ -389,20 +395,7 @@ func TestSpawnFlow(t *testing.T) {
 	assert.Contains(t, sp.Env, "CLAUDE_CODE_OAUTH_TOKEN=tok")
 	assert.Contains(t, sp.Env, "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
 
-	home, ok := g.agent.mountAt("/sessions/sess")
-	require.True(t, ok)
-	assert.Equal(t, filepath.Join(e.s.sessionsDir, "sess"), home.Source.Path)
-	assert.False(t, home.ReadOnly)
-	assert.DirExists(t, home.Source.Path)
-	m, ok := g.agent.mountAt("/sessions/sess/mnt/work")
-	require.True(t, ok)
-	assert.Equal(t, rwSrc, m.Source.Path)
-	assert.False(t, m.ReadOnly)
-	m, ok = g.agent.mountAt("/sessions/sess/mnt/ro")
-	require.True(t, ok)
-	assert.True(t, m.ReadOnly)
-	_, ok = g.agent.mountAt("/sessions/sess/mnt/.claude/skill")
-	assert.True(t, ok)
+	assertSpawnFlowMounts(t, e, g, rwSrc)
 
 	// Output and exit events come through, validated.
 	g.agent.emit(protocol.Event{Type: protocol.EventStdout, ID: "p1", Data: "out"})
@@ -453,6 +446,25 @@ func TestSpawnFlow(t *testing.T) {
 	e.mustCall("kill", map[string]any{"id": "p2", "signal": "SIGTERM"}, nil) // already exited: fine
 	require.Error(t, e.call("kill", map[string]any{"id": "p3", "signal": "SIGBOGUS"}, nil))
 	require.Error(t, e.call("kill", map[string]any{"id": "nobody", "signal": "SIGTERM"}, nil))
+}
+
+// assertSpawnFlowMounts checks the mounts TestSpawnFlow's first spawn made.
+func assertSpawnFlowMounts(t *testing.T, e *testEnv, g *fakeGuest, rwSrc string) {
+	t.Helper()
+	home, ok := g.agent.mountAt("/sessions/sess")
+	require.True(t, ok)
+	assert.Equal(t, filepath.Join(e.s.sessionsDir, "sess"), home.Source.Path)
+	assert.False(t, home.ReadOnly)
+	assert.DirExists(t, home.Source.Path)
+	m, ok := g.agent.mountAt("/sessions/sess/mnt/work")
+	require.True(t, ok)
+	assert.Equal(t, rwSrc, m.Source.Path)
+	assert.False(t, m.ReadOnly)
+	m, ok = g.agent.mountAt("/sessions/sess/mnt/ro")
+	require.True(t, ok)
+	assert.True(t, m.ReadOnly)
+	_, ok = g.agent.mountAt("/sessions/sess/mnt/.claude/skill")
+	assert.True(t, ok)
 }
 
 // kill takes a signal as a name in any case, with or without SIG, or a

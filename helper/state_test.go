@@ -51,12 +51,7 @@ func TestStateSurvivesARestart(t *testing.T) {
 
 	// The client's calls again; no installSdk, no token: both were kept.
 	ctx := configured(t, h, testProfile, testProfileRoot)
-	require.NoError(t, callOn(t, h, ctx, "startVM", nil, nil))
-	waitFor(t, "guest connected", func() bool {
-		var r protocol.IsGuestConnectedResult
-		require.NoError(t, callOn(t, h, ctx, "isGuestConnected", nil, &r))
-		return r.Connected
-	})
+	startOn(t, h, ctx)
 	g := backend.last()
 	assert.Equal(t, 2048, g.cfg.MemoryMiB)
 	assert.Equal(t, 3, g.cfg.CPUCount)
@@ -108,12 +103,7 @@ func TestRestartWithTheSDKGone(t *testing.T) {
 	backend := &fakeBackend{t: t}
 	h := newHelper(t, data, backend)
 	ctx := configured(t, h, testProfile, testProfileRoot)
-	require.NoError(t, callOn(t, h, ctx, "startVM", nil, nil))
-	waitFor(t, "guest connected", func() bool {
-		var r protocol.IsGuestConnectedResult
-		require.NoError(t, callOn(t, h, ctx, "isGuestConnected", nil, &r))
-		return r.Connected
-	})
+	startOn(t, h, ctx)
 	_, ok := backend.last().agent.mountAt(GuestSDKPath)
 	assert.False(t, ok)
 }

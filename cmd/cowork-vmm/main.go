@@ -121,8 +121,9 @@ Environment:
                        when the kvm backend is unavailable and the variable is unset.
   XDG_RUNTIME_DIR      where the desktop client puts the socket
                        ($XDG_RUNTIME_DIR/claude-cowork-vm.sock)
-  XDG_DATA_HOME        session data lives in $XDG_DATA_HOME/cowork-vmm/sessions
-                       (default ~/.local/share/cowork-vmm/sessions)
+  XDG_DATA_HOME        session data lives in $XDG_DATA_HOME/cowork-vmm/sessions (the first
+                       client profile; others in .../profiles/<id>/sessions), with the
+                       state a restarted helper reloads (default ~/.local/share/cowork-vmm)
 
 Logs go to stderr, one line per notable event (the desktop client keeps them in
 its cowork_vm_node.log).

@@ -79,17 +79,26 @@ func Open(path string) (*Dir, error) {
 // a symlink fails with ELOOP (ENOTDIR as the last component), as does a
 // non-directory (ENOTDIR), a way out of d or across a mount point (EXDEV).
 func (d *Dir) OpenDir(rel string) (*Dir, error) {
-	if rel == "" || strings.HasPrefix(rel, "/") {
-		return nil, d.err("openat2", rel, ErrBadName)
-	}
-	fd, err := retryN(func() (int, error) {
-		how := openHow
-		return unix.Openat2(d.fd, rel, &how)
-	})
+	fd, err := d.openat2(rel, openHow)
 	if err != nil {
-		return nil, d.err("openat2", rel, err)
+		return nil, err
 	}
 	return &Dir{fd: fd, path: d.path + "/" + rel}, nil
+}
+
+// openat2 opens rel, a relative path, beneath d as how says.
+func (d *Dir) openat2(rel string, how unix.OpenHow) (int, error) {
+	if rel == "" || strings.HasPrefix(rel, "/") {
+		return -1, d.err("openat2", rel, ErrBadName)
+	}
+	fd, err := retryN(func() (int, error) {
+		h := how
+		return unix.Openat2(d.fd, rel, &h)
+	})
+	if err != nil {
+		return -1, d.err("openat2", rel, err)
+	}
+	return fd, nil
 }
 
 // Close closes the directory.

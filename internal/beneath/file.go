@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"strings"
 
 	"golang.org/x/sys/unix"
 )
@@ -32,15 +31,9 @@ var fileHow = unix.OpenHow{
 // name that is not a regular file fails with ErrNotRegular, a file over max
 // bytes (also one that grows past it while read) with ErrTooLarge.
 func (d *Dir) ReadFile(rel string, max int64) ([]byte, error) {
-	if rel == "" || strings.HasPrefix(rel, "/") {
-		return nil, d.err("openat2", rel, ErrBadName)
-	}
-	fd, err := retryN(func() (int, error) {
-		how := fileHow
-		return unix.Openat2(d.fd, rel, &how)
-	})
+	fd, err := d.openat2(rel, fileHow)
 	if err != nil {
-		return nil, d.err("openat2", rel, err)
+		return nil, err
 	}
 	f := os.NewFile(uintptr(fd), d.path+"/"+rel)
 	defer f.Close()
