@@ -120,12 +120,13 @@ func (h *Helper) service(key profileKey) (*Service, error) {
 }
 
 // claimDataSessions makes ps, a profile met for the first time, the owner
-// of <data>/sessions if no profile owns it yet and ps is neither the
-// default profile nor stateless; the claim is saved at once. Called with
-// h.mu held.
+// of <data>/sessions if no profile owns it yet and ps is a profile of the
+// desktop client — one with a userDataRoot (not the default profile, nor
+// the client subcommand's) — and the helper is not stateless; the claim is
+// saved at once. Called with h.mu held.
 func (h *Helper) claimDataSessions(ps *profileState) bool {
 	key := ps.key()
-	if h.store == nil || key.isDefault() || h.owner != nil || h.states.unreadable {
+	if h.store == nil || key.root == "" || h.owner != nil || h.states.unreadable {
 		return false
 	}
 	ps.OwnsDataSessions = true

@@ -219,6 +219,14 @@ func (inst *guestInstance) withdrawIfIdle(name string) {
 	}
 }
 
+// mountsSession says whether this guest has mounted anything of a session
+// (now, or withdrawn since).
+func (inst *guestInstance) mountsSession(name string) bool {
+	inst.mountMu.Lock()
+	defer inst.mountMu.Unlock()
+	return len(inst.mounts.inSession(name)) > 0
+}
+
 // remountForRead mounts again, for readFile, the withdrawn mounts of a
 // session that lead to guestPath (its home, then a mount below it), so
 // that a read after the session's last process ended sees what it saw

@@ -228,16 +228,18 @@ func sessionNamesOf(t *testing.T, h *Helper, ctx context.Context) []string {
 	return names
 }
 
-// The first profile the helper meets keeps <data>/sessions (a data
+// The first desktop profile the helper meets keeps <data>/sessions (a data
 // directory from before profiles keeps its sessions), recorded so that a
-// restart gives it to the same profile whoever comes first; the default
-// profile never takes it; every other profile gets a directory of its own.
+// restart gives it to the same profile whoever comes first; a profile
+// without a userDataRoot (the default one, the client subcommand's) never
+// takes it; every other profile gets a directory of its own.
 func TestSessionsLayout(t *testing.T) {
 	data := t.TempDir()
 	writeFile(t, filepath.Join(data, "sessions", "old", "f"), 10) // the single-profile layout
 
 	h := newHelper(t, data, &fakeBackend{t: t})
 	assert.Empty(t, sessionNamesOf(t, h, context.Background()), "the default profile does not take the old sessions")
+	assert.Empty(t, sessionNamesOf(t, h, configured(t, h, "cowork-vmm-client", "")), "nor one without a userDataRoot")
 	a := configured(t, h, "A", "/r")
 	assert.Equal(t, []string{"old"}, sessionNamesOf(t, h, a), "the first profile does")
 	b := configured(t, h, "B", "/r")

@@ -12,8 +12,9 @@ import (
 )
 
 // readFile reads a guest path of a session. While the guest agent is
-// connected it reads there (mounts included). Otherwise — no guest, one
-// booting, one dead, a helper restarted — it reads the session's host
+// connected and has the session mounted, it reads there (mounts included).
+// Otherwise — no guest, one booting, one dead, a helper restarted, a guest
+// the session has not been spawned in yet — it reads the session's host
 // directory, which is what the guest sees at /sessions/<name>, except where
 // a mount covers part of it: mnt/ (where every additionalMounts and
 // mountPath entry goes) and any other target a guest of this profile
@@ -37,10 +38,10 @@ func (s *Service) readFile(_ context.Context, p protocol.ClientReadFileParams) (
 	if err != nil {
 		return protocol.ClientReadFileResult{}, fmt.Errorf("readFile: %w", err)
 	}
-	if inst == nil || !inst.connected.Load() {
+	if inst == nil || !inst.connected.Load() || !inst.mountsSession(session) {
 		content, err := s.readFromHost(session, clean)
 		if err != nil {
-			return protocol.ClientReadFileResult{}, fmt.Errorf("readFile (the guest is not connected; read from the session's host directory): %w", err)
+			return protocol.ClientReadFileResult{}, fmt.Errorf("readFile (from the session's host directory: the guest does not have it): %w", err)
 		}
 		return protocol.ClientReadFileResult{Content: content}, nil
 	}

@@ -80,16 +80,22 @@ func TestReadFileFromTheHostWhileTheGuestIsDown(t *testing.T) {
 	assert.Equal(t, "hello", got)
 }
 
-// While the guest is connected, readFile reads in the guest (where the
-// session's mounts are), not on the host.
-func TestReadFileGoesToTheGuestWhenConnected(t *testing.T) {
+// While the guest is connected and has the session, readFile reads in the
+// guest (where the session's mounts are), not on the host; a session not
+// spawned in this guest yet is read from the host.
+func TestReadFileGoesToTheGuestWhenItHasTheSession(t *testing.T) {
 	e := newTestEnv(t)
 	g := e.start()
-	writeFile(t, filepath.Join(e.s.sessionsDir, "s", "f"), 3)
+	require.NoError(t, os.MkdirAll(filepath.Join(e.s.sessionsDir, "s"), 0o700))
+	require.NoError(t, os.WriteFile(filepath.Join(e.s.sessionsDir, "s", "f"), []byte("from the host"), 0o600))
 	g.agent.mu.Lock()
 	g.agent.files["/sessions/s/f"] = []byte("from the guest")
 	g.agent.mu.Unlock()
 	got, err := e.readFile("s", "/sessions/s/f")
+	require.NoError(t, err)
+	assert.Equal(t, "from the host", got, "the guest has not mounted the session")
+	e.spawn(map[string]any{"id": "p", "name": "s", "command": "sh"})
+	got, err = e.readFile("s", "/sessions/s/f")
 	require.NoError(t, err)
 	assert.Equal(t, "from the guest", got)
 }

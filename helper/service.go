@@ -309,8 +309,8 @@ func (s *Service) Events() *Subscription { return s.hub.Subscribe() }
 func (s *Service) Publish(ev protocol.Event) { s.hub.Publish(ev) }
 
 // Close stops the guest, if any, as stopVM does, ends every egress
-// connection and the size measurements. Calls still work afterwards (the
-// janitor, a later startVM).
+// connection and the size measurements. Calls that need no guest still
+// work afterwards (the janitor, readFile from the host).
 func (s *Service) Close(ctx context.Context) error {
 	err := s.stopVM(ctx)
 	s.egressSrv.Close()

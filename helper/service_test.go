@@ -520,6 +520,7 @@ func TestSpawnRefusals(t *testing.T) {
 func TestReadFile(t *testing.T) {
 	e := newTestEnv(t)
 	g := e.start()
+	e.spawn(map[string]any{"id": "proc-1", "name": "s", "command": "sh"}) // the session is in the guest
 	g.agent.mu.Lock()
 	g.agent.files["/sessions/s/mnt/out/a.bin"] = []byte{0, 1, 2, 0xff}
 	g.agent.mu.Unlock()
@@ -538,7 +539,6 @@ func TestReadFile(t *testing.T) {
 	}
 	require.Error(t, e.call("readFile", map[string]any{"processName": "../s", "filePath": "/sessions/../s/a"}, nil))
 	// A process id where the session name belongs is mapped to its session.
-	e.spawn(map[string]any{"id": "proc-1", "name": "s", "command": "sh"})
 	e.mustCall("readFile", map[string]any{"processName": "proc-1", "filePath": "/sessions/s/mnt/out/a.bin"}, &r)
 	got, _ = base64.StdEncoding.DecodeString(r.Content)
 	assert.Equal(t, []byte{0, 1, 2, 0xff}, got)

@@ -18,10 +18,11 @@ import (
 //
 //	helper.json                  the last profile a configure named (one-shot
 //	                             calls act on it, also after a restart)
-//	sessions/<name>/             the sessions of the first profile the helper
-//	                             met on this data directory (the layout of a
-//	                             helper before profiles, so an upgrade keeps
-//	                             every session where it was)
+//	sessions/<name>/             the sessions of the first profile of the
+//	                             desktop client (one with a userDataRoot) the
+//	                             helper met on this data directory (the layout
+//	                             of a helper before profiles, so an upgrade
+//	                             keeps every session where it was)
 //	profiles/<id>/profile.json   one profile's state: configure's sizing,
 //	                             createVM's disk quota, the installed SDK, the
 //	                             approved OAuth token, and whether it owns
