@@ -82,7 +82,7 @@ func (s *Service) spawn(_ context.Context, p protocol.ClientSpawnParams) (protoc
 		s.log.Warn("spawn: allowedDomains entries ignored (not host names or *.suffix wildcards)", "id", p.ID, "entries", ignored)
 	}
 
-	err = inst.call(protocol.AgentMethodSpawn, protocol.SpawnParams{ID: p.ID, Command: p.Command, Args: p.Args, Cwd: cwd, Env: env, EgressToken: token}, nil)
+	err = inst.call(protocol.AgentMethodSpawn, protocol.SpawnParams{ID: p.ID, Session: p.Name, Command: p.Command, Args: p.Args, Cwd: cwd, Env: env, EgressToken: token}, nil)
 	if err != nil {
 		s.mu.Lock()
 		s.procs.remove(proc)

@@ -1,6 +1,9 @@
 package protocol
 
-import "encoding/json"
+import (
+	"encoding/json"
+	"time"
+)
 
 // The helper ↔ guest-agent channel.
 //
@@ -20,6 +23,13 @@ import "encoding/json"
 //  4. The helper ends the guest with the "shutdown" request; the agent replies,
 //     ends every process (SIGTERM, then SIGKILL after ShutdownParams.GraceMillis)
 //     and then powers off (VM) or exits (process backend).
+//
+// Guest requests (a spawned process asking the desktop client something)
+// ride on the same channel: the agent sends an event of type EventRequest
+// whose ID is the spawn's and whose GuestRequest carries the agent's number
+// for it; the helper answers with the guestResponse request naming that
+// number (GuestResponseParams), after the client's sendGuestResponse or its
+// timeout. See GuestCall for the guest's side.
 
 // AgentVSockPort is the host vsock port the agent dials (guest → host CID 2).
 const AgentVSockPort = 1024
@@ -45,6 +55,13 @@ const (
 	AgentMethodReadFile = "readFile" // ReadFileParams → ReadFileResult
 	AgentMethodPing     = "ping"     // no params → no result
 	AgentMethodShutdown = "shutdown" // ShutdownParams → no result
+	// AgentMethodUnmount removes a mount the agent made (UnmountParams → no
+	// result): a session's mounts that a fresh spawn, or the end of a
+	// oneShot process, leaves behind.
+	AgentMethodUnmount = "unmount"
+	// AgentMethodGuestResponse answers a guest request
+	// (GuestResponseParams → no result; an error when its caller is gone).
+	AgentMethodGuestResponse = "guestResponse"
 )
 
 // AgentFrame is the one envelope on the agent channel.
@@ -131,7 +148,11 @@ type MountParams struct {
 
 // SpawnParams starts one process in the guest.
 type SpawnParams struct {
-	ID      string   `json:"id"`
+	ID string `json:"id"`
+	// Session is the client's spawn name: the session the process belongs
+	// to, whose home is /sessions/<Session>. The helper always sets it (a
+	// name it has validated); an isolated agent refuses a spawn without it.
+	Session string   `json:"session,omitempty"`
 	Command string   `json:"command"`
 	Args    []string `json:"args,omitempty"`
 	Cwd     string   `json:"cwd"`
@@ -169,7 +190,104 @@ type ReadFileResult struct {
 // MaxReadFileBytes keeps a readFile reply, base64-encoded, well under MaxFrameSize.
 const MaxReadFileBytes = 6 * 1024 * 1024
 
+// UnmountParams removes the mount at Target (and any mount below it).
+type UnmountParams struct {
+	Target string `json:"target"`
+}
+
 // ShutdownParams ends the guest.
 type ShutdownParams struct {
 	GraceMillis int `json:"graceMillis"`
+}
+
+// The guest-request channel: a process in the guest asks the desktop client
+// something, and waits for the answer.
+//
+// Every spawn's environment names, in GuestRequestSocketEnv, a Unix stream
+// socket the agent listens on for that spawn only (in an isolated spawn's
+// own /run, which no other spawn sees). A caller connects, sends one
+// GuestCall frame (4-byte BE length + JSON, at most MaxGuestCallBytes),
+// and reads one Response frame ({success, result?} or {success:false,
+// error}); then the connection closes. One call per connection; a caller
+// that hangs up gives up its call. GuestToolPath is this binary inside the
+// guest: `GuestToolPath guest-request METHOD JSON` makes one call.
+//
+// The agent turns a call into an EventRequest event (GuestRequest set); the
+// helper publishes it to the spawn's profile as {type:"request", id, method,
+// params}, with an id of its own, and answers the agent with
+// guestResponse when the client's sendGuestResponse with that id arrives,
+// or with an error when the call's timeout passes first.
+
+// GuestRequestSocketEnv names the guest-request socket in a spawn's
+// environment.
+const GuestRequestSocketEnv = "COWORK_GUEST_REQUEST_SOCKET"
+
+// GuestToolPath is where a spawned process finds this binary (the agent's
+// own executable, bound read-only) in the guest.
+const GuestToolPath = "/run/cowork/bin/cowork-vmm"
+
+// Bounds of the guest-request channel.
+const (
+	// DefaultGuestRequestTimeout is how long a call waits for the client
+	// when it names no timeout; MaxGuestRequestTimeout is the longest it
+	// may name.
+	DefaultGuestRequestTimeout = 5 * time.Minute
+	MaxGuestRequestTimeout     = 30 * time.Minute
+	// MaxGuestRequestParamsBytes bounds a call's params (JSON text).
+	MaxGuestRequestParamsBytes = 1 << 20
+	// MaxGuestCallBytes bounds a GuestCall frame: the params and the rest.
+	MaxGuestCallBytes = MaxGuestRequestParamsBytes + 4096
+	// MaxGuestResponseBytes bounds the result the client answers with.
+	MaxGuestResponseBytes = 4 << 20
+	// MaxGuestRequestMethodLen bounds a call's method name.
+	MaxGuestRequestMethodLen = 256
+	// MaxGuestRequestsPerSession bounds the calls of one session waiting
+	// for the client (the helper's count; the agent also bounds each
+	// spawn's to it).
+	MaxGuestRequestsPerSession = 32
+)
+
+// GuestCall is what a guest process sends on the guest-request socket.
+type GuestCall struct {
+	Method string          `json:"method"`
+	Params json.RawMessage `json:"params,omitempty"`
+	// TimeoutMillis is how long to wait for the client: 0 means
+	// DefaultGuestRequestTimeout; more than MaxGuestRequestTimeout is
+	// MaxGuestRequestTimeout.
+	TimeoutMillis int64 `json:"timeoutMillis,omitempty"`
+}
+
+// Timeout is the call's effective timeout.
+func (c GuestCall) Timeout() time.Duration {
+	return GuestRequestTimeout(c.TimeoutMillis)
+}
+
+// GuestRequestTimeout turns a TimeoutMillis into the timeout it means.
+func GuestRequestTimeout(millis int64) time.Duration {
+	if millis <= 0 {
+		return DefaultGuestRequestTimeout
+	}
+	if millis >= MaxGuestRequestTimeout.Milliseconds() {
+		return MaxGuestRequestTimeout
+	}
+	return time.Duration(millis) * time.Millisecond
+}
+
+// GuestRequest is an EventRequest event's body on the agent channel
+// (Event.GuestRequest): one GuestCall of the spawn Event.ID.
+type GuestRequest struct {
+	// ID is the agent's number for the call, which GuestResponseParams.ID
+	// answers; unique for the agent's life.
+	ID            uint64          `json:"id"`
+	Method        string          `json:"method"`
+	Params        json.RawMessage `json:"params,omitempty"`
+	TimeoutMillis int64           `json:"timeoutMillis,omitempty"`
+}
+
+// GuestResponseParams answers the guest request ID: Error set for a
+// failure, else Result (absent: null).
+type GuestResponseParams struct {
+	ID     uint64          `json:"id"`
+	Result json.RawMessage `json:"result,omitempty"`
+	Error  string          `json:"error,omitempty"`
 }

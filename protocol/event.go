@@ -20,9 +20,12 @@ type Event struct {
 	ID   string `json:"id,omitempty"`
 	Data string `json:"data,omitempty"` // stdout, stderr
 
-	ExitCode     *int   `json:"exitCode,omitempty"` // exit
-	Signal       string `json:"signal,omitempty"`   // exit
-	OOMKillCount *int   `json:"oomKillCount,omitempty"`
+	ExitCode *int   `json:"exitCode,omitempty"` // exit
+	Signal   string `json:"signal,omitempty"`   // exit
+	// OOMKillCount (exit): how many processes the kernel's OOM killer
+	// ended in the spawn's cgroup; absent when the guest cannot tell (no
+	// cgroup of its own). At most MaxOOMKillCount.
+	OOMKillCount *int `json:"oomKillCount,omitempty"`
 
 	Message string `json:"message,omitempty"` // error
 	Fatal   *bool  `json:"fatal,omitempty"`   // error
@@ -32,7 +35,16 @@ type Event struct {
 
 	Method string `json:"method,omitempty"` // request
 	Params any    `json:"params,omitempty"` // request
+
+	// GuestRequest is a request event's body on the agent channel only
+	// (ID is then the spawn's id); the client's request events never carry
+	// it. See GuestRequest.
+	GuestRequest *GuestRequest `json:"guestRequest,omitempty"`
 }
+
+// MaxOOMKillCount bounds an exit's OOMKillCount (a count past it is not
+// passed on): int32's range, exact in the client's JavaScript numbers.
+const MaxOOMKillCount = 1<<31 - 1
 
 // Status values.
 const (

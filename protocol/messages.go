@@ -360,9 +360,45 @@ type IsProcessRunningParams struct {
 // SendGuestResponseParams: sendGuestResponse. ResultJSON is kept raw (the
 // client may send a JSON text as a string, or a value).
 type SendGuestResponseParams struct {
-	ID         string          `json:"id"`
+	ID         GuestRequestID  `json:"id"`
 	ResultJSON json.RawMessage `json:"resultJson,omitempty"`
 	Error      string          `json:"error,omitempty"`
+}
+
+// GuestRequestID is a request event's id as sendGuestResponse sends it
+// back: a JSON string, or a number (an integer: 7, 7.0 and 7e0 are "7"),
+// kept as text. The helper's request ids are decimal integers, so either
+// form of one names it.
+type GuestRequestID string
+
+// UnmarshalJSON implements json.Unmarshaler.
+func (id *GuestRequestID) UnmarshalJSON(b []byte) error {
+	if trimNull(b) == nil {
+		*id = ""
+		return nil
+	}
+	if b = bytes.TrimSpace(b); len(b) > 0 && b[0] == '"' {
+		var s string
+		if err := json.Unmarshal(b, &s); err != nil {
+			return err
+		}
+		*id = GuestRequestID(s)
+		return nil
+	}
+	var num json.Number
+	if err := json.Unmarshal(b, &num); err != nil {
+		return fmt.Errorf("want a string or a number as the id, got %.40s", b)
+	}
+	if v, err := strconv.ParseUint(string(num), 10, 64); err == nil {
+		*id = GuestRequestID(strconv.FormatUint(v, 10))
+		return nil
+	}
+	f, err := strconv.ParseFloat(string(num), 64)
+	if err != nil || f < 0 || f != math.Trunc(f) || f >= 1<<53 {
+		return fmt.Errorf("id %s is not a request id (a non-negative integer)", num)
+	}
+	*id = GuestRequestID(strconv.FormatUint(uint64(f), 10))
+	return nil
 }
 
 // SetDebugLoggingParams: setDebugLogging.

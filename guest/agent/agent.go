@@ -56,6 +56,13 @@ type Options struct {
 	// that pivot_root accepts (the VM after leaveRootfs, or after a NewRoot
 	// setup), and spawns fail until setup has run.
 	IsolateSessions bool
+	// RunDir holds the guest-request sockets of spawns that are not
+	// isolated (an isolated spawn's is in its own /run); default
+	// DefaultRunDir.
+	RunDir string
+	// CgroupRoot is a cgroup2 mount below which each spawn gets a cgroup of
+	// its own, for its exit's oomKillCount (see cgroup.go); "" gives none.
+	CgroupRoot string
 }
 
 // ErrShutdown is returned by Run after a shutdown request was served.
@@ -69,8 +76,10 @@ type agent struct {
 	writeMu sync.Mutex
 	conn    io.ReadWriteCloser
 
-	procs *processTable
-	mnt   *mounter
+	procs    *processTable
+	mnt      *mounter
+	requests *guestRequests // guest requests waiting for the helper
+	cgroups  *cgroups
 
 	shutdownOnce sync.Once
 	shutdownDone chan struct{} // closed after a shutdown request is served
@@ -93,6 +102,9 @@ func Run(ctx context.Context, conn io.ReadWriteCloser, opts Options) error {
 	if opts.OutputDrain <= 0 {
 		opts.OutputDrain = DefaultOutputDrain
 	}
+	if opts.RunDir == "" {
+		opts.RunDir = DefaultRunDir
+	}
 	if opts.Subreaper && os.Getpid() != 1 {
 		if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
 			opts.Logger.Warn("cannot become child subreaper; orphans will not be reaped by the agent", "err", err)
@@ -107,6 +119,9 @@ func Run(ctx context.Context, conn io.ReadWriteCloser, opts Options) error {
 	a.procs = newProcessTable(a)
 	a.mnt = newMounter(a.log, opts.IsolateSessions)
 	defer a.mnt.close()
+	a.requests = newGuestRequests(a)
+	defer a.requests.closeAll()
+	a.cgroups = newCgroups(a.log, opts.CgroupRoot)
 
 	stopReaper := a.procs.startReaper()
 	defer stopReaper()
@@ -267,6 +282,18 @@ func (a *agent) handle(method string, raw json.RawMessage) (any, error) {
 			return nil, err
 		}
 		return nil, a.procs.kill(p.ID, p.Signal)
+	case protocol.AgentMethodUnmount:
+		var p protocol.UnmountParams
+		if err := decodeParams(raw, &p); err != nil {
+			return nil, err
+		}
+		return nil, a.mnt.unmount(p.Target)
+	case protocol.AgentMethodGuestResponse:
+		var p protocol.GuestResponseParams
+		if err := decodeParams(raw, &p); err != nil {
+			return nil, err
+		}
+		return nil, a.requests.answer(p)
 	case protocol.AgentMethodReadFile:
 		var p protocol.ReadFileParams
 		if err := decodeParams(raw, &p); err != nil {

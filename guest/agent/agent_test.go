@@ -23,12 +23,23 @@ import (
 	"github.com/cowork-vmm/cowork-vmm/protocol"
 )
 
-// testAgentEnv makes the test binary act as `cowork-vmm agent` (see TestMain).
-const testAgentEnv = "COWORK_VMM_AGENT_TEST_CHILD"
+// testAgentEnv makes the test binary act as `cowork-vmm agent`, and
+// testGuestRequestEnv as `cowork-vmm guest-request` (see TestMain).
+const (
+	testAgentEnv        = "COWORK_VMM_AGENT_TEST_CHILD"
+	testGuestRequestEnv = "COWORK_VMM_GUEST_REQUEST_TEST_CHILD"
+)
 
 func TestMain(m *testing.M) {
 	if os.Getenv(testAgentEnv) == "1" {
 		os.Exit(ProcessMain(os.Args[1:]))
+	}
+	if os.Getenv(testGuestRequestEnv) == "1" {
+		args := os.Args[1:]
+		if len(args) > 0 && args[0] == "guest-request" { // as GuestToolPath is run
+			args = args[1:]
+		}
+		os.Exit(GuestRequestMain(args, os.Stdout, os.Stderr))
 	}
 	os.Exit(m.Run())
 }
@@ -38,6 +49,7 @@ type procOutput struct {
 	stdout, stderr strings.Builder
 	chunks         []int // sizes of stdout/stderr event data
 	exit           *protocol.Event
+	requests       []protocol.GuestRequest // its guest requests, in order
 }
 
 // testClient is the helper side of the agent channel, for tests.
@@ -76,6 +88,9 @@ func startAgent(t testing.TB, opts Options) *testClient {
 	require.NoError(t, err)
 	agentConn := fileConn(t, fds[0])
 	clientConn := fileConn(t, fds[1])
+	if opts.RunDir == "" {
+		opts.RunDir = t.TempDir()
+	}
 	runErr := make(chan error, 1)
 	go func() { runErr <- Run(context.Background(), agentConn, opts) }()
 	c := newTestClient(t, clientConn)
@@ -142,6 +157,12 @@ func (c *testClient) readLoop() {
 			case protocol.EventStderr:
 				p.stderr.WriteString(ev.Data)
 				p.chunks = append(p.chunks, len(ev.Data))
+			case protocol.EventRequest:
+				if ev.GuestRequest == nil {
+					c.t.Errorf("request event of %s without its guestRequest", ev.ID)
+				} else {
+					p.requests = append(p.requests, *ev.GuestRequest)
+				}
 			case protocol.EventExit:
 				if p.exit != nil {
 					c.t.Errorf("second exit event for %s", ev.ID)
@@ -481,7 +502,7 @@ func startChildAgent(t *testing.T, args []string, extra ...*os.File) *testClient
 	child := os.NewFile(uintptr(fds[0]), "agent-end")
 	exe, err := os.Executable()
 	require.NoError(t, err)
-	cmd := exec.Command(exe, append([]string{"--fd", "3"}, args...)...)
+	cmd := exec.Command(exe, append([]string{"--fd", "3", "--run-dir", t.TempDir()}, args...)...)
 	cmd.Env = append(os.Environ(), testAgentEnv+"=1")
 	cmd.ExtraFiles = append([]*os.File{child}, extra...)
 	cmd.Stderr = os.Stderr

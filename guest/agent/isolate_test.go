@@ -27,25 +27,6 @@ import (
 //go:embed testdata/isolation_probe.py
 var isolationProbe string
 
-func TestSessionOfSpawn(t *testing.T) {
-	for _, c := range []struct {
-		cwd  string
-		env  []string
-		want string
-	}{
-		{"/sessions/a", nil, "a"},
-		{"/sessions/a/mnt/work/sub", []string{"HOME=/sessions/b"}, "a"},
-		{"/work", []string{"PATH=/bin", "HOME=/sessions/run-1"}, "run-1"},
-		{"/sessions/a/../b", nil, "b"},
-		{"/sessions", []string{"HOME=/sessions/"}, ""},
-		{"/sessions/..", []string{"HOME=/root"}, ""},
-		{"", []string{"HOME=relative/sessions/x"}, ""},
-		{"/", []string{"HOME=/sessions/x", "HOME=/sessions/y"}, "y"},
-	} {
-		assert.Equal(t, c.want, sessionOf(c.cwd, c.env), "cwd %q env %q", c.cwd, c.env)
-	}
-}
-
 // TestSpawnRootPlan: an isolated spawn's root binds the system directories
 // and the other mounts outside /sessions once each (what lies below a bind
 // comes with it), and of /sessions only its own session's home.
@@ -139,18 +120,8 @@ func TestChildAgentIsolatesSessions(t *testing.T) {
 	}
 	egressEnd, egress := startEgressStub(t)
 	c := startChildAgent(t, []string{"--isolate-sessions", "--egress-fd", "4"}, egressEnd)
-	var system []protocol.Mount
-	for _, d := range []string{"/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/etc"} {
-		if _, err := os.Lstat(d); err == nil {
-			system = append(system, protocol.Mount{Source: protocol.MountSource{Kind: "bind", Path: d}, Target: d, ReadOnly: true})
-		}
-	}
-	require.NoError(t, c.call(protocol.AgentMethodSetup, protocol.SetupParams{NewRoot: true, System: system}, nil))
-	bind := func(src, target string, ro bool) {
-		t.Helper()
-		require.NoError(t, c.call(protocol.AgentMethodMount, protocol.MountParams{Mount: protocol.Mount{
-			Source: protocol.MountSource{Kind: "bind", Path: src}, Target: target, ReadOnly: ro}}, nil))
-	}
+	c.setupHostSystem()
+	bind := c.bind
 	homeA, homeB, work, ro, late := t.TempDir(), t.TempDir(), t.TempDir(), t.TempDir(), t.TempDir()
 	for _, home := range []string{homeA, homeB} {
 		require.NoError(t, os.Chmod(home, 0o700)) // as the helper makes them
@@ -166,7 +137,7 @@ func TestChildAgentIsolatesSessions(t *testing.T) {
 	spawnIn := func(id, session string, args ...string) {
 		t.Helper()
 		require.NoError(t, c.call(protocol.AgentMethodSpawn, protocol.SpawnParams{
-			ID: id, Command: args[0], Args: args[1:], Cwd: "/sessions/" + session,
+			ID: id, Session: session, Command: args[0], Args: args[1:], Cwd: "/sessions/" + session,
 			Env: []string{"PATH=/usr/bin:/bin", "HOME=/sessions/" + session, "USER=cowork"}, EgressToken: "tok-" + id,
 		}, nil))
 	}
@@ -235,16 +206,21 @@ func TestChildAgentIsolatesSessions(t *testing.T) {
 	// A command and a working directory inside the (0700) session home,
 	// which the child cannot reach before its exec gives it capabilities.
 	require.NoError(t, c.call(protocol.AgentMethodSpawn, protocol.SpawnParams{
-		ID: "inside", Command: "/sessions/a/bin/hello", Args: []string{"x", "y"}, Cwd: "/sessions/a/bin",
+		ID: "inside", Session: "a", Command: "/sessions/a/bin/hello", Args: []string{"x", "y"}, Cwd: "/sessions/a/bin",
 		Env: []string{"PATH=/usr/bin:/bin", "HOME=/sessions/a"},
 	}, nil))
 	p = c.waitExit("inside")
 	assert.Equal(t, "hello x y from /sessions/a/bin\n", p.stdout.String(), p.stderr.String())
 	// A working directory the agent has but the spawn's root has not.
 	err = c.call(protocol.AgentMethodSpawn, protocol.SpawnParams{
-		ID: "elsewhere", Command: "/bin/true", Cwd: hostRootDir, Env: []string{"HOME=/sessions/a"},
+		ID: "elsewhere", Session: "a", Command: "/bin/true", Cwd: hostRootDir, Env: []string{"HOME=/sessions/a"},
 	}, nil)
 	assert.ErrorContains(t, err, "working directory "+hostRootDir)
+	// No session named: refused, not guessed from the working directory.
+	err = c.call(protocol.AgentMethodSpawn, protocol.SpawnParams{
+		ID: "nameless", Command: "/bin/true", Cwd: "/sessions/a", Env: []string{"HOME=/sessions/a"},
+	}, nil)
+	assert.ErrorContains(t, err, "no session given")
 
 	// Spawns of one session share its uid.
 	spawnIn("again", "a", "/usr/bin/id", "-u")
@@ -254,6 +230,26 @@ func TestChildAgentIsolatesSessions(t *testing.T) {
 	require.NoError(t, c.call(protocol.AgentMethodKill, protocol.KillParams{ID: "victim", Signal: "SIGKILL"}, nil))
 	c.waitExit("victim")
 	assert.True(t, slices.Contains([]string{"ENOENT", "EACCES", "EPERM"}, r["agentMem"].(string)), "agentMem %v", r["agentMem"])
+}
+
+// setupHostSystem sets the agent's root up with the host's system
+// directories, read-only, as the helper does.
+func (c *testClient) setupHostSystem() {
+	c.t.Helper()
+	var system []protocol.Mount
+	for _, d := range []string{"/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/etc"} {
+		if _, err := os.Lstat(d); err == nil {
+			system = append(system, protocol.Mount{Source: protocol.MountSource{Kind: protocol.MountKindBind, Path: d}, Target: d, ReadOnly: true})
+		}
+	}
+	require.NoError(c.t, c.call(protocol.AgentMethodSetup, protocol.SetupParams{NewRoot: true, System: system}, nil))
+}
+
+// bind mounts the host path src at target.
+func (c *testClient) bind(src, target string, ro bool) {
+	c.t.Helper()
+	require.NoError(c.t, c.call(protocol.AgentMethodMount, protocol.MountParams{Mount: protocol.Mount{
+		Source: protocol.MountSource{Kind: protocol.MountKindBind, Path: src}, Target: target, ReadOnly: ro}}, nil))
 }
 
 // startEgressStub makes the helper's end of a child agent's --egress-fd

@@ -36,6 +36,8 @@ func ProcessMain(args []string) int {
 	fd := fs.Int("fd", 3, "inherited socket `fd` connected to the helper")
 	egressFD := fs.Int("egress-fd", 0, "inherited SOCK_SEQPACKET socket `fd` to pass egress connections to the helper over (0: spawns get no proxy and no network namespace of their own)")
 	isolate := fs.Bool("isolate-sessions", false, "isolate sessions as the VM does (Options.IsolateSessions): a uid per session and a root with only its session; needs real root of the initial user namespace, so not the process backend (tests)")
+	runDir := fs.String("run-dir", DefaultRunDir, "`directory` of the guest-request sockets of spawns that are not isolated")
+	cgroupRoot := fs.String("cgroup-root", "", "a cgroup2 `mount` below which each spawn gets a cgroup of its own (the process backend has none delegated; tests)")
 	debug := fs.Bool("debug", false, "log debug messages")
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -52,7 +54,7 @@ func ProcessMain(args []string) int {
 		log.Error("agent: the --fd descriptor is not a socket", "fd", *fd, "err", err)
 		return 2
 	}
-	opts := Options{Logger: log, Subreaper: true, IsolateSessions: *isolate}
+	opts := Options{Logger: log, Subreaper: true, IsolateSessions: *isolate, RunDir: *runDir, CgroupRoot: *cgroupRoot}
 	if *egressFD != 0 {
 		if *egressFD < 3 || *egressFD == *fd {
 			log.Error("agent: --egress-fd must name another inherited descriptor (3 or more)", "fd", *egressFD)
@@ -103,7 +105,7 @@ func VMMain() {
 	if err != nil {
 		log.Error("agent: cannot reach the helper over vsock; powering off", "err", err)
 	} else {
-		err = Run(context.Background(), conn, Options{Logger: log, Egress: proxy.VSockDialer{}, IsolateSessions: true})
+		err = Run(context.Background(), conn, Options{Logger: log, Egress: proxy.VSockDialer{}, IsolateSessions: true, CgroupRoot: vmCgroupRoot})
 		if !errors.Is(err, ErrShutdown) {
 			log.Error("agent ended", "err", err)
 		}
@@ -163,8 +165,13 @@ func leaveRootfs() error {
 	return unix.Chdir("/")
 }
 
-// mountKernelFilesystems mounts /proc, /sys, /dev, /dev/pts, /dev/shm and /tmp;
-// failures are logged, not fatal (the helper hears about what is missing).
+// vmCgroupRoot is where the VM's agent mounts cgroup v2 (the spawns'
+// cgroups, cgroup.go).
+const vmCgroupRoot = "/sys/fs/cgroup"
+
+// mountKernelFilesystems mounts /proc, /sys, /sys/fs/cgroup (cgroup v2),
+// /dev, /dev/pts, /dev/shm and /tmp; failures are logged, not fatal (the
+// helper hears about what is missing).
 func mountKernelFilesystems(log *slog.Logger) {
 	for _, m := range []struct {
 		source, target, fstype, data string
@@ -172,6 +179,7 @@ func mountKernelFilesystems(log *slog.Logger) {
 	}{
 		{"proc", "/proc", "proc", "", unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC},
 		{"sysfs", "/sys", "sysfs", "", unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC},
+		{"cgroup2", vmCgroupRoot, "cgroup2", "", unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC},
 		{"devtmpfs", "/dev", "devtmpfs", "mode=0755", unix.MS_NOSUID},
 		{"devpts", "/dev/pts", "devpts", "ptmxmode=0666,mode=0620", unix.MS_NOSUID | unix.MS_NOEXEC},
 		{"tmpfs", "/dev/shm", "tmpfs", "mode=1777", unix.MS_NOSUID | unix.MS_NODEV},

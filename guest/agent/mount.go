@@ -136,7 +136,7 @@ func (m *mounter) checkNinePCaches(mts ...protocol.Mount) error {
 		modes[tag] = nm.cache
 	}
 	for _, mt := range mts {
-		if mt.Source.Kind != "9p" {
+		if mt.Source.Kind != protocol.MountKindNineP {
 			continue
 		}
 		if have, ok := modes[mt.Source.Tag]; ok {
@@ -256,6 +256,44 @@ func (m *mounter) mount(mt protocol.Mount) error {
 	return nil
 }
 
+// unmount removes the mount the agent made at target, and every mount it
+// made below it (a detach takes them along). A target it did not mount is
+// an error; one already gone from the tree is not.
+func (m *mounter) unmount(target string) error {
+	if err := checkGuestPath(target); err != nil {
+		return fmt.Errorf("unmount target: %w", err)
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if _, ok := m.mounts[target]; !ok {
+		return fmt.Errorf("nothing the agent mounted is at %s", target)
+	}
+	if slices.Contains(m.system, target) {
+		return fmt.Errorf("%s is a system mount", target)
+	}
+	// Resolved without symlinks: the path lies in a guest-writable session,
+	// whose directories a guest process could swap for links to another's.
+	fd, err := unix.Openat2(unix.AT_FDCWD, target, &unix.OpenHow{Flags: unix.O_PATH | unix.O_CLOEXEC, Resolve: unix.RESOLVE_NO_SYMLINKS})
+	switch {
+	case errors.Is(err, unix.ENOENT):
+		// Gone from the tree already; forget it below.
+	case err != nil:
+		return fmt.Errorf("unmounting %s: %w", target, err)
+	default:
+		err = unix.Unmount(fmt.Sprintf("/proc/self/fd/%d", fd), unix.MNT_DETACH)
+		unix.Close(fd)
+		if err != nil && !errors.Is(err, unix.EINVAL) {
+			return fmt.Errorf("unmounting %s: %w", target, err)
+		}
+	}
+	for t := range m.mounts {
+		if beneath(t, target) {
+			delete(m.mounts, t)
+		}
+	}
+	return nil
+}
+
 // mountAt performs mt at target (a path in the agent's current root).
 func (m *mounter) mountAt(mt protocol.Mount, target string) error {
 	if mt.SourceFile != "" {
@@ -270,21 +308,21 @@ func (m *mounter) mountAt(mt protocol.Mount, target string) error {
 	}
 	defer closeTarget()
 	switch mt.Source.Kind {
-	case "bind":
+	case protocol.MountKindBind:
 		src, closeSrc, err := m.resolveSource(mt.Source.Path)
 		if err != nil {
 			return err
 		}
 		defer closeSrc()
 		return bindMount(src, pinned, target, mt.ReadOnly, mt.Source.Path)
-	case "9p":
+	case protocol.MountKindNineP:
 		root, err := m.ninePRoot(mt.Source.Tag, mt.Source.Cache)
 		if err != nil {
 			return err
 		}
 		src := fmt.Sprintf("/proc/self/fd/%d/%s", root.Fd(), mt.Source.Aname)
 		return bindMount(src, pinned, target, mt.ReadOnly, mt.Source.Tag+":"+mt.Source.Aname)
-	case "tmpfs":
+	case protocol.MountKindTmpfs:
 		var flags uintptr = unix.MS_NOSUID | unix.MS_NODEV
 		if mt.ReadOnly {
 			flags |= unix.MS_RDONLY
@@ -301,14 +339,14 @@ func (m *mounter) mountAt(mt protocol.Mount, target string) error {
 func (m *mounter) mountFile(mt protocol.Mount, target string) error {
 	var src string
 	switch mt.Source.Kind {
-	case "bind":
+	case protocol.MountKindBind:
 		s, closeSrc, err := m.resolveSource(filepath.Join(mt.Source.Path, mt.SourceFile))
 		if err != nil {
 			return err
 		}
 		defer closeSrc()
 		src = s
-	case "9p":
+	case protocol.MountKindNineP:
 		// Mount the export at a private staging point, bind the file out of
 		// it, then detach the staging mount (the file bind keeps it alive).
 		stage, err := makeStagingDir()
@@ -567,15 +605,15 @@ func validateMount(mt protocol.Mount) error {
 			return fmt.Errorf("mount sourceFile %q must be a plain relative path", mt.SourceFile)
 		}
 	}
-	if mt.Source.Kind != "9p" && mt.Source.Cache != "" {
+	if mt.Source.Kind != protocol.MountKindNineP && mt.Source.Cache != "" {
 		return fmt.Errorf("a %s mount has no cache mode (got %q): only 9p sources do", mt.Source.Kind, mt.Source.Cache)
 	}
 	switch mt.Source.Kind {
-	case "bind":
+	case protocol.MountKindBind:
 		if err := checkGuestPath(mt.Source.Path); err != nil {
 			return fmt.Errorf("bind mount source: %w", err)
 		}
-	case "9p":
+	case protocol.MountKindNineP:
 		for _, v := range []string{mt.Source.Tag, mt.Source.Aname} {
 			if strings.ContainsAny(v, ",\x00") {
 				return fmt.Errorf("9p tag and aname must not contain commas or NUL bytes: %q", v)
@@ -590,7 +628,7 @@ func validateMount(mt protocol.Mount) error {
 		if c := mt.Source.Cache; c != protocol.NinePCacheNone && c != protocol.NinePCacheLoose {
 			return fmt.Errorf("unknown 9p cache mode %q (want %q or none)", c, protocol.NinePCacheLoose)
 		}
-	case "tmpfs":
+	case protocol.MountKindTmpfs:
 		if mt.SourceFile != "" {
 			return errors.New("a tmpfs mount cannot be a single-file mount")
 		}

@@ -8,6 +8,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
 	"github.com/cowork-vmm/cowork-vmm/protocol"
 )
 
@@ -158,4 +161,54 @@ func TestSetupRefusesMixedCacheModesOnOneTag(t *testing.T) {
 	if err := m.checkNinePCaches(sys("/usr", "cowork-sys", protocol.NinePCacheLoose), sys("/sessions/s", "cowork", protocol.NinePCacheNone)); err != nil {
 		t.Errorf("two tags in two cache modes refused: %v", err)
 	}
+}
+
+// TestChildAgentUnmount: unmount removes what the agent mounted (and what
+// it mounted below it), refuses what it did not mount and a path through a
+// symlink, and forgets a target already gone.
+func TestChildAgentUnmount(t *testing.T) {
+	c := startChildAgent(t, nil)
+	src, inner, base := t.TempDir(), t.TempDir(), t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(src, "f"), []byte("mounted\n"), 0o644))
+	require.NoError(t, os.WriteFile(filepath.Join(inner, "g"), []byte("inner\n"), 0o644))
+	target := filepath.Join(base, "s", "mnt", "x")
+	c.bind(src, target, false)
+	c.bind(inner, filepath.Join(target, "in"), true)
+	c.spawn("before", "cat", filepath.Join(target, "f"), filepath.Join(target, "in", "g"))
+	assert.Equal(t, "mounted\ninner\n", c.waitExit("before").stdout.String())
+
+	// Through a symlink (a guest could swap a session's directory for one).
+	require.NoError(t, os.Symlink(filepath.Join(base, "s"), filepath.Join(base, "link")))
+	err := c.call(protocol.AgentMethodUnmount, protocol.UnmountParams{Target: filepath.Join(base, "link", "mnt", "x")}, nil)
+	assert.ErrorContains(t, err, "nothing the agent mounted")
+
+	require.NoError(t, c.call(protocol.AgentMethodUnmount, protocol.UnmountParams{Target: target}, nil))
+	c.spawn("after", "sh", "-c", "ls -A "+target+"; echo end")
+	assert.Equal(t, "end\n", c.waitExit("after").stdout.String(), "the mount and the one below it are gone")
+	err = c.call(protocol.AgentMethodUnmount, protocol.UnmountParams{Target: filepath.Join(target, "in")}, nil)
+	assert.ErrorContains(t, err, "nothing the agent mounted", "forgotten with its parent")
+	err = c.call(protocol.AgentMethodUnmount, protocol.UnmountParams{Target: base}, nil)
+	assert.ErrorContains(t, err, "nothing the agent mounted")
+	err = c.call(protocol.AgentMethodUnmount, protocol.UnmountParams{Target: "relative"}, nil)
+	assert.ErrorContains(t, err, "not an absolute path")
+}
+
+// TestChildAgentUnmountRefusesASwappedPath: a target whose directory was
+// swapped for a symlink since the mount is not unmounted through it.
+func TestChildAgentUnmountRefusesASwappedPath(t *testing.T) {
+	c := startChildAgent(t, nil)
+	src, base := t.TempDir(), t.TempDir()
+	victim := filepath.Join(base, "other", "mnt", "x")
+	c.bind(src, victim, false)
+	target := filepath.Join(base, "own", "mnt", "x")
+	c.bind(src, target, false)
+	// What a guest process can do to its own session: move its mnt away
+	// and point the name at another session's.
+	require.NoError(t, os.Rename(filepath.Join(base, "own", "mnt"), filepath.Join(base, "own", "moved")))
+	require.NoError(t, os.Symlink(filepath.Join(base, "other", "mnt"), filepath.Join(base, "own", "mnt")))
+	err := c.call(protocol.AgentMethodUnmount, protocol.UnmountParams{Target: target}, nil)
+	assert.ErrorContains(t, err, "too many levels of symbolic links")
+	require.NoError(t, os.WriteFile(filepath.Join(src, "f"), nil, 0o644))
+	c.spawn("check", "ls", victim)
+	assert.Equal(t, "f\n", c.waitExit("check").stdout.String(), "the other mount is untouched")
 }

@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
-	"path"
+
 	"path/filepath"
 	"strings"
 	"sync"
@@ -64,6 +64,11 @@ type process struct {
 	// egress is the spawn's proxy (nil without Options.Egress); closed
 	// once the process has exited.
 	egress *proxy.Namespaced
+	// cgroup is the spawn's cgroup (nil without spawn cgroups), read for
+	// the exit's oomKillCount and released after it; endpoint its
+	// guest-request socket (nil if none), closed at the exit.
+	cgroup   *spawnCgroup
+	endpoint *endpoint
 
 	abandonOutput atomic.Bool  // stop forwarding output (drain timeout)
 	lastOutput    atomic.Int64 // unix nanoseconds of the last output read or sent
@@ -81,7 +86,8 @@ type processTable struct {
 	finished chan struct{}  // signalled when a process leaves the table
 	wg       sync.WaitGroup // per-process goroutines
 
-	uids sessionUIDs // isolated spawns' uids by session
+	uids sessionUIDs   // isolated spawns' uids by session
+	seq  atomic.Uint64 // names the guest-request sockets of spawns not isolated
 }
 
 func newProcessTable(a *agent) *processTable {
@@ -145,196 +151,6 @@ func (t *processTable) reapAll() {
 	}
 }
 
-// spawn starts one process: isolated (Options.IsolateSessions, see
-// isolate.go), sandboxed in a fresh user and mount namespace (the process
-// backend, see mounter.sandboxSpawns), or plainly (unit tests).
-func (t *processTable) spawn(sp protocol.SpawnParams) error {
-	if sp.ID == "" || len(sp.ID) > maxProcessIDLen {
-		return fmt.Errorf("spawn needs a process id of 1 to %d bytes", maxProcessIDLen)
-	}
-	if sp.Command == "" {
-		return fmt.Errorf("spawn %s: no command given", sp.ID)
-	}
-	cwd := sp.Cwd
-	if cwd == "" {
-		cwd = "/"
-	}
-	if st, err := os.Stat(cwd); err != nil {
-		return fmt.Errorf("spawn %s: working directory: %w", sp.ID, err)
-	} else if !st.IsDir() {
-		return fmt.Errorf("spawn %s: working directory %s is not a directory", sp.ID, cwd)
-	}
-	path, err := lookPath(sp.Command, sp.Env, cwd)
-	if err != nil {
-		return fmt.Errorf("spawn %s: %w", sp.ID, err)
-	}
-	var iso *isolation
-	if t.a.mnt.isolate {
-		if iso, err = t.isolationFor(sp); err != nil {
-			return fmt.Errorf("spawn %s: %w", sp.ID, err)
-		}
-	}
-
-	stdinR, stdinW, err := os.Pipe()
-	if err != nil {
-		return fmt.Errorf("spawn %s: stdin pipe: %w", sp.ID, err)
-	}
-	stdoutR, stdoutW, err := os.Pipe()
-	if err != nil {
-		closeAll(stdinR, stdinW)
-		return fmt.Errorf("spawn %s: stdout pipe: %w", sp.ID, err)
-	}
-	stderrR, stderrW, err := os.Pipe()
-	if err != nil {
-		closeAll(stdinR, stdinW, stdoutR, stdoutW)
-		return fmt.Errorf("spawn %s: stderr pipe: %w", sp.ID, err)
-	}
-	sys := &syscall.SysProcAttr{Setpgid: true}
-	switch {
-	case iso != nil:
-		sys = iso.sysProcAttr()
-		// The pipes are the process's, so that it may reopen them
-		// (/dev/stdout is /proc/self/fd/1, a pipe of mode 0600).
-		for _, f := range []*os.File{stdinR, stdoutW, stderrW} {
-			if err := unix.Fchown(int(f.Fd()), int(iso.id.uid), int(iso.id.gid)); err != nil {
-				closeAll(stdinR, stdinW, stdoutR, stdoutW, stderrR, stderrW)
-				return fmt.Errorf("spawn %s: handing its pipes over: %w", sp.ID, err)
-			}
-		}
-	case t.a.mnt.sandboxSpawns():
-		// A user namespace nested in ours: the process is root in it but has
-		// no capability over the agent's namespaces, and the mounts it
-		// inherits are locked (the cover over the host root cannot be lifted).
-		sys.Cloneflags = unix.CLONE_NEWUSER | unix.CLONE_NEWNS
-		sys.UidMappings = []syscall.SysProcIDMap{{ContainerID: 0, HostID: 0, Size: 1}}
-		sys.GidMappings = []syscall.SysProcIDMap{{ContainerID: 0, HostID: 0, Size: 1}}
-		sys.GidMappingsEnableSetgroups = false
-	}
-	env := sp.Env
-	var egress *proxy.Namespaced
-	if t.a.opts.Egress != nil {
-		// Fail closed: a spawn that cannot be confined to its proxy does
-		// not run.
-		egress, err = proxy.NewNamespaced(proxy.Config{SpawnID: sp.ID, Token: sp.EgressToken, Dial: t.a.opts.Egress, Logger: t.a.log})
-		if err != nil {
-			closeAll(stdinR, stdinW, stdoutR, stdoutW, stderrR, stderrW)
-			return fmt.Errorf("spawn %s: network sandbox: %w", sp.ID, err)
-		}
-		env = proxy.MergeEnv(env, egress.URL())
-	}
-	attr := &syscall.ProcAttr{
-		Dir:   cwd,
-		Env:   env,
-		Files: []uintptr{stdinR.Fd(), stdoutW.Fd(), stderrW.Fd()},
-		Sys:   sys,
-	}
-	argv := append([]string{sp.Command}, sp.Args...)
-	if iso != nil {
-		// The child's capabilities take effect only with the exec: it
-		// inherits its working directory from the thread instead
-		// (iso.start).
-		attr.Dir = ""
-	}
-
-	p := &process{
-		id:         sp.ID,
-		status:     make(chan unix.WaitStatus, 1),
-		stdinQueue: make(chan []byte, 64),
-		stdin:      stdinW,
-		stdout:     stdoutR,
-		stderr:     stderrR,
-		egress:     egress,
-	}
-	// The table lock is held across the fork so the reaper cannot reap the
-	// pid before it is registered.
-	var errNotStarted error
-	fork := func() error {
-		execPath, execArgv := path, argv
-		if iso != nil {
-			if err := iso.enter(); err != nil {
-				errNotStarted = fmt.Errorf("spawn %s: isolating the process: %w", sp.ID, err)
-				return errNotStarted
-			}
-			var err error
-			if execPath, execArgv, err = iso.start(cwd, path, argv); err != nil {
-				errNotStarted = fmt.Errorf("spawn %s: %w", sp.ID, err)
-				return errNotStarted
-			}
-		}
-		t.mu.Lock()
-		defer t.mu.Unlock()
-		if t.closing {
-			errNotStarted = fmt.Errorf("spawn %s: the guest is shutting down", sp.ID)
-			return errNotStarted
-		}
-		if _, dup := t.byID[sp.ID]; dup {
-			errNotStarted = fmt.Errorf("spawn %s: a process with this id is still running", sp.ID)
-			return errNotStarted
-		}
-		pid, err := syscall.ForkExec(execPath, execArgv, attr)
-		if err != nil {
-			return err
-		}
-		p.pid = pid
-		t.byID[sp.ID] = p
-		t.byPID[pid] = p
-		t.wg.Add(1)
-		return nil
-	}
-	switch {
-	case egress != nil:
-		// Forked on the namespace's thread: the child lives in the
-		// spawn's network namespace, where only the proxy listens.
-		err = egress.Start(fork)
-	case iso != nil:
-		err = onOwnThread(fork)
-	default:
-		err = fork()
-	}
-	closeAll(stdinR, stdoutW, stderrW)
-	if err != nil {
-		closeAll(stdinW, stdoutR, stderrR)
-		if egress != nil {
-			egress.Close()
-		}
-		if errNotStarted != nil {
-			return errNotStarted
-		}
-		return fmt.Errorf("spawn %s: starting %s: %w", sp.ID, path, err)
-	}
-	if iso != nil {
-		t.a.log.Info("process started", "id", sp.ID, "pid", p.pid, "command", sp.Command, "session", iso.session, "uid", iso.id.uid)
-	} else {
-		t.a.log.Info("process started", "id", sp.ID, "pid", p.pid, "command", sp.Command)
-	}
-	go t.run(p)
-	return nil
-}
-
-// isolationFor decides an isolated spawn's set-up: its session (from its
-// working directory or HOME), what of the agent's mounts it sees, its
-// session's uid and the owners its user namespace maps, its user database.
-func (t *processTable) isolationFor(sp protocol.SpawnParams) (*isolation, error) {
-	session := sessionOf(sp.Cwd, sp.Env)
-	binds, owners, err := t.a.mnt.spawnView(session)
-	if err != nil {
-		return nil, err
-	}
-	uid := t.uids.get(session, owners)
-	iso := &isolation{session: session, binds: binds, id: identityFor(uid, owners)}
-	home := "/"
-	if h := path.Join(sessionsDir, session); session != "" && !strings.ContainsAny(h, ":\n") {
-		home = h
-	}
-	if base, err := os.ReadFile("/etc/passwd"); err == nil {
-		iso.passwd = withUser(base, fmt.Sprintf("%s:x:%d:%d:Cowork session:%s:/bin/sh\n", spawnUserName, uid, uid, home))
-	}
-	if base, err := os.ReadFile("/etc/group"); err == nil {
-		iso.group = withUser(base, fmt.Sprintf("%s:x:%d:\n", spawnUserName, uid))
-	}
-	return iso, nil
-}
-
 // run forwards a process's output, stdin, and finally its exit.
 func (t *processTable) run(p *process) {
 	defer t.wg.Done()
@@ -357,17 +173,15 @@ func (t *processTable) run(p *process) {
 		// Background children of the process lose their way out with it.
 		p.egress.Close()
 	}
-
-	ev := protocol.Event{Type: protocol.EventExit, ID: p.id}
-	switch {
-	case ws.Signaled():
-		ev.Signal = signalName(ws.Signal())
-	case ws.Exited():
-		code := ws.ExitStatus()
-		ev.ExitCode = &code
-	default:
-		code := -1
-		ev.ExitCode = &code
+	if p.endpoint != nil {
+		p.endpoint.close()
+	}
+	ev := exitEvent(p.id, ws)
+	if p.cgroup != nil {
+		if n, ok := p.cgroup.oomKills(); ok {
+			ev.OOMKillCount = &n
+		}
+		t.a.cgroups.release(p.cgroup)
 	}
 	t.mu.Lock()
 	delete(t.byID, p.id)
@@ -382,6 +196,23 @@ func (t *processTable) run(p *process) {
 	case t.finished <- struct{}{}:
 	default:
 	}
+}
+
+// exitEvent reports a process's end: its exit code, or the signal that
+// ended it.
+func exitEvent(id string, ws unix.WaitStatus) protocol.Event {
+	ev := protocol.Event{Type: protocol.EventExit, ID: id}
+	switch {
+	case ws.Signaled():
+		ev.Signal = protocol.SignalName(ws.Signal())
+	case ws.Exited():
+		code := ws.ExitStatus()
+		ev.ExitCode = &code
+	default:
+		code := -1
+		ev.ExitCode = &code
+	}
+	return ev
 }
 
 // waitDrained waits until both output pipes reach EOF. If they stay open
@@ -514,7 +345,7 @@ func (t *processTable) stdin(id string, data []byte) error {
 
 // kill signals a process's group.
 func (t *processTable) kill(id, signalName string) error {
-	sig, err := parseSignal(signalName)
+	sig, err := protocol.ParseSignal(signalName)
 	if err != nil {
 		return err
 	}
@@ -611,7 +442,7 @@ func lookPath(command string, env []string, cwd string) (string, error) {
 		}
 		return path, nil
 	}
-	pathVar := "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+	pathVar := protocol.DefaultPath
 	for _, kv := range env {
 		if v, ok := strings.CutPrefix(kv, "PATH="); ok {
 			pathVar = v

@@ -43,8 +43,30 @@ func (m *mounter) setup(p protocol.SetupParams) error {
 	for _, mt := range p.System {
 		m.system = append(m.system, mt.Target)
 	}
+	if err := bindTool(); err != nil {
+		m.log.Warn("spawned processes get no "+protocol.GuestToolPath+" (guest-request)", "err", err)
+	} else {
+		m.system = append(m.system, protocol.GuestToolPath)
+	}
 	m.setupRan = true
 	return nil
+}
+
+// bindTool binds the agent's own executable read-only at
+// protocol.GuestToolPath, where spawned processes find the guest-request
+// command; listed with the system mounts, it is in isolated spawns' roots
+// too. The executable is reached through /proc/self/exe: in the VM it is
+// /init, on the rootfs the agent left (leaveRootfs).
+func bindTool() error {
+	if err := ensureFileTarget(protocol.GuestToolPath); err != nil {
+		return err
+	}
+	pinned, closeTarget, err := pinTarget(protocol.GuestToolPath)
+	if err != nil {
+		return err
+	}
+	defer closeTarget()
+	return bindMount("/proc/self/exe", pinned, protocol.GuestToolPath, true, "the agent's executable")
 }
 
 // setupInPlace mounts the system directories on the current root (the VM's
@@ -110,7 +132,7 @@ func (m *mounter) setupNewRoot(system []protocol.Mount) (err error) {
 	}
 	for _, mt := range system {
 		target := filepath.Join(root, mt.Target)
-		if mt.Source.Kind == "bind" && mt.SourceFile == "" {
+		if mt.Source.Kind == protocol.MountKindBind && mt.SourceFile == "" {
 			// A system "directory" that is a symlink on the host (merged-/usr
 			// /bin -> usr/bin) stays a symlink.
 			if st, lerr := os.Lstat(mt.Source.Path); lerr == nil && st.Mode()&os.ModeSymlink != 0 {
