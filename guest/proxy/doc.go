@@ -3,7 +3,8 @@
 // the helper over a HostDialer (vsock in the VM, passed socketpairs in the
 // process backend) with a protocol.EgressRequest naming the spawn. The
 // helper decides; the proxy turns its answer into HTTP (403 with
-// X-Cowork-Egress: blocked-by-allowlist, 502 for failures) and splices.
+// X-Cowork-Egress: blocked-by-allowlist or blocked-by-address-filter for a
+// refusal, 502 for failures) and splices.
 // Subpackage netns gives each spawn a network namespace with only loopback,
 // so the proxy is its only way out. The spawn's egress token (Config.Token)
 // stays in the proxy, in the agent: the listener a connection arrives on —

@@ -14,6 +14,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/cowork-vmm/cowork-vmm/egress"
 	"github.com/cowork-vmm/cowork-vmm/egress/splice"
 	"github.com/cowork-vmm/cowork-vmm/protocol"
 )
@@ -32,11 +33,14 @@ const (
 	DefaultIdleTimeout      = 10 * time.Minute
 )
 
-// BlockedHeader is set on a refusal by allowedDomains, with value
-// BlockedValue.
+// BlockedHeader is set on a refusal: BlockedValue by allowedDomains,
+// AddressBlockedValue by the helper's address filter (an allowed name that
+// leads to an address the guest may not reach: the host, link-local, a
+// private range). Both are 403s.
 const (
-	BlockedHeader = "X-Cowork-Egress"
-	BlockedValue  = "blocked-by-allowlist"
+	BlockedHeader       = "X-Cowork-Egress"
+	BlockedValue        = "blocked-by-allowlist"
+	AddressBlockedValue = egress.AddressBlockedPrefix
 )
 
 // Config configures one spawn's proxy. SpawnID and Dial are required.
@@ -276,10 +280,14 @@ func (p *Proxy) open(conn net.Conn, t target) (net.Conn, bool) {
 	}
 	if !rep.OK {
 		up.Close()
-		if rep.Blocked {
+		switch {
+		case rep.Blocked:
 			p.log.Debug("egress blocked by allowedDomains", "host", t.host, "port", t.port)
 			writeError(conn, http.StatusForbidden, BlockedValue, BlockedValue+": "+t.host)
-		} else {
+		case strings.HasPrefix(rep.Error, egress.AddressBlockedPrefix):
+			p.log.Debug("egress blocked by the address filter", "host", t.host, "port", t.port)
+			writeError(conn, http.StatusForbidden, AddressBlockedValue, rep.Error)
+		default:
 			writeError(conn, http.StatusBadGateway, "", fmt.Sprintf("egress to %s failed: %s", net.JoinHostPort(t.host, strconv.Itoa(t.port)), rep.Error))
 		}
 		return nil, false

@@ -39,13 +39,19 @@ var names = testResolver{
 	"example.test": true, "evil-example.test": true,
 }
 
-func newServer(t *testing.T, reg *egress.Registry) *egress.Server {
+// newServer serves reg's policies, letting the guest reach loopback (where
+// the test servers are) unless adjust changes the Config.
+func newServer(t *testing.T, reg *egress.Registry, adjust ...func(*egress.Config)) *egress.Server {
 	t.Helper()
-	srv := egress.NewServer(egress.Config{
+	cfg := egress.Config{
 		Lookup:    reg.Lookup,
 		Resolver:  names,
 		AllowAddr: func(a netip.Addr) bool { return a.IsLoopback() },
-	})
+	}
+	for _, f := range adjust {
+		f(&cfg)
+	}
+	srv := egress.NewServer(cfg)
 	t.Cleanup(func() { srv.Close() })
 	return srv
 }
@@ -89,7 +95,7 @@ type env struct {
 	seen     chan *http.Request
 }
 
-func setup(t *testing.T, allowed []string, transport string) *env {
+func setup(t *testing.T, allowed []string, transport string, adjust ...func(*egress.Config)) *env {
 	t.Helper()
 	seen := make(chan *http.Request, 16)
 	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -105,7 +111,7 @@ func setup(t *testing.T, allowed []string, transport string) *env {
 
 	reg := egress.NewRegistry()
 	token, _ := reg.Register("spawn-1", allowed)
-	srv := newServer(t, reg)
+	srv := newServer(t, reg, adjust...)
 	var dialer proxy.HostDialer = pipeDialer{srv}
 	if transport == "fdpass" {
 		dialer = fdpassDialer(t, srv)
@@ -184,6 +190,28 @@ func TestBlockedDomainGets403(t *testing.T) {
 
 	_, err := e.client.Get(e.tlsURL("blocked.test"))
 	require.ErrorContains(t, err, "Forbidden")
+}
+
+// TestAddressFilterRefusalGets403: an allowed name whose address the
+// helper's address filter refuses (here loopback: the host's own) is a 403
+// naming the filter, as an allowlist refusal is, for a plain request and a
+// CONNECT alike; other failures stay 502s.
+func TestAddressFilterRefusalGets403(t *testing.T) {
+	e := setup(t, []string{"allowed.test", "nxdomain.test"}, "pipe", func(c *egress.Config) { c.AllowAddr = nil })
+	status, body, header := get(t, e.client, e.plainURL("allowed.test"))
+	require.Equal(t, http.StatusForbidden, status, body)
+	require.Equal(t, proxy.AddressBlockedValue, header.Get(proxy.BlockedHeader))
+	require.True(t, strings.HasPrefix(body, egress.AddressBlockedPrefix+": allowed.test: "), body)
+	require.Contains(t, body, "127.0.0.1")
+
+	resp := rawConnect(t, e.proxy, e.tlsURL("allowed.test"))
+	require.Equal(t, http.StatusForbidden, resp.status)
+	require.Equal(t, "blocked-by-address-filter", resp.header.Get("X-Cowork-Egress"))
+	require.True(t, strings.HasPrefix(resp.body, egress.AddressBlockedPrefix+": "), resp.body)
+
+	status, _, header = get(t, e.client, "http://nxdomain.test/")
+	require.Equal(t, http.StatusBadGateway, status, "not the filter's refusal")
+	require.Empty(t, header.Get(proxy.BlockedHeader))
 }
 
 func TestWildcard(t *testing.T) {
