@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -179,6 +180,12 @@ type fakeAgent struct {
 	pings     int // pings answered
 	spawnErr  string
 	mountErr  string
+	// unmounts are the targets the helper unmounted, in order.
+	unmounts []string
+	// asked are the guest requests emitted (request) and not yet answered;
+	// answers what guestResponse brought for each.
+	asked   map[uint64]bool
+	answers map[uint64]protocol.GuestResponseParams
 }
 
 func newFakeAgent(conn net.Conn, g *fakeGuest) *fakeAgent {
@@ -189,6 +196,8 @@ func newFakeAgent(conn net.Conn, g *fakeGuest) *fakeAgent {
 		running: map[string]bool{},
 		stdin:   map[string]string{},
 		files:   map[string][]byte{},
+		asked:   map[uint64]bool{},
+		answers: map[uint64]protocol.GuestResponseParams{},
 	}
 }
 
@@ -208,6 +217,39 @@ func (a *fakeAgent) exit(id string, code int) {
 	delete(a.running, id)
 	a.mu.Unlock()
 	a.emit(protocol.Event{Type: protocol.EventExit, ID: id, ExitCode: &code})
+}
+
+// exitOOM reports an exit with an oomKillCount, as the agent does for a
+// spawn with a cgroup.
+func (a *fakeAgent) exitOOM(id string, code, oomKills int) {
+	a.mu.Lock()
+	delete(a.running, id)
+	a.mu.Unlock()
+	a.emit(protocol.Event{Type: protocol.EventExit, ID: id, ExitCode: &code, OOMKillCount: &oomKills})
+}
+
+// request emits a guest request of process id, as the agent does for a
+// call on its guest-request socket.
+func (a *fakeAgent) request(id string, g protocol.GuestRequest) {
+	a.mu.Lock()
+	a.asked[g.ID] = true
+	a.mu.Unlock()
+	a.emit(protocol.Event{Type: protocol.EventRequest, ID: id, GuestRequest: &g})
+}
+
+// answer returns what guestResponse brought for request id, if it came.
+func (a *fakeAgent) answer(id uint64) (protocol.GuestResponseParams, bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	r, ok := a.answers[id]
+	return r, ok
+}
+
+// unmounted returns the targets unmounted so far.
+func (a *fakeAgent) unmounted() []string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return slices.Clone(a.unmounts)
 }
 
 func (a *fakeAgent) serve() {
@@ -265,6 +307,28 @@ func (a *fakeAgent) handle(f protocol.AgentFrame) {
 		}
 		delete(a.running, p.ID)
 		after = func() { a.emit(protocol.Event{Type: protocol.EventExit, ID: p.ID, Signal: p.Signal}) }
+	case protocol.AgentMethodUnmount:
+		var p protocol.UnmountParams
+		_ = json.Unmarshal(f.Params, &p)
+		if _, ok := a.mounts[p.Target]; !ok {
+			reply.Error = "nothing the agent mounted is at " + p.Target
+			break
+		}
+		a.unmounts = append(a.unmounts, p.Target)
+		for t := range a.mounts {
+			if t == p.Target || strings.HasPrefix(t, p.Target+"/") {
+				delete(a.mounts, t)
+			}
+		}
+	case protocol.AgentMethodGuestResponse:
+		var p protocol.GuestResponseParams
+		_ = json.Unmarshal(f.Params, &p)
+		if !a.asked[p.ID] {
+			reply.Error = "no guest request of that id is waiting"
+			break
+		}
+		delete(a.asked, p.ID)
+		a.answers[p.ID] = p
 	case protocol.AgentMethodReadFile:
 		var p protocol.ReadFileParams
 		_ = json.Unmarshal(f.Params, &p)

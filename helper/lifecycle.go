@@ -438,6 +438,9 @@ func (s *Service) stopVM(ctx context.Context) error {
 func (s *Service) onAgentEvent(inst *guestInstance, ev protocol.Event) {
 	switch ev.Type {
 	case protocol.EventStdout, protocol.EventStderr, protocol.EventExit, protocol.EventError:
+	case protocol.EventRequest:
+		s.onGuestRequest(inst, ev)
+		return
 	default:
 		s.log.Debug("agent event of unexpected type dropped", "type", ev.Type)
 		return
@@ -474,9 +477,7 @@ func (s *Service) onAgentEvent(inst *guestInstance, ev protocol.Event) {
 		s.egressReg.Unregister(p.id)
 		s.sizes.stale(p.session) // what it wrote is in the session now
 		out := exitEvent(p)
-		if ev.OOMKillCount != nil && *ev.OOMKillCount >= 0 {
-			out.OOMKillCount = ptr(*ev.OOMKillCount)
-		}
+		out.OOMKillCount = oomKillCount(ev.OOMKillCount)
 		s.mu.Unlock()
 		if p.signal != "" {
 			s.log.Info("process exited", "id", p.id, "session", p.session, "signal", p.signal)
@@ -487,6 +488,7 @@ func (s *Service) onAgentEvent(inst *guestInstance, ev protocol.Event) {
 		// this is the agent's read loop, and a mount in progress holds
 		// mountMu while it waits for the agent's reply.
 		go inst.withdrawIfIdle(p.session)
+		go s.spawnExited(inst, p)
 		s.hub.Publish(out)
 	case protocol.EventError:
 		s.mu.Unlock()

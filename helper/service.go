@@ -393,12 +393,6 @@ func (s *Service) isGuestConnected(context.Context, struct{}) (protocol.IsGuestC
 	return protocol.IsGuestConnectedResult{Connected: inst != nil && inst.connected.Load()}, nil
 }
 
-func (s *Service) sendGuestResponse(_ context.Context, p protocol.SendGuestResponseParams) (empty, error) {
-	// The guest makes no requests yet; accept answers so the client is happy.
-	s.log.Debug("guest response ignored: no guest requests are pending", "id", p.ID)
-	return nil, nil
-}
-
 func (s *Service) setDebugLogging(_ context.Context, p protocol.SetDebugLoggingParams) (empty, error) {
 	if s.opts.LogLevel != nil {
 		if p.Enabled {

@@ -174,7 +174,7 @@ func TestIdleMethods(t *testing.T) {
 	e.mustCall("configure", map[string]any{"userDataName": "p", "userDataRoot": "/r", "memoryMB": 2048, "cpuCount": 3}, nil)
 	e.mustCall("configure", map[string]any{"userDataName": "p", "userDataRoot": "/r", "sessionOnly": true}, nil)
 	e.mustCall("createVM", map[string]any{"bundlePath": "/b", "diskSizeGB": 10}, nil)
-	e.mustCall("sendGuestResponse", map[string]any{"id": "x", "resultJson": "{}"}, nil)
+	assert.ErrorContains(t, e.call("sendGuestResponse", map[string]any{"id": "x", "resultJson": "{}"}, nil), "no guest request", "an id never asked")
 	var drives map[string]any
 	e.mustCall("getNetworkDrives", nil, &drives)
 	assert.Equal(t, map[string]any{"drives": []any{}}, drives)

@@ -4,12 +4,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"maps"
+	"os"
 	"path"
 	"slices"
 	"strings"
+	"sync"
 
 	"github.com/cowork-vmm/cowork-vmm/protocol"
+	"golang.org/x/sys/unix"
 )
 
 // defaultGuestEnv is the environment every process starts from; spawn.env
@@ -54,15 +58,8 @@ func (s *Service) spawn(_ context.Context, p protocol.ClientSpawnParams) (protoc
 	// A process of the session that ends while this one is being set up
 	// must not withdraw the mounts it is about to run in.
 	defer inst.useSession(p.Name)()
-	if err := s.mountSession(inst, p.Name); err != nil {
+	if res.FailedMounts, err = s.prepareSession(inst, p); err != nil {
 		return res, fmt.Errorf("spawn: %w", err)
-	}
-	for _, name := range slices.Sorted(maps.Keys(p.AdditionalMounts)) {
-		m := p.AdditionalMounts[name]
-		if err := s.mountInSession(inst, p.Name, name, m.Path, m.Mode); err != nil {
-			s.log.Warn("mount failed", "session", p.Name, "mount", name, "err", err)
-			res.FailedMounts = append(res.FailedMounts, name)
-		}
 	}
 
 	proc := &process{id: p.ID, session: p.Name, guest: inst, running: true}
@@ -78,6 +75,9 @@ func (s *Service) spawn(_ context.Context, p protocol.ClientSpawnParams) (protoc
 	s.procs.add(proc)
 	token, policy := s.egressReg.Register(p.ID, p.AllowedDomains)
 	s.mu.Unlock()
+	if p.OneShot {
+		oneShots.add(proc)
+	}
 	if ignored := policy.Ignored(); len(ignored) > 0 {
 		s.log.Warn("spawn: allowedDomains entries ignored (not host names or *.suffix wildcards)", "id", p.ID, "entries", ignored)
 	}
@@ -88,13 +88,15 @@ func (s *Service) spawn(_ context.Context, p protocol.ClientSpawnParams) (protoc
 		s.procs.remove(proc)
 		s.egressReg.Unregister(p.ID)
 		s.mu.Unlock()
+		oneShots.take(proc)
 		return res, fmt.Errorf("spawn %s: %w", p.Command, err)
 	}
 	allowed := "all (no allowedDomains)"
 	if !policy.AllowsAll() {
 		allowed = fmt.Sprintf("%d allowedDomains", len(p.AllowedDomains))
 	}
-	s.log.Info("spawned", "id", p.ID, "session", p.Name, "command", p.Command, "failedMounts", len(res.FailedMounts), "egress", allowed)
+	s.log.Info("spawned", "id", p.ID, "session", p.Name, "command", p.Command, "failedMounts", len(res.FailedMounts), "egress", allowed,
+		"isResume", p.IsResume, "oneShot", p.OneShot, "mountSkeletonHome", p.MountSkeletonHome)
 	return res, nil
 }
 
@@ -126,4 +128,304 @@ func (s *Service) spawnEnv(p protocol.ClientSpawnParams) ([]string, error) {
 		out = append(out, k+"="+env[k])
 	}
 	return out, nil
+}
+
+// The spawn flags (docs/PROTOCOL.md "Guest requests and spawn flags").
+//
+// A session's home persists across spawns until deleteSessionDirs: no flag
+// deletes anything in it. What the flags decide is the rest of the
+// session's state in the running guest — the mounts its earlier spawns
+// (additionalMounts, the skeleton's config mounts) and mountPath made:
+//   - isResume: the session goes on as it was: those mounts are all there
+//     again, also the ones withdrawn when its last process ended (a resumed
+//     conversation finds the folders it had), besides this spawn's own.
+//   - no isResume (a fresh start): only this spawn's mounts are there; the
+//     others are unmounted and forgotten — unless another process of the
+//     session still runs in them, which is left alone.
+//   - oneShot: when the process ends and no other of its session runs, the
+//     session's mounts are unmounted and forgotten at once (not kept
+//     withdrawn for a later readFile or resume), the home's too.
+//   - mountSkeletonHome: the home gets /etc/skel's files where it lacks
+//     them, and each additionalMounts entry whose name starts with a dot
+//     (a configuration file or directory: .claude/skills, .gitconfig) is
+//     also mounted at that name in the home, read-only when its mode is ro.
+
+// prepareSession mounts a spawn's session as its flags say and returns the
+// additionalMounts that failed.
+func (s *Service) prepareSession(inst *guestInstance, p protocol.ClientSpawnParams) ([]string, error) {
+	if p.MountSkeletonHome {
+		dir, err := s.ensureSessionDir(p.Name)
+		if err != nil {
+			return nil, err
+		}
+		if err := copySkeleton(skelDir, dir); err != nil {
+			s.log.Warn("the session's home skeleton is incomplete", "session", p.Name, "err", err)
+		}
+	}
+	if err := s.mountSession(inst, p.Name); err != nil {
+		return nil, err
+	}
+	failed := []string{}
+	own := map[string]bool{guestSessionDir(p.Name): true}
+	for _, name := range slices.Sorted(maps.Keys(p.AdditionalMounts)) {
+		m := p.AdditionalMounts[name]
+		targets, err := s.mountSpawnMount(inst, p.Name, name, m, p.MountSkeletonHome)
+		for _, t := range targets {
+			own[t] = true
+		}
+		if err != nil {
+			s.log.Warn("mount failed", "session", p.Name, "mount", name, "err", err)
+			failed = append(failed, name)
+		}
+	}
+	if p.IsResume {
+		inst.restoreSessionMounts(p.Name)
+	} else {
+		inst.dropSessionMounts(p.Name, own, false, 1) // this spawn uses the session
+	}
+	return failed, nil
+}
+
+// mountSpawnMount mounts one additionalMounts entry at mnt/<name>, and with
+// the skeleton home a configuration entry at <name> in the home too; it
+// returns the targets it mounted.
+func (s *Service) mountSpawnMount(inst *guestInstance, session, name string, m protocol.AdditionalMount, skeleton bool) ([]string, error) {
+	if err := s.mountInSession(inst, session, name, m.Path, m.Mode); err != nil {
+		return nil, err
+	}
+	rel, _ := cleanMountName(name) // mountInSession has checked it
+	inMnt := path.Join(guestSessionDir(session), "mnt", rel)
+	targets := []string{inMnt}
+	if !skeleton || !isConfigMount(rel) {
+		return targets, nil
+	}
+	inst.mountMu.Lock()
+	key := inst.mounts.byTarget[inMnt].key
+	inst.mountMu.Unlock()
+	inHome := path.Join(guestSessionDir(session), rel)
+	if err := inst.mount(key.host, inHome, key.readOnly); err != nil {
+		return targets, fmt.Errorf("in the home: %w", err)
+	}
+	return append(targets, inHome), nil
+}
+
+// isConfigMount says whether a mount name (clean, relative) names a
+// configuration file or directory of a home: its first component starts
+// with a dot.
+func isConfigMount(rel string) bool {
+	first, _, _ := strings.Cut(rel, "/")
+	return strings.HasPrefix(first, ".") && first != "." && first != ".."
+}
+
+// isSpawnMount says whether target is one a spawn or mountPath makes in a
+// session: below its mnt, or a configuration entry of its home — not the
+// home itself, nor what else (the run subcommand's --mount) lies below it.
+func isSpawnMount(session, target string) bool {
+	rest, ok := strings.CutPrefix(target, guestSessionDir(session)+"/")
+	if !ok {
+		return false
+	}
+	return strings.HasPrefix(rest, "mnt/") || isConfigMount(rest)
+}
+
+// restoreSessionMounts mounts again the session's spawn mounts that were
+// withdrawn when its last process ended (a resume), outer first.
+func (inst *guestInstance) restoreSessionMounts(session string) {
+	inst.mountMu.Lock()
+	keys := map[string]mountKey{}
+	for _, target := range inst.mounts.inSession(session) {
+		if r := inst.mounts.byTarget[target]; r.withdrawn && isSpawnMount(session, target) {
+			keys[target] = r.key
+		}
+	}
+	inst.mountMu.Unlock()
+	targets := slices.SortedFunc(maps.Keys(keys), func(a, b string) int { return len(a) - len(b) })
+	for _, target := range targets {
+		if err := inst.mount(keys[target].host, target, keys[target].readOnly); err != nil {
+			inst.s.log.Warn("a resumed session's mount could not be made again", "session", session, "target", target, "err", err)
+		}
+	}
+}
+
+// dropSessionMounts unmounts and forgets the session's spawn mounts but
+// those in keep — with all also its home — unless a process of the session
+// is running or more than ownUses calls use it (useSession): another spawn
+// being set up, a readFile. Lock order: mountMu, then Service.mu.
+func (inst *guestInstance) dropSessionMounts(session string, keep map[string]bool, all bool, ownUses int) {
+	inst.mountMu.Lock()
+	defer inst.mountMu.Unlock()
+	if inst.mounts.users[session] > ownUses {
+		return
+	}
+	inst.s.mu.Lock()
+	busy := inst.s.procs.sessionBusy(session)
+	inst.s.mu.Unlock()
+	if busy {
+		return
+	}
+	var targets []string
+	for _, target := range inst.mounts.inSession(session) {
+		if !keep[target] && (isSpawnMount(session, target) || all) {
+			targets = append(targets, target)
+		}
+	}
+	slices.SortFunc(targets, func(a, b string) int { return len(b) - len(a) }) // inner first
+	for _, target := range targets {
+		r := inst.mounts.byTarget[target]
+		if err := inst.call(protocol.AgentMethodUnmount, protocol.UnmountParams{Target: target}, nil); err != nil {
+			inst.s.log.Warn("unmounting a session's mount", "session", session, "target", target, "err", err)
+		}
+		if !r.withdrawn {
+			inst.guest.Unshare(r.src)
+		}
+		delete(inst.mounts.byTarget, target)
+	}
+}
+
+// oneShotProcs holds the running oneShot processes (a process has no field
+// for it).
+type oneShotProcs struct {
+	mu    sync.Mutex
+	procs map[*process]bool
+}
+
+var oneShots = &oneShotProcs{procs: make(map[*process]bool)}
+
+// add records p, dropping the records of guests that have ended (their
+// processes' exits never reach spawnExited).
+func (o *oneShotProcs) add(p *process) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for q := range o.procs {
+		if q.guest.ending.Load() {
+			delete(o.procs, q)
+		}
+	}
+	o.procs[p] = true
+}
+
+// take forgets p and says whether it was a oneShot process.
+func (o *oneShotProcs) take(p *process) bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	was := o.procs[p]
+	delete(o.procs, p)
+	return was
+}
+
+// spawnExited releases what an exited process held beyond its exit: for a
+// oneShot process, its session's mounts (when it was the session's last).
+func (s *Service) spawnExited(inst *guestInstance, p *process) {
+	if oneShots.take(p) {
+		inst.dropSessionMounts(p.session, nil, true, 0)
+	}
+}
+
+// skelDir is the host's home skeleton (mountSkeletonHome).
+var skelDir = "/etc/skel"
+
+// Bounds of a home skeleton's copy.
+const (
+	maxSkelEntries   = 256
+	maxSkelFileBytes = 1 << 20
+	maxSkelDepth     = 8
+)
+
+// copySkeleton copies the regular files and directories of skel into the
+// session directory home, keeping what home has (never overwriting,
+// never following a symlink: the session is guest-writable), modes without
+// set-id bits, at most maxSkelEntries entries of at most maxSkelFileBytes.
+func copySkeleton(skel, home string) error {
+	src, err := unix.Open(skel, unix.O_DIRECTORY|unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if errors.Is(err, unix.ENOENT) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("opening %s: %w", skel, err)
+	}
+	dst, err := unix.Open(home, unix.O_DIRECTORY|unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		unix.Close(src)
+		return fmt.Errorf("opening the session directory: %w", err)
+	}
+	left := maxSkelEntries
+	return copySkelDir(src, dst, 0, &left)
+}
+
+// copySkelDir copies the entries of the directory src into dst and closes
+// both.
+func copySkelDir(src, dst, depth int, left *int) error {
+	dir := os.NewFile(uintptr(src), "skel")
+	defer dir.Close()
+	defer unix.Close(dst)
+	names, err := dir.Readdirnames(maxSkelEntries)
+	if err != nil && !errors.Is(err, io.EOF) {
+		return err
+	}
+	var errs []error
+	for _, name := range names {
+		if *left--; *left < 0 {
+			return errors.New("more than the entries a skeleton may have")
+		}
+		var st unix.Stat_t
+		if err := unix.Fstatat(src, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		perm := uint32(st.Mode & 0o777)
+		switch st.Mode & unix.S_IFMT {
+		case unix.S_IFREG:
+			errs = append(errs, copySkelFile(src, dst, name, perm))
+		case unix.S_IFDIR:
+			if depth < maxSkelDepth {
+				errs = append(errs, copySkelSubdir(src, dst, name, perm, depth, left))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// copySkelSubdir copies the directory name of src into dst, into what dst
+// has at name if that is a directory.
+func copySkelSubdir(src, dst int, name string, perm uint32, depth int, left *int) error {
+	if err := unix.Mkdirat(dst, name, perm); err != nil && !errors.Is(err, unix.EEXIST) {
+		return fmt.Errorf("%s: %w", name, err)
+	}
+	sub, err := unix.Openat(src, name, unix.O_DIRECTORY|unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("%s: %w", name, err)
+	}
+	subDst, err := unix.Openat(dst, name, unix.O_DIRECTORY|unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		unix.Close(sub)
+		return nil // not a directory in the home (a file, a symlink): left as it is
+	}
+	return copySkelDir(sub, subDst, depth+1, left)
+}
+
+// copySkelFile copies the regular file name of src to dst unless dst has
+// that name.
+func copySkelFile(src, dst int, name string, perm uint32) error {
+	in, err := unix.Openat(src, name, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("%s: %w", name, err)
+	}
+	inFile := os.NewFile(uintptr(in), name)
+	defer inFile.Close()
+	out, err := unix.Openat(dst, name, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, perm)
+	if errors.Is(err, unix.EEXIST) {
+		return nil // the home's own
+	}
+	if err != nil {
+		return fmt.Errorf("%s: %w", name, err)
+	}
+	outFile := os.NewFile(uintptr(out), name)
+	_, err = io.Copy(outFile, io.LimitReader(inFile, maxSkelFileBytes))
+	if cerr := outFile.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("%s: %w", name, err)
+	}
+	return nil
 }
