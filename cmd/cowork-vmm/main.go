@@ -41,6 +41,8 @@ func dispatch(args []string, stdout, stderr io.Writer) int {
 		switch args[0] {
 		case "agent":
 			return agent.ProcessMain(args[1:])
+		case "guest-request":
+			return guestRequestMain(args[1:], stdout, stderr)
 		case "run":
 			return runMain(args[1:], stderr)
 		case "client":
