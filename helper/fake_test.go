@@ -308,27 +308,9 @@ func (a *fakeAgent) handle(f protocol.AgentFrame) {
 		delete(a.running, p.ID)
 		after = func() { a.emit(protocol.Event{Type: protocol.EventExit, ID: p.ID, Signal: p.Signal}) }
 	case protocol.AgentMethodUnmount:
-		var p protocol.UnmountParams
-		_ = json.Unmarshal(f.Params, &p)
-		if _, ok := a.mounts[p.Target]; !ok {
-			reply.Error = "nothing the agent mounted is at " + p.Target
-			break
-		}
-		a.unmounts = append(a.unmounts, p.Target)
-		for t := range a.mounts {
-			if t == p.Target || strings.HasPrefix(t, p.Target+"/") {
-				delete(a.mounts, t)
-			}
-		}
+		reply.Error = a.unmountLocked(f.Params)
 	case protocol.AgentMethodGuestResponse:
-		var p protocol.GuestResponseParams
-		_ = json.Unmarshal(f.Params, &p)
-		if !a.asked[p.ID] {
-			reply.Error = "no guest request of that id is waiting"
-			break
-		}
-		delete(a.asked, p.ID)
-		a.answers[p.ID] = p
+		reply.Error = a.answerLocked(f.Params)
 	case protocol.AgentMethodReadFile:
 		var p protocol.ReadFileParams
 		_ = json.Unmarshal(f.Params, &p)
@@ -371,6 +353,36 @@ func (a *fakeAgent) handle(f protocol.AgentFrame) {
 	if after != nil {
 		after()
 	}
+}
+
+// unmountLocked is the unmount method: what is at and below the target
+// goes; the error is the reply's.
+func (a *fakeAgent) unmountLocked(raw json.RawMessage) string {
+	var p protocol.UnmountParams
+	_ = json.Unmarshal(raw, &p)
+	if _, ok := a.mounts[p.Target]; !ok {
+		return "nothing the agent mounted is at " + p.Target
+	}
+	a.unmounts = append(a.unmounts, p.Target)
+	for t := range a.mounts {
+		if t == p.Target || strings.HasPrefix(t, p.Target+"/") {
+			delete(a.mounts, t)
+		}
+	}
+	return ""
+}
+
+// answerLocked is the guestResponse method: the answer to a request asked
+// and not answered yet is kept.
+func (a *fakeAgent) answerLocked(raw json.RawMessage) string {
+	var p protocol.GuestResponseParams
+	_ = json.Unmarshal(raw, &p)
+	if !a.asked[p.ID] {
+		return "no guest request of that id is waiting"
+	}
+	delete(a.asked, p.ID)
+	a.answers[p.ID] = p
+	return ""
 }
 
 func (a *fakeAgent) mountAt(target string) (protocol.Mount, bool) {

@@ -160,30 +160,7 @@ func TestChildAgentIsolatesSessions(t *testing.T) {
 	r := probeResult(t, p.stdout.String())
 	t.Logf("probe: %v", r)
 
-	for _, k := range []string{"agentPtrace", "agentMem", "agentEnviron", "agentFd", "agentRoot",
-		"otherSession", "otherFile", "victimPtrace", "victimEnviron", "victimRoot", "victimSignal"} {
-		assert.NotEqual(t, "ok", r[k], "%s must be refused", k)
-	}
-	assert.Equal(t, "EPERM", r["agentPtrace"])
-	assert.Equal(t, "EPERM", r["victimSignal"], "another session's process is another uid")
-	assert.Equal(t, []any{"a"}, r["sessions"], "only its own session is in /sessions")
-	assert.Equal(t, "ENOENT", r["otherSession"])
-	assert.Equal(t, []any{"EPERM"}, r["mount9p"])
-	assert.Equal(t, "ok", r["nestedUserns"], "user namespaces still work (bubblewrap)")
-	assert.Equal(t, "ok", r["nestedTmpfs"])
-	// EPERM where the kernel has 9p (the VM), ENODEV where it has not.
-	assert.Contains(t, []any{"EPERM", "ENODEV"}, r["nestedMount9p"], "9p cannot be mounted from a user namespace")
-	uid := int(r["uid"].(float64))
-	assert.GreaterOrEqual(t, uid, firstSessionUID)
-	assert.NotEqual(t, victimUID, uid, "two sessions, two uids")
-	assert.Equal(t, spawnUserName, r["user"], "its uid has a passwd entry")
-	for _, k := range []string{"ownWrite", "ownRead", "ownChmod", "stdout", "rwWrite"} {
-		assert.Equal(t, "ok", r[k], k)
-	}
-	assert.Equal(t, "EROFS", r["roWrite"])
-	for _, k := range r["envKeys"].([]any) {
-		assert.NotContains(t, strings.ToUpper(k.(string)), "TOKEN", "no token in the spawn's environment")
-	}
+	uid := assertIsolatedProbe(t, r, victimUID)
 	// Its traffic went through its proxy, which presented its token.
 	assert.Contains(t, r["curl"], "blocked-by-allowlist: somewhere.test")
 	assert.Contains(t, egress.seen(), protocol.EgressRequest{SpawnID: "probe", Token: "tok-probe", Host: "somewhere.test", Port: 80})
@@ -250,6 +227,37 @@ func (c *testClient) bind(src, target string, ro bool) {
 	c.t.Helper()
 	require.NoError(c.t, c.call(protocol.AgentMethodMount, protocol.MountParams{Mount: protocol.Mount{
 		Source: protocol.MountSource{Kind: protocol.MountKindBind, Path: src}, Target: target, ReadOnly: ro}}, nil))
+}
+
+// assertIsolatedProbe checks what the isolation probe of session a found
+// (TestChildAgentIsolatesSessions) and returns its uid.
+func assertIsolatedProbe(t *testing.T, r map[string]any, victimUID int) int {
+	t.Helper()
+	for _, k := range []string{"agentPtrace", "agentMem", "agentEnviron", "agentFd", "agentRoot",
+		"otherSession", "otherFile", "victimPtrace", "victimEnviron", "victimRoot", "victimSignal"} {
+		assert.NotEqual(t, "ok", r[k], "%s must be refused", k)
+	}
+	assert.Equal(t, "EPERM", r["agentPtrace"])
+	assert.Equal(t, "EPERM", r["victimSignal"], "another session's process is another uid")
+	assert.Equal(t, []any{"a"}, r["sessions"], "only its own session is in /sessions")
+	assert.Equal(t, "ENOENT", r["otherSession"])
+	assert.Equal(t, []any{"EPERM"}, r["mount9p"])
+	assert.Equal(t, "ok", r["nestedUserns"], "user namespaces still work (bubblewrap)")
+	assert.Equal(t, "ok", r["nestedTmpfs"])
+	// EPERM where the kernel has 9p (the VM), ENODEV where it has not.
+	assert.Contains(t, []any{"EPERM", "ENODEV"}, r["nestedMount9p"], "9p cannot be mounted from a user namespace")
+	uid := int(r["uid"].(float64))
+	assert.GreaterOrEqual(t, uid, firstSessionUID)
+	assert.NotEqual(t, victimUID, uid, "two sessions, two uids")
+	assert.Equal(t, spawnUserName, r["user"], "its uid has a passwd entry")
+	for _, k := range []string{"ownWrite", "ownRead", "ownChmod", "stdout", "rwWrite"} {
+		assert.Equal(t, "ok", r[k], k)
+	}
+	assert.Equal(t, "EROFS", r["roWrite"])
+	for _, k := range r["envKeys"].([]any) {
+		assert.NotContains(t, strings.ToUpper(k.(string)), "TOKEN", "no token in the spawn's environment")
+	}
+	return uid
 }
 
 // startEgressStub makes the helper's end of a child agent's --egress-fd

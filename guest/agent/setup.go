@@ -127,6 +127,22 @@ func (m *mounter) setupNewRoot(system []protocol.Mount) (err error) {
 			_ = os.Remove(root)
 		}
 	}()
+	if err := m.buildNewRoot(root, system); err != nil {
+		return err
+	}
+
+	// Pivot; the old root lands on hostRootDir.
+	if err := unix.PivotRoot(root, filepath.Join(root, hostRootDir)); err != nil {
+		return fmt.Errorf("pivoting into the new root: %w", err)
+	}
+	pivoted = true
+	return m.coverHostRoot(root)
+}
+
+// buildNewRoot fills the tmpfs mounted at root: the system mounts (a
+// system "directory" that is a symlink on the host stays one), the agent's
+// directories, /tmp, /dev and /proc.
+func (m *mounter) buildNewRoot(root string, system []protocol.Mount) error {
 	if err := unix.Mount("tmpfs", root, "tmpfs", 0, "mode=0755"); err != nil {
 		return fmt.Errorf("mounting the new root's tmpfs: %w", err)
 	}
@@ -170,12 +186,13 @@ func (m *mounter) setupNewRoot(system []protocol.Mount) (err error) {
 	if err := unix.Mount("proc", filepath.Join(root, "proc"), "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
 		return fmt.Errorf("mounting /proc (the agent needs its own PID namespace): %w", err)
 	}
+	return nil
+}
 
-	// Pivot; the old root lands on hostRootDir.
-	if err := unix.PivotRoot(root, filepath.Join(root, hostRootDir)); err != nil {
-		return fmt.Errorf("pivoting into the new root: %w", err)
-	}
-	pivoted = true
+// coverHostRoot runs in the new root, after the pivot from the host root's
+// mount point root: it keeps the host root reachable through m.hostRoot
+// only, under an empty read-only cover, and shares the new root's mounts.
+func (m *mounter) coverHostRoot(root string) error {
 	if err := unix.Chdir("/"); err != nil {
 		return fmt.Errorf("entering the new root: %w", err)
 	}
