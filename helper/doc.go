@@ -21,7 +21,8 @@
 //   - hub.go: a profile's event hub with its backlog.
 //   - sessions.go: session names and their host directories; mounts.go: what
 //     is shared with the guest and mounted where (session homes, mountPath,
-//     the SDK), and withdrawing it; spawn.go: spawn and its environment;
+//     the SDK), and withdrawing it; spawn.go: spawn, its environment and
+//     its flags (isResume, oneShot, mountSkeletonHome);
 //     processes.go: the process table, kill, writeStdin, isProcessRunning;
 //     readfile.go: readFile (in the guest, or from the host while it is
 //     down); sdk.go: installSdk.
@@ -29,6 +30,9 @@
 //     pruneSessionCaches (by descriptor: session directories are
 //     guest-writable); disksize.go: the sessions' cached sizes and their
 //     background measures.
+//   - guestrequest.go: guest requests (the agent's request events, the
+//     client's sendGuestResponse, their timeouts and bounds) and the exits'
+//     oomKillCount.
 //   - network.go: egress (a profile's egress.Server and Registry serving its
 //     guest's egress listener) and the networkStatus and apiReachability
 //     monitors.

@@ -17,6 +17,21 @@
 // non-dumpable. See isolate.go for the design and how the process backend
 // differs.
 //
+// Guest requests (guestrequest.go): every spawn gets a Unix socket of its
+// own, named in its environment (protocol.GuestRequestSocketEnv) — in an
+// isolated spawn's own /run — whose calls become request events to the
+// helper and are answered by its guestResponse; `cowork-vmm guest-request`
+// (guestcall.go), found in the guest at protocol.GuestToolPath, makes one.
+//
+// Cgroups (cgroup.go, Options.CgroupRoot: the VM): every spawn runs in a
+// cgroup v2 of its own below a parent limited under the guest's memory; its
+// exit reports the cgroup's oom_kill count as oomKillCount.
+//
+// Files: agent.go (Run, dispatch), spawn.go (starting a process, step by
+// step), process.go (the process table, reaping, output, stdin, kill),
+// isolate.go, mount.go, setup.go, guestrequest.go, guestcall.go, cgroup.go,
+// utf8chunk.go, main.go (ProcessMain, VMMain), vsock.go.
+//
 // Entry points: Run serves one connection; ProcessMain is the
 // `cowork-vmm agent --fd N [--egress-fd M]` mode of the process backend; VMMain is the PID 1
 // (/init) mode of the VM.

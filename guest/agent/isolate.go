@@ -16,8 +16,11 @@ package agent
 //     later — mountPath — propagate into it), a new /proc mounted
 //     hidepid=invisible (processes it may not ptrace are not there: the
 //     agent, other sessions), /sys read-only, a /dev of its own (null, zero,
-//     full, random, urandom, tty, a new devpts, shm), empty /tmp and /run,
-//     and /etc/passwd and /etc/group with its user added. Then pivot_root
+//     full, random, urandom, tty, a new devpts, shm), an empty /tmp, a /run
+//     holding only its guest-request socket and the agent's executable
+//     (protocol.GuestToolPath), and /etc/passwd and /etc/group with its
+//     user added. Its session is SpawnParams.Session, which the helper
+//     always names (a spawn without it is refused). Then pivot_root
 //     and the agent's tree is detached: other sessions, the 9p devices'
 //     attach roots and the agent's staging directory are not covered up but
 //     absent. The root is made read-only. For this the VM's agent leaves the
@@ -107,32 +110,6 @@ var spawnCaps = []uintptr{unix.CAP_DAC_OVERRIDE, unix.CAP_DAC_READ_SEARCH, unix.
 // file systems for; the agent's mounts at or below /proc and /sys are not
 // carried over.
 var ownKernelDirs = []string{"/proc", "/sys"}
-
-// sessionOf names the session a spawn belongs to: the first component below
-// /sessions of its working directory, else of its HOME ("" for neither).
-// The helper runs every spawn in, or with HOME at, its session's home.
-func sessionOf(cwd string, env []string) string {
-	home := ""
-	for _, kv := range env {
-		if v, ok := strings.CutPrefix(kv, "HOME="); ok {
-			home = v
-		}
-	}
-	for _, p := range []string{cwd, home} {
-		if !path.IsAbs(p) {
-			continue
-		}
-		rest, ok := strings.CutPrefix(path.Clean(p), sessionsDir+"/")
-		if !ok {
-			continue
-		}
-		name, _, _ := strings.Cut(rest, "/")
-		if name != "." && name != ".." && name != "" {
-			return name
-		}
-	}
-	return ""
-}
 
 // beneath says whether p is dir or below it.
 func beneath(p, dir string) bool {
