@@ -157,8 +157,8 @@ func runIn(t *testing.T, h *client, ev *events, id, session, script string, extr
 }
 
 // spawnFlags: without isResume a spawn finds only its own mounts in its
-// session, with isResume also the earlier spawns' (withdrawn since), and
-// the home's files either way; a oneShot process's session keeps none of
+// session, with isResume also the earlier spawns' (withdrawn since, or set
+// aside by a fresh start), and the home's files either way; a oneShot process's session keeps none of
 // its mounts after it; mountSkeletonHome gives the home /etc/skel's files
 // and the configuration mounts, read-only as the client asked. Exits carry
 // no oomKillCount on the process backend (no cgroup of its own there); on
@@ -183,6 +183,8 @@ func spawnFlags(t *testing.T, backend string) {
 	assert.Equal(t, "turn-1\nf \n", out, "a resume finds the home and the earlier spawn's mount")
 	_, out = runIn(t, h, ev, "fresh", "flags", `cat note; `+ls, nil)
 	assert.Equal(t, "turn-1\n\n", out, "a fresh start keeps the home's files, not the earlier mounts")
+	_, out = runIn(t, h, ev, "resumed-again", "flags", ls, map[string]any{"isResume": true})
+	assert.Equal(t, "f \n", out, "the earlier mounts were set aside, not forgotten")
 
 	_, out = runIn(t, h, ev, "once", "oneshot", ls, map[string]any{"oneShot": true, "additionalMounts": mounts})
 	assert.Equal(t, "f \n", out)

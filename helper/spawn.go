@@ -140,11 +140,14 @@ func (s *Service) spawnEnv(p protocol.ClientSpawnParams) ([]string, error) {
 //     again, also the ones withdrawn when its last process ended (a resumed
 //     conversation finds the folders it had), besides this spawn's own.
 //   - no isResume (a fresh start): only this spawn's mounts are there; the
-//     others are unmounted and forgotten — unless another process of the
-//     session still runs in them, which is left alone.
+//     others are unmounted (and withdrawn) — unless another process of the
+//     session still runs in them, which is left alone. They are not
+//     forgotten: readFile still reads through them, a later resume brings
+//     them back.
 //   - oneShot: when the process ends and no other of its session runs, the
-//     session's mounts are unmounted and forgotten at once (not kept
-//     withdrawn for a later readFile or resume), the home's too.
+//     session's mounts, the home's too, are unmounted, withdrawn and
+//     forgotten at once (otherwise they are only withdrawn, kept for a
+//     later readFile or resume).
 //   - mountSkeletonHome: the home gets /etc/skel's files where it lacks
 //     them, and each additionalMounts entry whose name starts with a dot
 //     (a configuration file or directory: .claude/skills, .gitconfig) is
@@ -181,7 +184,7 @@ func (s *Service) prepareSession(inst *guestInstance, p protocol.ClientSpawnPara
 	if p.IsResume {
 		inst.restoreSessionMounts(p.Name)
 	} else {
-		inst.dropSessionMounts(p.Name, own, false, 1) // this spawn uses the session
+		inst.retireSessionMounts(p.Name, own)
 	}
 	return failed, nil
 }
@@ -247,38 +250,76 @@ func (inst *guestInstance) restoreSessionMounts(session string) {
 	}
 }
 
-// dropSessionMounts unmounts and forgets the session's spawn mounts but
-// those in keep — with all also its home — unless a process of the session
-// is running or more than ownUses calls use it (useSession): another spawn
-// being set up, a readFile. Lock order: mountMu, then Service.mu.
-func (inst *guestInstance) dropSessionMounts(session string, keep map[string]bool, all bool, ownUses int) {
-	inst.mountMu.Lock()
-	defer inst.mountMu.Unlock()
+// sessionIdle says whether no process of the session runs and no more
+// than ownUses calls use it (useSession): another spawn being set up, a
+// readFile. The caller holds mountMu (lock order: mountMu, then
+// Service.mu).
+func (inst *guestInstance) sessionIdle(session string, ownUses int) bool {
 	if inst.mounts.users[session] > ownUses {
-		return
+		return false
 	}
 	inst.s.mu.Lock()
-	busy := inst.s.procs.sessionBusy(session)
-	inst.s.mu.Unlock()
-	if busy {
+	defer inst.s.mu.Unlock()
+	return !inst.s.procs.sessionBusy(session)
+}
+
+// retireSessionMounts takes the session's spawn mounts but those in keep
+// out of the guest (unmounted, and withdrawn) for a fresh start, unless the
+// session is in use by more than this spawn. Their records stay: readFile
+// and a later resume make them again.
+func (inst *guestInstance) retireSessionMounts(session string, keep map[string]bool) {
+	inst.mountMu.Lock()
+	defer inst.mountMu.Unlock()
+	if !inst.sessionIdle(session, 1) { // this spawn uses the session
 		return
 	}
-	var targets []string
-	for _, target := range inst.mounts.inSession(session) {
-		if !keep[target] && (isSpawnMount(session, target) || all) {
-			targets = append(targets, target)
-		}
-	}
-	slices.SortFunc(targets, func(a, b string) int { return len(b) - len(a) }) // inner first
-	for _, target := range targets {
+	for _, target := range inst.sessionTargets(session, func(t string) bool { return !keep[t] && isSpawnMount(session, t) }) {
 		r := inst.mounts.byTarget[target]
-		if err := inst.call(protocol.AgentMethodUnmount, protocol.UnmountParams{Target: target}, nil); err != nil {
-			inst.s.log.Warn("unmounting a session's mount", "session", session, "target", target, "err", err)
+		inst.unmountInGuest(session, target)
+		if !r.withdrawn {
+			inst.guest.Unshare(r.src)
 		}
+		inst.mounts.byTarget[target] = mountRecord{key: r.key, withdrawn: true}
+	}
+}
+
+// releaseSession unmounts, withdraws and forgets every mount of an idle
+// session, its home's too (a oneShot process's end): the next spawn mounts
+// afresh, readFile reads the home from the host.
+func (inst *guestInstance) releaseSession(session string) {
+	inst.mountMu.Lock()
+	defer inst.mountMu.Unlock()
+	if !inst.sessionIdle(session, 0) {
+		return
+	}
+	for _, target := range inst.sessionTargets(session, func(string) bool { return true }) {
+		r := inst.mounts.byTarget[target]
+		inst.unmountInGuest(session, target)
 		if !r.withdrawn {
 			inst.guest.Unshare(r.src)
 		}
 		delete(inst.mounts.byTarget, target)
+	}
+}
+
+// sessionTargets lists the session's mount targets that pick keeps, inner
+// first. The caller holds mountMu.
+func (inst *guestInstance) sessionTargets(session string, pick func(string) bool) []string {
+	var targets []string
+	for _, target := range inst.mounts.inSession(session) {
+		if pick(target) {
+			targets = append(targets, target)
+		}
+	}
+	slices.SortFunc(targets, func(a, b string) int { return len(b) - len(a) })
+	return targets
+}
+
+// unmountInGuest has the agent unmount target (a failure is logged: the
+// mount is withdrawn on the host side anyway).
+func (inst *guestInstance) unmountInGuest(session, target string) {
+	if err := inst.call(protocol.AgentMethodUnmount, protocol.UnmountParams{Target: target}, nil); err != nil {
+		inst.s.log.Warn("unmounting a session's mount in the guest", "session", session, "target", target, "err", err)
 	}
 }
 
@@ -317,7 +358,7 @@ func (o *oneShotProcs) take(p *process) bool {
 // oneShot process, its session's mounts (when it was the session's last).
 func (s *Service) spawnExited(inst *guestInstance, p *process) {
 	if oneShots.take(p) {
-		inst.dropSessionMounts(p.session, nil, true, 0)
+		inst.releaseSession(p.session)
 	}
 }
 

@@ -24,9 +24,10 @@ func sharedCount(g *fakeGuest, host string) int {
 }
 
 // TestSpawnFreshVersusResume: a spawn without isResume finds only its own
-// mounts in its session (the earlier spawn's are unmounted and forgotten);
-// with isResume it finds the earlier ones too, made again after their
-// withdrawal; the home's files persist either way.
+// mounts in its session (the earlier spawn's are unmounted and withdrawn,
+// not forgotten: readFile and a later resume make them again); with
+// isResume it finds the earlier ones too; the home's files persist either
+// way.
 func TestSpawnFreshVersusResume(t *testing.T) {
 	e := newTestEnv(t)
 	g := e.start()
@@ -47,19 +48,31 @@ func TestSpawnFreshVersusResume(t *testing.T) {
 	g.agent.exit("resumed", 0)
 	e.next(protocol.EventExit)
 
+	unshared := len(waitUnshares(t, g, 4)) // resumed's exit withdrew both again
 	e.spawn(map[string]any{"id": "fresh", "name": "s", "command": "sh"})
 	assert.Equal(t, []string{"/sessions/s/mnt/work"}, g.agent.unmounted(), "a fresh start unmounts what it did not ask for")
 	_, ok = g.agent.mountAt("/sessions/s/mnt/work")
 	assert.False(t, ok)
 	assert.Equal(t, 2, sharedCount(g, work), "and does not share it again")
+	assertNoMoreUnshares(t, g, unshared) // withdrawn already
 	b, err := os.ReadFile(filepath.Join(home, "transcript"))
 	require.NoError(t, err)
 	assert.Equal(t, "turn 1\n", string(b), "the home persists")
+
+	// Not forgotten: readFile reads through it, made again.
+	g.agent.mu.Lock()
+	g.agent.files["/sessions/s/mnt/work/out"] = []byte("out\n")
+	g.agent.mu.Unlock()
+	var r protocol.ClientReadFileResult
+	e.mustCall("readFile", map[string]any{"processName": "s", "filePath": "/sessions/s/mnt/work/out"}, &r)
+	assert.Equal(t, "out\n", string(r.Content))
+	assert.Equal(t, 3, sharedCount(g, work))
 	g.agent.exit("fresh", 0)
 	e.next(protocol.EventExit)
 
 	e.spawn(map[string]any{"id": "resumed-again", "name": "s", "command": "sh", "isResume": true})
-	assert.Equal(t, 2, sharedCount(g, work), "forgotten: nothing to resume")
+	_, ok = g.agent.mountAt("/sessions/s/mnt/work")
+	assert.True(t, ok, "a later resume brings it back")
 }
 
 // TestSpawnFreshLeavesARunningSessionAlone: a fresh spawn in a session
