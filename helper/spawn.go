@@ -58,9 +58,11 @@ func (s *Service) spawn(_ context.Context, p protocol.ClientSpawnParams) (protoc
 	// A process of the session that ends while this one is being set up
 	// must not withdraw the mounts it is about to run in.
 	defer inst.useSession(p.Name)()
-	if res.FailedMounts, err = s.prepareSession(inst, p); err != nil {
+	failed, err := s.prepareSession(inst, p)
+	if err != nil {
 		return res, fmt.Errorf("spawn: %w", err)
 	}
+	res.FailedMounts = failed
 
 	proc := &process{id: p.ID, session: p.Name, guest: inst, running: true}
 	s.mu.Lock()
