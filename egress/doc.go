@@ -17,7 +17,7 @@
 //	  else: address filter on IP literals → CONNECT host:port via the upstream proxy
 //	→ EgressReply → splice
 //
-// Wiring: the helper owns one Registry and one Server; it registers each
+// Wiring: each of the helper's profiles owns one Registry and one Server; it registers each
 // spawn before asking the agent to start it (the token goes to the agent
 // with the spawn) and unregisters it on exit; each guest's egress listener
 // (vsock.Device.Listen(protocol.EgressVSockPort), or fdpass.NewListener on

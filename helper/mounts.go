@@ -200,13 +200,7 @@ func (inst *guestInstance) useSession(name string) (done func()) {
 func (inst *guestInstance) withdrawIfIdle(name string) {
 	inst.mountMu.Lock()
 	defer inst.mountMu.Unlock()
-	if inst.mounts.users[name] > 0 {
-		return
-	}
-	inst.s.mu.Lock()
-	busy := inst.s.procs.sessionBusy(name)
-	inst.s.mu.Unlock()
-	if busy {
+	if !inst.sessionIdle(name, 0) {
 		return
 	}
 	for _, target := range inst.mounts.inSession(name) {

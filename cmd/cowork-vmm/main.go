@@ -99,6 +99,9 @@ Usage:
                                          (cowork-vmm client --help for its flags)
   cowork-vmm agent [--fd N] [--egress-fd M] [--debug]
                                          the guest agent (started by the process backend)
+  cowork-vmm guest-request [--timeout D] METHOD [JSON]
+                                         inside a guest: ask the desktop client (a request
+                                         event; its sendGuestResponse is printed)
   cowork-vmm bench [--runs N] [--out DIR] time a guest start, phase by phase, beside qemu
                                          (report.md, report.json, report.svg in DIR)
   cowork-vmm doctor [--json] [--boot]    check what this host can run, with a fix for each problem
