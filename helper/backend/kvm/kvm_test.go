@@ -247,7 +247,7 @@ func exerciseGuest(t *testing.T, g helper.Guest, a *agentConn) {
 		`if echo x > /sessions/t/mnt/ro/nope 2>/dev/null; then echo ro-writable; else echo ro-refused; fi; uname -r; ` +
 		`grep -q '^` + SystemMountTag + ` /usr 9p ro,.*loose' /proc/mounts && echo usr-cached; ` +
 		`grep -q '^` + MountTag + ` /sessions/t/mnt/work 9p rw,' /proc/mounts && ! grep '/sessions/t/mnt/work ' /proc/mounts | grep -q loose && echo work-uncached`
-	spawn := protocol.SpawnParams{ID: "p1", Command: "/bin/sh", Args: []string{"-c", script}, Cwd: "/sessions/t",
+	spawn := protocol.SpawnParams{ID: "p1", Session: "t", Command: "/bin/sh", Args: []string{"-c", script}, Cwd: "/sessions/t",
 		Env: []string{"PATH=/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin"}}
 	if err := a.call(protocol.AgentMethodSpawn, spawn); err != nil {
 		t.Fatalf("spawn: %v", err)
@@ -267,7 +267,7 @@ func exerciseGuest(t *testing.T, g helper.Guest, a *agentConn) {
 	if err := os.WriteFile(filepath.Join(host, "in.txt"), []byte("edited on the host, longer than before\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	reread := protocol.SpawnParams{ID: "p2", Command: "/bin/cat", Args: []string{"/sessions/t/mnt/work/in.txt"}, Cwd: "/sessions/t",
+	reread := protocol.SpawnParams{ID: "p2", Session: "t", Command: "/bin/cat", Args: []string{"/sessions/t/mnt/work/in.txt"}, Cwd: "/sessions/t",
 		Env: spawn.Env}
 	if err := a.call(protocol.AgentMethodSpawn, reread); err != nil {
 		t.Fatalf("spawn: %v", err)
