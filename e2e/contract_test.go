@@ -146,8 +146,17 @@ func (e *events) waitOutput(id, want string) {
 // TestContractTwoProfiles: two profiles on one helper, the same session
 // name and process id in each. A's stopVM and deleteSessionDirs leave B's
 // process and directories alone; neither sees the other's events.
-func TestContractTwoProfiles(t *testing.T) {
-	backend := e2eBackend(t)
+func TestContractTwoProfiles(t *testing.T) { contractTwoProfiles(t, e2eBackend(t)) }
+
+// TestKVMContractTwoProfiles is TestContractTwoProfiles on the kvm backend
+// (TestNestedKVMContract runs it in the harness where this KVM cannot
+// boot Linux).
+func TestKVMContractTwoProfiles(t *testing.T) {
+	contractTwoProfiles(t, kvmBackend(t, "TestNestedKVMContract"))
+	recordBoot(t)
+}
+
+func contractTwoProfiles(t *testing.T, backend string) {
 	h := startHelper(t, backend)
 	a, b := profilePipe(t, h.socket, "contract-A"), profilePipe(t, h.socket, "contract-B")
 	evA, evB := subscribeProfile(t, h.socket, "contract-A"), subscribeProfile(t, h.socket, "contract-B")
@@ -228,8 +237,17 @@ func (d diskInfo) size(name string) int64 {
 // TestContractDiskQuota: createVM's diskSizeGB is the profile's quota,
 // which getSessionsDiskInfo reports against; below lowWaterBytes a session
 // that is still being written is measured afresh before the answer.
-func TestContractDiskQuota(t *testing.T) {
-	backend := e2eBackend(t)
+func TestContractDiskQuota(t *testing.T) { contractDiskQuota(t, e2eBackend(t)) }
+
+// TestKVMContractDiskQuota is TestContractDiskQuota on the kvm backend
+// (TestNestedKVMContract runs it in the harness where this KVM cannot
+// boot Linux).
+func TestKVMContractDiskQuota(t *testing.T) {
+	contractDiskQuota(t, kvmBackend(t, "TestNestedKVMContract"))
+	recordBoot(t)
+}
+
+func contractDiskQuota(t *testing.T, backend string) {
 	h := startHelper(t, backend)
 	c := profilePipe(t, h.socket, "contract-quota")
 	ev := subscribeProfile(t, h.socket, "contract-quota")
@@ -257,8 +275,17 @@ func TestContractDiskQuota(t *testing.T) {
 // another on the same socket and data directory, as the client does; the
 // client's retried calls succeed, nothing stale is reported, and what the
 // client set before (SDK, token, quota) is still in force.
-func TestContractRestart(t *testing.T) {
-	backend := e2eBackend(t)
+func TestContractRestart(t *testing.T) { contractRestart(t, e2eBackend(t)) }
+
+// TestKVMContractRestart is TestContractRestart on the kvm backend
+// (TestNestedKVMContract runs it in the harness where this KVM cannot
+// boot Linux).
+func TestKVMContractRestart(t *testing.T) {
+	contractRestart(t, kvmBackend(t, "TestNestedKVMContract"))
+	recordBoot(t)
+}
+
+func contractRestart(t *testing.T, backend string) {
 	dirs := newHelperDirs(t, backend)
 	first := dirs.start(t)
 	c := profilePipe(t, dirs.socket, "contract-restart")
@@ -336,8 +363,17 @@ func waitGone(t *testing.T, pid int, what string) {
 // guest cleanly — the process gets SIGTERM, its exit is sent — while its
 // log has nowhere to go (SIGPIPE must not kill it), removes the socket and
 // exits. The guest's processes do not inherit the helper's ignored SIGPIPE.
-func TestContractClientGone(t *testing.T) {
-	backend := e2eBackend(t)
+func TestContractClientGone(t *testing.T) { contractClientGone(t, e2eBackend(t)) }
+
+// TestKVMContractClientGone is TestContractClientGone on the kvm backend
+// (TestNestedKVMContract runs it in the harness where this KVM cannot
+// boot Linux).
+func TestKVMContractClientGone(t *testing.T) {
+	contractClientGone(t, kvmBackend(t, "TestNestedKVMContract"))
+	recordBoot(t)
+}
+
+func contractClientGone(t *testing.T, backend string) {
 	dirs := newHelperDirs(t, backend)
 	stdinR, stdinW, err := os.Pipe()
 	require.NoError(t, err)

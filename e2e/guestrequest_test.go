@@ -43,10 +43,11 @@ func TestKVMSpawnFlags(t *testing.T) {
 	recordBoot(t)
 }
 
-// TestNestedKVMContract runs TestKVMGuestRequest and TestKVMSpawnFlags
-// inside the nested harness, like TestNestedKVMClientFlow.
+// TestNestedKVMContract runs the kvm forms of the contract tests
+// (TestKVMGuestRequest, TestKVMSpawnFlags, TestKVMContract*) inside the
+// nested harness, like TestNestedKVMClientFlow.
 func TestNestedKVMContract(t *testing.T) {
-	runNestedKVM(t, "^(TestKVMGuestRequest|TestKVMSpawnFlags)$", 15*time.Minute)
+	runNestedKVM(t, "^(TestKVMGuestRequest|TestKVMSpawnFlags|TestKVMContract.*)$", 25*time.Minute)
 }
 
 // bootGuest starts the helper on backend, configures a profile on a pipe
