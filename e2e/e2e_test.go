@@ -321,6 +321,15 @@ exit 7
 	h.call("kill", map[string]any{"id": "reader", "signal": "SIGTERM"}, nil)
 	exit = ev.exit("reader")
 	assert.Equal(t, "SIGTERM", exit.Signal)
+	// kill takes a name in any case or a number, and every Linux signal
+	// comes back as itself (SIGPWR was once reported as SIGKILL).
+	for id, sig := range map[string][2]string{"sig-pwr": {"pwr", "SIGPWR"}, "sig-num": {"9", "SIGKILL"}, "sig-usr": {"sigusr1", "SIGUSR1"}} {
+		h.call("spawn", map[string]any{"id": id, "name": session, "command": "/bin/sh", "args": []string{"-c", "echo up; exec sleep 1000"}}, nil)
+		ev.wait(id+" up", func(protocol.Event) bool { return strings.Contains(ev.outputLocked(protocol.EventStdout, id), "up") })
+		h.call("kill", map[string]any{"id": id, "signal": sig[0]}, nil)
+		assert.Equal(t, sig[1], ev.exit(id).Signal, "kill %q", sig[0])
+	}
+	assert.False(t, h.try("kill", map[string]any{"id": "reader", "signal": "SIGNOPE"}).Success, "an unknown signal is refused")
 	h.call("isProcessRunning", map[string]any{"id": "reader"}, &running)
 	assert.False(t, running.Running)
 	running.ExitCode = nil

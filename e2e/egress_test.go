@@ -145,6 +145,26 @@ func egressAllowedDomains(t *testing.T, backend string) {
 		assert.Contains(t, out, "X-Cowork-Egress: blocked-by-allowlist")
 		assert.False(t, sawHit("GET evil-wild.test:"+port+" /evil"))
 	})
+	t.Run("the *, .domain and host:port forms", func(t *testing.T) {
+		out, code := run("star", []string{"*"}, "http://blocked.test:"+port+"/star")
+		assert.Equal(t, 0, code, out)
+		assert.Contains(t, out, "answer for /star", `"*" allows every name`)
+		dot := []string{".wild.test"}
+		for _, host := range []string{"wild.test", "sub.wild.test"} {
+			out, code := run("dot-"+host, dot, "http://"+host+":"+port+"/dot")
+			assert.Equal(t, 0, code, out)
+			assert.Contains(t, out, "answer for /dot", ".wild.test allows %s", host)
+		}
+		out, _ = run("dot-evil", dot, "http://evil-wild.test:"+port+"/dot-evil")
+		assert.Contains(t, out, "HTTP/1.1 403 Forbidden")
+		withPort := []string{"allowed.test:" + port}
+		out, code = run("port-ok", withPort, "http://allowed.test:"+port+"/port")
+		assert.Equal(t, 0, code, out)
+		assert.Contains(t, out, "answer for /port")
+		out, _ = run("port-other", withPort, "-k", "https://allowed.test:"+tlsPort+"/port-other")
+		assert.Contains(t, out, "403", "host:port allows that port only")
+		assert.False(t, sawHit("GET allowed.test:"+tlsPort+" /port-other"))
+	})
 	t.Run("bypassing the proxy fails", func(t *testing.T) {
 		out, code := run("direct", allowed, "--noproxy", "*", "--max-time", "5", "http://127.0.0.1:"+port+"/direct")
 		assert.NotEqual(t, 0, code, "a direct connection must fail: %s", out)
