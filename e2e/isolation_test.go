@@ -193,7 +193,38 @@ func spawnIsolation(t *testing.T, backend string) {
 	ev.wait("the late mount in the running process", func(protocol.Event) bool {
 		return strings.Contains(ev.outputLocked(protocol.EventStdout, "victim"), "late mount")
 	})
+	plantedSymlinkMounts(t, h, ev, own, other, filepath.Join(sessions, other), lateDir)
 	h.call("kill", map[string]any{"id": "victim", "signal": "SIGKILL"}, nil)
 	ev.exit("victim")
 	h.call("stopVM", nil, nil)
+}
+
+// plantedSymlinkMounts: a process of session own plants symlinks in its
+// home where mountPath will mount for it — its last component to the other
+// session's home, an intermediate one to the other's mnt — and the agent
+// refuses both mounts, naming the symlink; a process of the other session
+// finds nothing mounted or made in its home, and on the host nothing was
+// made in its directory (otherHost). src is a host directory to mount.
+func plantedSymlinkMounts(t *testing.T, h *harness, ev *events, own, other, otherHost, src string) {
+	t.Helper()
+	home, otherHome := "/sessions/"+own, "/sessions/"+other
+	h.call("spawn", map[string]any{"id": "planter", "name": own, "command": "/bin/sh", "args": []string{"-c",
+		"ln -s " + otherHome + " " + home + "/mnt/planted && ln -s " + otherHome + "/mnt " + home + "/mnt/deep && echo ready && exec sleep 1000"}}, nil)
+	ev.wait("the symlinks planted", func(protocol.Event) bool {
+		return strings.Contains(ev.outputLocked(protocol.EventStdout, "planter"), "ready")
+	})
+	for name, link := range map[string]string{"planted": home + "/mnt/planted", "deep/x": home + "/mnt/deep"} {
+		resp := h.try("mountPath", map[string]any{"processId": "planter", "subpath": strings.TrimPrefix(src, "/"), "mountName": name, "mode": "ro"})
+		assert.False(t, resp.Success, "mountPath through the symlink %s", link)
+		assert.Contains(t, resp.Error, link+" is a symbolic link", name)
+	}
+	h.call("spawn", map[string]any{"id": "other-check", "name": other, "command": "/bin/sh", "args": []string{"-c",
+		"test ! -e " + otherHome + "/f && test ! -e " + otherHome + "/mnt/x && echo clean"}}, nil)
+	exit := ev.exit("other-check")
+	require.NotNil(t, exit.ExitCode, ev.output(protocol.EventStderr, "other-check"))
+	assert.Equal(t, "clean\n", ev.output(protocol.EventStdout, "other-check"), ev.output(protocol.EventStderr, "other-check"))
+	assert.NoFileExists(t, filepath.Join(otherHost, "f"))
+	assert.NoDirExists(t, filepath.Join(otherHost, "mnt", "x"))
+	h.call("kill", map[string]any{"id": "planter", "signal": "SIGKILL"}, nil)
+	ev.exit("planter")
 }

@@ -27,10 +27,18 @@
 // cgroup v2 of its own below a parent limited under the guest's memory; its
 // exit reports the cgroup's oom_kill count as oomKillCount.
 //
+// Mount points (mountpoint.go): every mount target, and every directory or
+// file made on the way to one, is walked component by component beneath a
+// root descriptor with openat2 RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS, and the
+// mount made onto the held descriptor: a symlink a session's process
+// planted or swapped in (towards another session's home, or /) makes the
+// mount fail, naming it; it is never followed.
+//
 // Files: agent.go (Run, dispatch), spawn.go (starting a process, step by
 // step), process.go (the process table, reaping, output, stdin, kill),
-// isolate.go, mount.go, setup.go, guestrequest.go, guestcall.go, cgroup.go,
-// utf8chunk.go, main.go (ProcessMain, VMMain), vsock.go.
+// isolate.go, mount.go, mountpoint.go, setup.go, guestrequest.go,
+// guestcall.go, cgroup.go, utf8chunk.go, main.go (ProcessMain, VMMain),
+// vsock.go.
 //
 // Entry points: Run serves one connection; ProcessMain is the
 // `cowork-vmm agent --fd N [--egress-fd M]` mode of the process backend; VMMain is the PID 1

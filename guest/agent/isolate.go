@@ -361,7 +361,7 @@ func buildSpawnRoot(root string, iso *isolation) error {
 		return fmt.Errorf("mounting the process's /proc: %w", err)
 	}
 	if _, err := os.Stat("/sys/kernel"); err == nil {
-		if err := bindMount("/sys", at("sys"), at("sys"), true, "/sys"); err != nil {
+		if err := bindOnto("/sys", at("sys"), true, "/sys"); err != nil {
 			return err
 		}
 	}
@@ -391,7 +391,7 @@ func buildSpawnRoot(root string, iso *isolation) error {
 		if err := os.WriteFile(tmp, content, 0o644); err != nil {
 			return fmt.Errorf("writing the process's %s: %w", name, err)
 		}
-		err := bindMount(tmp, at(name), at(name), true, name)
+		err := bindOnto(tmp, at(name), true, name)
 		os.Remove(tmp)
 		if err != nil {
 			return err
@@ -401,9 +401,9 @@ func buildSpawnRoot(root string, iso *isolation) error {
 }
 
 // bindInto binds the agent's p recursively at the same path below root: a
-// symlink is copied, a file or directory gets a mount point made for it.
+// symlink is copied, a file or directory gets a mount point made for it
+// (walked beneath "/" as every mount point is).
 func bindInto(root, p string) error {
-	target := filepath.Join(root, p)
 	st, err := os.Lstat(p)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil // unmounted meanwhile
@@ -411,29 +411,36 @@ func bindInto(root, p string) error {
 	if err != nil {
 		return fmt.Errorf("%s for the process's root: %w", p, err)
 	}
-	if err := os.MkdirAll(filepath.Dir(target), 0o755); err != nil {
-		return fmt.Errorf("%s for the process's root: %w", p, err)
-	}
-	switch {
-	case st.Mode()&os.ModeSymlink != 0:
-		link, err := os.Readlink(p)
-		if err == nil {
-			err = os.Symlink(link, target)
+	err = withRoot(func(top int) error {
+		target := filepath.Join(root, p)
+		dir, err := walkDir(top, path.Dir(target), 0o755)
+		if err != nil {
+			return err
+		}
+		defer dir.close()
+		name := path.Base(target)
+		var fd int
+		switch {
+		case st.Mode()&os.ModeSymlink != 0:
+			link, err := os.Readlink(p)
+			if err == nil {
+				err = unix.Symlinkat(link, dir.fd, name)
+			}
+			return err
+		case st.IsDir():
+			fd, err = makeDir(dir.fd, name, 0o755)
+		default:
+			fd, err = makeFile(dir.fd, name)
 		}
 		if err != nil {
-			return fmt.Errorf("%s for the process's root: %w", p, err)
+			return err
 		}
-		return nil
-	case st.IsDir():
-		err = os.Mkdir(target, 0o755)
-	default:
-		var f *os.File
-		if f, err = os.OpenFile(target, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o644); err == nil {
-			err = f.Close()
-		}
-	}
-	if err != nil && !errors.Is(err, os.ErrExist) {
+		dst := mountPoint{fd: fd, path: target}
+		defer dst.close()
+		return bindPath(p, dst, false, p)
+	})
+	if err != nil {
 		return fmt.Errorf("%s for the process's root: %w", p, err)
 	}
-	return bindMount(p, target, target, false, p)
+	return nil
 }

@@ -56,8 +56,9 @@ type ninePMount struct {
 // root mounted at /.host under an empty read-only tmpfs cover. The agent holds
 // an O_PATH descriptor to the old root, so a later bind mount of a host path
 // (MountSource.Path) is resolved beneath that descriptor (openat2
-// RESOLVE_IN_ROOT: symlinks resolve as on the host) and bound through
-// /proc/self/fd. Spawned processes run in a user+mount namespace nested in the
+// RESOLVE_IN_ROOT: symlinks resolve as on the host) and cloned from that
+// descriptor (open_tree). Mount targets, unlike sources, never follow a
+// symlink (mountpoint.go). Spawned processes run in a user+mount namespace nested in the
 // agent's: their copies of the mounts are locked (the cover cannot be
 // unmounted), mounts the agent adds later still propagate to them (the new
 // root is a shared mount), and they have no capability over the agent, which
@@ -108,23 +109,43 @@ func (m *mounter) ninePRoot(tag, cache string) (*os.File, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := unix.Mount(tag, stage, "9p", unix.MS_NOSUID|unix.MS_NODEV, ninePMountOptions(cache)); err != nil {
-		_ = os.Remove(stage)
+	if err := unix.Mount(tag, stage.procPath(), "9p", unix.MS_NOSUID|unix.MS_NODEV, ninePMountOptions(cache)); err != nil {
+		stage.release(true)
 		return nil, fmt.Errorf("mounting the 9p device %q: %w", tag, err)
 	}
-	fd, err := unix.Open(stage, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	var root mountPoint
+	err = withRoot(func(top int) error {
+		var err error
+		root, err = walkDir(top, stage.path, noMkdir) // into the mount just made
+		return err
+	})
+	stage.release(false)
 	if err != nil {
-		_ = unix.Unmount(stage, unix.MNT_DETACH)
-		_ = os.Remove(stage)
 		return nil, fmt.Errorf("opening the 9p device %q: %w", tag, err)
 	}
-	if err := unix.Mount("tmpfs", stage, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC|unix.MS_RDONLY, "mode=0000,size=4k"); err != nil {
-		m.log.Warn("cannot cover the 9p attach root; guest processes may reach it by path", "tag", tag, "path", stage, "err", err)
+	if err := unix.Mount("tmpfs", root.procPath(), "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC|unix.MS_RDONLY, "mode=0000,size=4k"); err != nil {
+		m.log.Warn("cannot cover the 9p attach root; guest processes may reach it by path", "tag", tag, "path", stage.path, "err", err)
 	}
-	f := os.NewFile(uintptr(fd), "9p:"+tag)
+	f := os.NewFile(uintptr(root.fd), "9p:"+tag)
 	m.ninePRoots[tag] = ninePMount{root: f, cache: cache}
 	m.log.Debug("mounted a 9p device", "tag", tag, "cache", cacheName(cache))
 	return f, nil
+}
+
+// ninePExport opens the export src names on its virtio-9p device (mounting
+// the device on first use), or the file rel inside it: beneath the
+// device's attach root, no symlink followed. The caller holds m.mu.
+func (m *mounter) ninePExport(src protocol.MountSource, rel string) (int, error) {
+	root, err := m.ninePRoot(src.Tag, src.Cache)
+	if err != nil {
+		return -1, err
+	}
+	name := path.Join(src.Aname, rel)
+	fd, err := unix.Openat2(int(root.Fd()), name, &unix.OpenHow{Flags: unix.O_PATH | unix.O_CLOEXEC, Resolve: resolveBeneath})
+	if err != nil {
+		return -1, fmt.Errorf("the 9p export %s:%s: %w", src.Tag, name, err)
+	}
+	return fd, nil
 }
 
 // checkNinePCaches refuses mounts whose 9p cache mode differs from the mode
@@ -218,8 +239,8 @@ func (m *mounter) spawnView(session string) (binds []string, owners []owner, err
 		}
 	}
 	for _, p := range own {
-		var st unix.Stat_t
-		if unix.Stat(p, &st) != nil {
+		st, err := statTarget(p) // no symlink followed: the session may have planted one
+		if err != nil {
 			continue
 		}
 		if o := (owner{st.Uid, st.Gid}); !slices.Contains(owners, o) {
@@ -230,7 +251,8 @@ func (m *mounter) spawnView(session string) (binds []string, owners []owner, err
 }
 
 // mount performs one Mount. Mounting the same spec at the same target again is
-// a no-op; a different spec replaces the earlier mount at that target.
+// a no-op; a different spec replaces the earlier mount at that target. The
+// target is walked without following symlinks (mountpoint.go).
 func (m *mounter) mount(mt protocol.Mount) error {
 	if err := validateMount(mt); err != nil {
 		return err
@@ -240,20 +262,22 @@ func (m *mounter) mount(mt protocol.Mount) error {
 	if err := m.checkNinePCaches(mt); err != nil {
 		return err
 	}
-	if prev, ok := m.mounts[mt.Target]; ok {
-		if prev == mt {
-			return nil
+	return withRoot(func(root int) error {
+		if prev, ok := m.mounts[mt.Target]; ok {
+			if prev == mt {
+				return nil
+			}
+			if err := detach(root, mt.Target); err != nil {
+				return fmt.Errorf("replacing the mount at %s: %w", mt.Target, err)
+			}
+			delete(m.mounts, mt.Target)
 		}
-		if err := unix.Unmount(mt.Target, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) {
-			return fmt.Errorf("replacing the mount at %s: %w", mt.Target, err)
+		if err := m.mountAt(mt, root, mt.Target); err != nil {
+			return err
 		}
-		delete(m.mounts, mt.Target)
-	}
-	if err := m.mountAt(mt, mt.Target); err != nil {
-		return err
-	}
-	m.mounts[mt.Target] = mt
-	return nil
+		m.mounts[mt.Target] = mt
+		return nil
+	})
 }
 
 // unmount removes the mount the agent made at target, and every mount it
@@ -271,20 +295,10 @@ func (m *mounter) unmount(target string) error {
 	if slices.Contains(m.system, target) {
 		return fmt.Errorf("%s is a system mount", target)
 	}
-	// Resolved without symlinks: the path lies in a guest-writable session,
+	// Walked without symlinks: the path lies in a guest-writable session,
 	// whose directories a guest process could swap for links to another's.
-	fd, err := unix.Openat2(unix.AT_FDCWD, target, &unix.OpenHow{Flags: unix.O_PATH | unix.O_CLOEXEC, Resolve: unix.RESOLVE_NO_SYMLINKS})
-	switch {
-	case errors.Is(err, unix.ENOENT):
-		// Gone from the tree already; forget it below.
-	case err != nil:
-		return fmt.Errorf("unmounting %s: %w", target, err)
-	default:
-		err = unix.Unmount(fmt.Sprintf("/proc/self/fd/%d", fd), unix.MNT_DETACH)
-		unix.Close(fd)
-		if err != nil && !errors.Is(err, unix.EINVAL) {
-			return fmt.Errorf("unmounting %s: %w", target, err)
-		}
+	if err := withRoot(func(root int) error { return detach(root, target) }); err != nil {
+		return err
 	}
 	for t := range m.mounts {
 		if beneath(t, target) {
@@ -294,143 +308,96 @@ func (m *mounter) unmount(target string) error {
 	return nil
 }
 
-// mountAt performs mt at target (a path in the agent's current root).
-func (m *mounter) mountAt(mt protocol.Mount, target string) error {
+// mountAt performs mt at target, a path as seen from the directory root
+// (the agent's root, or the new root it builds), walked beneath it.
+func (m *mounter) mountAt(mt protocol.Mount, root int, target string) error {
 	if mt.SourceFile != "" {
-		return m.mountFile(mt, target)
+		return m.mountFile(mt, root, target)
 	}
-	if err := os.MkdirAll(target, 0o755); err != nil {
-		return fmt.Errorf("creating mount point %s: %w", target, err)
+	var src int
+	var name string
+	switch mt.Source.Kind {
+	case protocol.MountKindTmpfs:
+		dst, err := walkDir(root, target, 0o755)
+		if err != nil {
+			return err
+		}
+		defer dst.close()
+		return mountTmpfs(dst, mt.ReadOnly)
+	case protocol.MountKindBind:
+		fd, err := m.resolveSource(mt.Source.Path)
+		if err != nil {
+			return err
+		}
+		src, name = fd, mt.Source.Path
+	case protocol.MountKindNineP:
+		fd, err := m.ninePExport(mt.Source, "")
+		if err != nil {
+			return err
+		}
+		src, name = fd, mt.Source.Tag+":"+mt.Source.Aname
+	default:
+		return fmt.Errorf("unknown mount kind %q", mt.Source.Kind)
 	}
-	pinned, closeTarget, err := pinTarget(target)
+	defer unix.Close(src)
+	dst, err := walkDir(root, target, 0o755)
 	if err != nil {
 		return err
 	}
-	defer closeTarget()
-	switch mt.Source.Kind {
-	case protocol.MountKindBind:
-		src, closeSrc, err := m.resolveSource(mt.Source.Path)
-		if err != nil {
-			return err
-		}
-		defer closeSrc()
-		return bindMount(src, pinned, target, mt.ReadOnly, mt.Source.Path)
-	case protocol.MountKindNineP:
-		root, err := m.ninePRoot(mt.Source.Tag, mt.Source.Cache)
-		if err != nil {
-			return err
-		}
-		src := fmt.Sprintf("/proc/self/fd/%d/%s", root.Fd(), mt.Source.Aname)
-		return bindMount(src, pinned, target, mt.ReadOnly, mt.Source.Tag+":"+mt.Source.Aname)
-	case protocol.MountKindTmpfs:
-		var flags uintptr = unix.MS_NOSUID | unix.MS_NODEV
-		if mt.ReadOnly {
-			flags |= unix.MS_RDONLY
-		}
-		if err := unix.Mount("tmpfs", pinned, "tmpfs", flags, "mode=0755"); err != nil {
-			return fmt.Errorf("mounting a tmpfs at %s: %w", target, err)
-		}
-		return nil
-	}
-	return fmt.Errorf("unknown mount kind %q", mt.Source.Kind)
+	defer dst.close()
+	return bindFrom(src, dst, mt.ReadOnly, name)
 }
 
-// mountFile binds the single file Source/SourceFile onto target.
-func (m *mounter) mountFile(mt protocol.Mount, target string) error {
-	var src string
+// mountFile binds the single file Source/SourceFile onto target (beneath
+// root), made an empty file where missing.
+func (m *mounter) mountFile(mt protocol.Mount, root int, target string) error {
+	var src int
+	var err error
 	switch mt.Source.Kind {
 	case protocol.MountKindBind:
-		s, closeSrc, err := m.resolveSource(filepath.Join(mt.Source.Path, mt.SourceFile))
-		if err != nil {
-			return err
-		}
-		defer closeSrc()
-		src = s
+		src, err = m.resolveSource(filepath.Join(mt.Source.Path, mt.SourceFile))
 	case protocol.MountKindNineP:
-		// Mount the export at a private staging point, bind the file out of
-		// it, then detach the staging mount (the file bind keeps it alive).
-		stage, err := makeStagingDir()
-		if err != nil {
-			return err
-		}
-		defer os.Remove(stage)
-		dirMount := mt
-		dirMount.SourceFile = ""
-		if err := m.mountAt(dirMount, stage); err != nil {
-			return err
-		}
-		defer unix.Unmount(stage, unix.MNT_DETACH)
-		src = filepath.Join(stage, mt.SourceFile)
+		src, err = m.ninePExport(mt.Source, mt.SourceFile)
 	default:
 		return fmt.Errorf("a single-file mount needs kind bind or 9p, got %q", mt.Source.Kind)
 	}
-	if st, err := os.Stat(src); err != nil {
+	if err != nil {
 		return fmt.Errorf("file to mount at %s: %w", target, err)
-	} else if !st.Mode().IsRegular() {
+	}
+	defer unix.Close(src)
+	var st unix.Stat_t
+	if err := unix.Fstat(src, &st); err != nil {
+		return fmt.Errorf("file to mount at %s: %w", target, err)
+	} else if st.Mode&unix.S_IFMT != unix.S_IFREG {
 		return fmt.Errorf("file to mount at %s is not a regular file", target)
 	}
-	if err := ensureFileTarget(target); err != nil {
+	dst, err := fileMountPoint(root, target)
+	if err != nil {
 		return err
 	}
 	// A file mount of a later install replaces the earlier one.
-	_ = unix.Unmount(target, unix.MNT_DETACH)
-	pinned, closeTarget, err := pinTarget(target)
+	if unix.Unmount(dst.procPath(), unix.MNT_DETACH) == nil {
+		dst.close()
+		if dst, err = fileMountPoint(root, target); err != nil {
+			return err
+		}
+	}
+	defer dst.close()
+	return bindFrom(src, dst, mt.ReadOnly, filepath.Join(mt.Source.Path, mt.SourceFile))
+}
+
+// makeDirWritable covers the directory dir (beneath root) of a read-only
+// mount with a tmpfs that holds the same entries: symlinks copied, files
+// and directories bound read-only from the originals, each reached by
+// descriptor. The copy is built at a private staging point and moved over
+// dir whole, so dir never shows it half-made.
+func makeDirWritable(root int, dir string) error {
+	orig, err := walkDir(root, dir, noMkdir)
 	if err != nil {
 		return err
 	}
-	defer closeTarget()
-	return bindMount(src, pinned, target, mt.ReadOnly, filepath.Join(mt.Source.Path, mt.SourceFile))
-}
-
-// ensureFileTarget creates an empty file at target to mount on. When its
-// directory is read-only (e.g. /usr/local/bin inside a read-only /usr), the
-// directory is first replaced by a tmpfs holding the same entries (each bound
-// from the original), so the new file can be added beside them.
-func ensureFileTarget(target string) error {
-	if st, err := os.Lstat(target); err == nil {
-		if !st.Mode().IsRegular() {
-			return fmt.Errorf("mount point %s exists and is not a regular file", target)
-		}
-		return nil
-	}
-	dir := filepath.Dir(target)
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		if !errors.Is(err, unix.EROFS) {
-			return fmt.Errorf("creating %s: %w", dir, err)
-		}
-		// Make the nearest existing ancestor writable, then retry.
-		anc := dir
-		for {
-			if _, serr := os.Stat(anc); serr == nil {
-				break
-			}
-			anc = filepath.Dir(anc)
-		}
-		if werr := makeDirWritable(anc); werr != nil {
-			return werr
-		}
-		if err := os.MkdirAll(dir, 0o755); err != nil {
-			return fmt.Errorf("creating %s: %w", dir, err)
-		}
-	}
-	f, err := os.OpenFile(target, os.O_CREATE|os.O_WRONLY, 0o755)
-	if errors.Is(err, unix.EROFS) {
-		if werr := makeDirWritable(dir); werr != nil {
-			return werr
-		}
-		f, err = os.OpenFile(target, os.O_CREATE|os.O_WRONLY, 0o755)
-	}
-	if err != nil {
-		return fmt.Errorf("creating mount point %s: %w", target, err)
-	}
-	return f.Close()
-}
-
-// makeDirWritable covers a directory of a read-only mount with a tmpfs that
-// holds the same entries: symlinks copied, files and directories bound
-// read-only from the originals.
-func makeDirWritable(dir string) error {
-	entries, err := os.ReadDir(dir)
+	defer orig.close()
+	names, err := entryNames(orig.fd)
 	if err != nil {
 		return fmt.Errorf("listing %s: %w", dir, err)
 	}
@@ -438,69 +405,100 @@ func makeDirWritable(dir string) error {
 	if err != nil {
 		return err
 	}
-	defer os.Remove(stage)
-	if err := unix.Mount("tmpfs", stage, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=0755"); err != nil {
+	defer stage.release(true)
+	cp, err := newTmpfs(false)
+	if err != nil {
+		return fmt.Errorf("making %s writable: %w", dir, err)
+	}
+	defer unix.Close(cp)
+	if err := unix.MoveMount(cp, "", stage.fd, "", unix.MOVE_MOUNT_F_EMPTY_PATH|unix.MOVE_MOUNT_T_EMPTY_PATH); err != nil {
 		return fmt.Errorf("making %s writable: mounting a tmpfs: %w", dir, err)
 	}
-	defer unix.Unmount(stage, unix.MNT_DETACH)
-	for _, e := range entries {
-		src := filepath.Join(dir, e.Name())
-		dst := filepath.Join(stage, e.Name())
-		st, err := os.Lstat(src)
-		if err != nil {
-			continue // vanished meanwhile
-		}
-		switch {
-		case st.Mode()&os.ModeSymlink != 0:
-			link, err := os.Readlink(src)
-			if err != nil {
-				return fmt.Errorf("making %s writable: %w", dir, err)
-			}
-			if err := os.Symlink(link, dst); err != nil {
-				return fmt.Errorf("making %s writable: %w", dir, err)
-			}
-			continue
-		case st.IsDir():
-			if err := os.Mkdir(dst, 0o755); err != nil {
-				return fmt.Errorf("making %s writable: %w", dir, err)
-			}
-		default:
-			f, err := os.OpenFile(dst, os.O_CREATE|os.O_WRONLY, 0o644)
-			if err != nil {
-				return fmt.Errorf("making %s writable: %w", dir, err)
-			}
-			f.Close()
-		}
-		if err := bindMount(src, dst, dst, true, src); err != nil {
-			return fmt.Errorf("making %s writable: %w", dir, err)
+	defer unix.Unmount(fmt.Sprintf("/proc/self/fd/%d", cp), unix.MNT_DETACH)
+	for _, name := range names {
+		if err := copyEntry(orig.fd, cp, name); err != nil {
+			return fmt.Errorf("making %s writable: %s: %w", dir, name, err)
 		}
 	}
-	if err := unix.Mount(stage, dir, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+	tree, err := unix.OpenTree(cp, "", unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_RECURSIVE|unix.AT_EMPTY_PATH)
+	if err != nil {
+		return fmt.Errorf("making %s writable: %w", dir, err)
+	}
+	defer unix.Close(tree)
+	if err := attachTree(tree, orig, false, "a writable copy of "+dir); err != nil {
 		return fmt.Errorf("making %s writable: covering it: %w", dir, err)
 	}
 	return nil
 }
 
-// pinTarget resolves a mount point once, refusing /proc magic links (a
-// guest-made symlink such as mnt -> /proc/self/fd/N must not steer a mount
-// onto the agent's descriptors), and returns a /proc/self/fd path for it.
-func pinTarget(target string) (string, func(), error) {
-	fd, err := openNoMagic(target, unix.O_PATH|unix.O_CLOEXEC)
+// entryNames lists the directory held by dir.
+func entryNames(dir int) ([]string, error) {
+	fd, err := unix.Openat(dir, ".", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return "", nil, fmt.Errorf("mount point %s: %w", target, err)
+		return nil, err
 	}
-	return fmt.Sprintf("/proc/self/fd/%d", fd), func() { unix.Close(fd) }, nil
+	f := os.NewFile(uintptr(fd), "directory")
+	defer f.Close()
+	return f.Readdirnames(-1)
 }
 
-// resolveSource returns a path the agent can mount from for a host path, and
-// a func releasing it. After a NewRoot setup the path is resolved beneath the
-// host root descriptor.
-func (m *mounter) resolveSource(hostPath string) (string, func(), error) {
+// copyEntry copies the entry name of the directory src into dst, a fresh
+// tmpfs of the agent's: a symlink as a symlink, anything else as an empty
+// entry of its kind with the original bound on it read-only. An entry
+// gone meanwhile is skipped; one swapped for a symlink meanwhile fails.
+func copyEntry(src, dst int, name string) error {
+	var st unix.Stat_t
+	if err := unix.Fstatat(src, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		return nil // vanished meanwhile
+	}
+	var err error
+	switch st.Mode & unix.S_IFMT {
+	case unix.S_IFLNK:
+		buf := make([]byte, unix.PathMax)
+		n, err := unix.Readlinkat(src, name, buf)
+		if err != nil {
+			return err
+		}
+		return unix.Symlinkat(string(buf[:n]), dst, name)
+	case unix.S_IFDIR:
+		err = unix.Mkdirat(dst, name, 0o755)
+	default:
+		var fd int
+		if fd, err = unix.Openat(dst, name, unix.O_CREAT|unix.O_EXCL|unix.O_WRONLY|unix.O_CLOEXEC, 0o644); err == nil {
+			unix.Close(fd)
+		}
+	}
+	if err != nil {
+		return err
+	}
+	from, err := openComponent(src, name, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(from)
+	to, err := openComponent(dst, name, 0)
+	if err != nil {
+		return err
+	}
+	onto := mountPoint{fd: to, path: name}
+	defer onto.close()
+	return bindFrom(from, onto, true, name)
+}
+
+// resolveSource opens (O_PATH) a host path to mount from. After a NewRoot
+// setup the path is resolved beneath the host root descriptor (symlinks
+// resolve as on the host, never out of it); before it, as a path of the
+// agent's own. /proc magic links are never followed.
+func (m *mounter) resolveSource(hostPath string) (int, error) {
 	if !filepath.IsAbs(hostPath) {
-		return "", nil, fmt.Errorf("mount source %q is not an absolute path", hostPath)
+		return -1, fmt.Errorf("mount source %q is not an absolute path", hostPath)
 	}
 	if m.hostRoot == nil {
-		return hostPath, func() {}, nil
+		fd, err := openNoMagic(hostPath, unix.O_PATH|unix.O_CLOEXEC)
+		if err != nil {
+			return -1, fmt.Errorf("mount source %s: %w", hostPath, err)
+		}
+		return fd, nil
 	}
 	rel := strings.TrimPrefix(filepath.Clean(hostPath), "/")
 	if rel == "" {
@@ -511,56 +509,80 @@ func (m *mounter) resolveSource(hostPath string) (string, func(), error) {
 		Resolve: unix.RESOLVE_IN_ROOT | unix.RESOLVE_NO_MAGICLINKS,
 	})
 	if err != nil {
-		return "", nil, fmt.Errorf("host path %s: %w", hostPath, err)
+		return -1, fmt.Errorf("host path %s: %w", hostPath, err)
 	}
-	return fmt.Sprintf("/proc/self/fd/%d", fd), func() { unix.Close(fd) }, nil
+	return fd, nil
 }
 
-// bindMount binds src (recursively) onto target, read-only if asked. target
-// may be a pinned /proc/self/fd path; plainTarget is the same mount point by
-// name (used only on kernels without mount_setattr); name is the source as
-// the user knows it, for errors.
-//
-// With the new mount API the copy is made read-only while still detached, so
-// it is never visible writable.
-func bindMount(src, target, plainTarget string, readOnly bool, name string) error {
-	tree, err := unix.OpenTree(unix.AT_FDCWD, src, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_RECURSIVE)
-	if errors.Is(err, unix.ENOSYS) {
-		return legacyBindMount(src, target, plainTarget, readOnly, name)
-	}
+// bindFrom binds what the descriptor src holds (recursively) onto the held
+// mount point dst, read-only if asked; name is the source as the user
+// knows it, for errors.
+func bindFrom(src int, dst mountPoint, readOnly bool, name string) error {
+	tree, err := unix.OpenTree(src, "", unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_RECURSIVE|unix.AT_EMPTY_PATH)
 	if err != nil {
-		return fmt.Errorf("binding %s at %s: %w", name, plainTarget, err)
+		return fmt.Errorf("binding %s at %s: %w", name, dst.path, err)
 	}
 	defer unix.Close(tree)
+	return attachTree(tree, dst, readOnly, name)
+}
+
+// bindPath binds src, a path of the agent's own (symlinks followed, /proc
+// magic links too: /proc/self/exe), onto the held mount point dst.
+func bindPath(src string, dst mountPoint, readOnly bool, name string) error {
+	fd, err := unix.Open(src, unix.O_PATH|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("binding %s at %s: %w", name, dst.path, err)
+	}
+	defer unix.Close(fd)
+	return bindFrom(fd, dst, readOnly, name)
+}
+
+// bindOnto binds the agent's path src onto target, an existing directory
+// or file walked beneath "/" without symlinks.
+func bindOnto(src, target string, readOnly bool, name string) error {
+	return withRoot(func(root int) error {
+		dst, err := lookupTarget(root, target)
+		if err != nil {
+			return err
+		}
+		defer dst.close()
+		return bindPath(src, dst, readOnly, name)
+	})
+}
+
+// attachTree moves the detached mount tree (open_tree's or fsmount's)
+// onto the held mount point dst. Made read-only while still detached, it
+// is never visible writable; on kernels without mount_setattr (before
+// 5.12) its top mount is remounted read-only once attached.
+func attachTree(tree int, dst mountPoint, readOnly bool, name string) error {
+	remount := false
 	if readOnly {
 		err := unix.MountSetattr(tree, "", unix.AT_EMPTY_PATH|unix.AT_RECURSIVE, &unix.MountAttr{Attr_set: unix.MOUNT_ATTR_RDONLY})
-		if errors.Is(err, unix.ENOSYS) {
-			return legacyBindMount(src, target, plainTarget, readOnly, name)
-		}
-		if err != nil {
+		switch {
+		case errors.Is(err, unix.ENOSYS):
+			remount = true
+		case err != nil:
 			return fmt.Errorf("making the bind of %s read-only: %w", name, err)
 		}
 	}
-	if err := unix.MoveMount(tree, "", unix.AT_FDCWD, target, unix.MOVE_MOUNT_F_EMPTY_PATH|unix.MOVE_MOUNT_T_SYMLINKS); err != nil {
-		return fmt.Errorf("binding %s at %s: %w", name, plainTarget, err)
+	if err := unix.MoveMount(tree, "", dst.fd, "", unix.MOVE_MOUNT_F_EMPTY_PATH|unix.MOVE_MOUNT_T_EMPTY_PATH); err != nil {
+		return fmt.Errorf("binding %s at %s: %w", name, dst.path, err)
+	}
+	if remount {
+		return remountReadOnly(tree, dst.path)
 	}
 	return nil
 }
 
-// legacyBindMount is bindMount for kernels before 5.12: bind, then remount
-// the top mount read-only, keeping the flags that a user namespace is not
-// allowed to clear.
-func legacyBindMount(src, target, plainTarget string, readOnly bool, name string) error {
-	if err := unix.Mount(src, target, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
-		return fmt.Errorf("binding %s at %s: %w", name, plainTarget, err)
-	}
-	if !readOnly {
-		return nil
-	}
+// remountReadOnly remounts the attached mount whose root tree holds
+// read-only, keeping the flags that a user namespace is not allowed to
+// clear; on failure it is detached.
+func remountReadOnly(tree int, where string) error {
+	top := fmt.Sprintf("/proc/self/fd/%d", tree)
 	var st unix.Statfs_t
-	if err := unix.Statfs(plainTarget, &st); err != nil {
-		_ = unix.Unmount(plainTarget, unix.MNT_DETACH)
-		return fmt.Errorf("making %s read-only: %w", plainTarget, err)
+	if err := unix.Fstatfs(tree, &st); err != nil {
+		_ = unix.Unmount(top, unix.MNT_DETACH)
+		return fmt.Errorf("making %s read-only: %w", where, err)
 	}
 	flags := uintptr(unix.MS_BIND | unix.MS_REMOUNT | unix.MS_RDONLY)
 	for _, f := range []struct{ st, ms int64 }{
@@ -571,23 +593,49 @@ func legacyBindMount(src, target, plainTarget string, readOnly bool, name string
 			flags |= uintptr(f.ms)
 		}
 	}
-	if err := unix.Mount("", plainTarget, "", flags, ""); err != nil {
-		_ = unix.Unmount(plainTarget, unix.MNT_DETACH)
-		return fmt.Errorf("making %s read-only: %w", plainTarget, err)
+	if err := unix.Mount("", top, "", flags, ""); err != nil {
+		_ = unix.Unmount(top, unix.MNT_DETACH)
+		return fmt.Errorf("making %s read-only: %w", where, err)
 	}
 	return nil
 }
 
-// makeStagingDir creates a fresh private mount point under stagingDir.
-func makeStagingDir() (string, error) {
-	if err := os.MkdirAll(stagingDir, 0o700); err != nil {
-		return "", fmt.Errorf("creating the agent's staging directory: %w", err)
-	}
-	d, err := os.MkdirTemp(stagingDir, "m")
+// newTmpfs makes a detached tmpfs (mode 0755, nosuid, nodev, read-only if
+// asked) and returns the descriptor of its root.
+func newTmpfs(readOnly bool) (int, error) {
+	fs, err := unix.Fsopen("tmpfs", unix.FSOPEN_CLOEXEC)
 	if err != nil {
-		return "", fmt.Errorf("creating a staging mount point: %w", err)
+		return -1, fmt.Errorf("a tmpfs: %w", err)
 	}
-	return d, nil
+	defer unix.Close(fs)
+	if err := unix.FsconfigSetString(fs, "mode", "0755"); err != nil {
+		return -1, fmt.Errorf("a tmpfs: %w", err)
+	}
+	if err := unix.FsconfigCreate(fs); err != nil {
+		return -1, fmt.Errorf("a tmpfs: %w", err)
+	}
+	attrs := unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV
+	if readOnly {
+		attrs |= unix.MOUNT_ATTR_RDONLY
+	}
+	fd, err := unix.Fsmount(fs, unix.FSMOUNT_CLOEXEC, attrs)
+	if err != nil {
+		return -1, fmt.Errorf("a tmpfs: %w", err)
+	}
+	return fd, nil
+}
+
+// mountTmpfs mounts a fresh tmpfs on the held mount point dst.
+func mountTmpfs(dst mountPoint, readOnly bool) error {
+	fd, err := newTmpfs(readOnly)
+	if err != nil {
+		return fmt.Errorf("mounting a tmpfs at %s: %w", dst.path, err)
+	}
+	defer unix.Close(fd)
+	if err := unix.MoveMount(fd, "", dst.fd, "", unix.MOVE_MOUNT_F_EMPTY_PATH|unix.MOVE_MOUNT_T_EMPTY_PATH); err != nil {
+		return fmt.Errorf("mounting a tmpfs at %s: %w", dst.path, err)
+	}
+	return nil
 }
 
 // validateMount rejects mounts the agent must not perform.

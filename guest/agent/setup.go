@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path"
 	"path/filepath"
 	"strings"
 
@@ -58,15 +59,14 @@ func (m *mounter) setup(p protocol.SetupParams) error {
 // too. The executable is reached through /proc/self/exe: in the VM it is
 // /init, on the rootfs the agent left (leaveRootfs).
 func bindTool() error {
-	if err := ensureFileTarget(protocol.GuestToolPath); err != nil {
-		return err
-	}
-	pinned, closeTarget, err := pinTarget(protocol.GuestToolPath)
-	if err != nil {
-		return err
-	}
-	defer closeTarget()
-	return bindMount("/proc/self/exe", pinned, protocol.GuestToolPath, true, "the agent's executable")
+	return withRoot(func(root int) error {
+		dst, err := fileMountPoint(root, protocol.GuestToolPath)
+		if err != nil {
+			return err
+		}
+		defer dst.close()
+		return bindPath("/proc/self/exe", dst, true, "the agent's executable")
+	})
 }
 
 // setupInPlace mounts the system directories on the current root (the VM's
@@ -93,16 +93,20 @@ func (m *mounter) setupInPlace(system []protocol.Mount) error {
 			return fmt.Errorf("making the agent's staging directory private: %w", err)
 		}
 	}
-	for _, mt := range system {
-		if err := m.mountAt(mt, mt.Target); err != nil {
-			return fmt.Errorf("system mount %s: %w", mt.Target, err)
+	return withRoot(func(root int) error {
+		for _, mt := range system {
+			if err := m.mountAt(mt, root, mt.Target); err != nil {
+				return fmt.Errorf("system mount %s: %w", mt.Target, err)
+			}
+			m.mounts[mt.Target] = mt
 		}
-		m.mounts[mt.Target] = mt
-	}
-	if err := os.MkdirAll("/sessions", 0o755); err != nil {
-		return fmt.Errorf("creating /sessions: %w", err)
-	}
-	return nil
+		sessions, err := walkDir(root, sessionsDir, 0o755)
+		if err != nil {
+			return fmt.Errorf("creating %s: %w", sessionsDir, err)
+		}
+		sessions.close()
+		return nil
+	})
 }
 
 // setupNewRoot builds a tmpfs root, pivots into it and keeps the host root
@@ -141,41 +145,31 @@ func (m *mounter) setupNewRoot(system []protocol.Mount) (err error) {
 
 // buildNewRoot fills the tmpfs mounted at root: the system mounts (a
 // system "directory" that is a symlink on the host stays one), the agent's
-// directories, /tmp, /dev and /proc.
+// directories, /tmp, /dev and /proc. Every path in it is walked beneath
+// the new root's descriptor (mountpoint.go).
 func (m *mounter) buildNewRoot(root string, system []protocol.Mount) error {
 	if err := unix.Mount("tmpfs", root, "tmpfs", 0, "mode=0755"); err != nil {
 		return fmt.Errorf("mounting the new root's tmpfs: %w", err)
 	}
+	top, err := openRoot(root)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(top)
 	for _, mt := range system {
-		target := filepath.Join(root, mt.Target)
-		if mt.Source.Kind == protocol.MountKindBind && mt.SourceFile == "" {
-			// A system "directory" that is a symlink on the host (merged-/usr
-			// /bin -> usr/bin) stays a symlink.
-			if st, lerr := os.Lstat(mt.Source.Path); lerr == nil && st.Mode()&os.ModeSymlink != 0 {
-				link, rerr := os.Readlink(mt.Source.Path)
-				if rerr != nil {
-					return fmt.Errorf("system mount %s: %w", mt.Target, rerr)
-				}
-				if err := os.MkdirAll(filepath.Dir(target), 0o755); err != nil {
-					return fmt.Errorf("system mount %s: %w", mt.Target, err)
-				}
-				if err := os.Symlink(link, target); err != nil {
-					return fmt.Errorf("system mount %s: %w", mt.Target, err)
-				}
-				continue
-			}
-		}
-		if err := m.mountAt(mt, target); err != nil {
+		if err := m.buildSystemMount(top, mt); err != nil {
 			return fmt.Errorf("system mount %s: %w", mt.Target, err)
 		}
 	}
 	for _, d := range []struct {
 		name string
-		mode os.FileMode
+		mode uint32
 	}{{"proc", 0o555}, {"dev", 0o755}, {"tmp", 0o1777}, {"sessions", 0o755}, {strings.TrimPrefix(stagingDir, "/"), 0o700}, {strings.TrimPrefix(hostRootDir, "/"), 0o700}} {
-		if err := os.MkdirAll(filepath.Join(root, d.name), d.mode); err != nil {
+		dir, err := walkDir(top, "/"+d.name, d.mode)
+		if err != nil {
 			return fmt.Errorf("creating /%s in the new root: %w", d.name, err)
 		}
+		dir.close()
 	}
 	if err := unix.Mount("tmpfs", filepath.Join(root, "tmp"), "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=1777"); err != nil {
 		return fmt.Errorf("mounting /tmp: %w", err)
@@ -187,6 +181,29 @@ func (m *mounter) buildNewRoot(root string, system []protocol.Mount) error {
 		return fmt.Errorf("mounting /proc (the agent needs its own PID namespace): %w", err)
 	}
 	return nil
+}
+
+// buildSystemMount performs one system mount in the new root held by top.
+// A system "directory" that is a symlink on the host (merged-/usr /bin ->
+// usr/bin) stays a symlink.
+func (m *mounter) buildSystemMount(top int, mt protocol.Mount) error {
+	if mt.Source.Kind != protocol.MountKindBind || mt.SourceFile != "" {
+		return m.mountAt(mt, top, mt.Target)
+	}
+	st, err := os.Lstat(mt.Source.Path)
+	if err != nil || st.Mode()&os.ModeSymlink == 0 {
+		return m.mountAt(mt, top, mt.Target)
+	}
+	link, err := os.Readlink(mt.Source.Path)
+	if err != nil {
+		return err
+	}
+	dir, err := walkDir(top, path.Dir(mt.Target), 0o755)
+	if err != nil {
+		return err
+	}
+	defer dir.close()
+	return unix.Symlinkat(link, dir.fd, path.Base(mt.Target))
 }
 
 // coverHostRoot runs in the new root, after the pivot from the host root's
