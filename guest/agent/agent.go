@@ -8,6 +8,8 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -63,6 +65,9 @@ type Options struct {
 	// CgroupRoot is a cgroup2 mount below which each spawn gets a cgroup of
 	// its own, for its exit's oomKillCount (see cgroup.go); "" gives none.
 	CgroupRoot string
+	// SessionsDir is where the session homes readFile reads in are
+	// (default /sessions; the agent's tests point it elsewhere).
+	SessionsDir string
 }
 
 // ErrShutdown is returned by Run after a shutdown request was served.
@@ -104,6 +109,9 @@ func Run(ctx context.Context, conn io.ReadWriteCloser, opts Options) error {
 	}
 	if opts.RunDir == "" {
 		opts.RunDir = DefaultRunDir
+	}
+	if opts.SessionsDir == "" {
+		opts.SessionsDir = sessionsDir
 	}
 	if opts.Subreaper && os.Getpid() != 1 {
 		if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
@@ -299,7 +307,7 @@ func (a *agent) handle(method string, raw json.RawMessage) (any, error) {
 		if err := decodeParams(raw, &p); err != nil {
 			return nil, err
 		}
-		content, err := readFile(p.Path)
+		content, err := readSessionFile(a.opts.SessionsDir, p.Path)
 		if err != nil {
 			return nil, err
 		}
@@ -378,15 +386,34 @@ func kernelRelease() string {
 	return unix.ByteSliceToString(u.Release[:])
 }
 
-// readFile reads a regular file of at most protocol.MaxReadFileBytes.
-func readFile(path string) ([]byte, error) {
+// readSessionFile reads, for the client's readFile, a regular file of at
+// most protocol.MaxReadFileBytes inside a session's home
+// (sessions/<name>/...): the only files the client reads. The file is
+// resolved beneath the home, so a symlink a session's process planted that
+// leads out of it (into another session's home, to /, to /proc magic
+// links) is refused; one that stays inside is followed. O_NONBLOCK: opening
+// a FIFO must not hang the request.
+func readSessionFile(sessions, path string) ([]byte, error) {
 	if path == "" || path[0] != '/' {
 		return nil, fmt.Errorf("readFile needs an absolute guest path, got %q", path)
 	}
-	// O_NONBLOCK: opening a FIFO must not hang the request. No magic links:
-	// a guest-made symlink to /proc/self/fd/N must not reach the agent's own
-	// descriptors (the host root in the process backend).
-	fd, err := openNoMagic(path, unix.O_RDONLY|unix.O_CLOEXEC|unix.O_NONBLOCK|unix.O_NOCTTY)
+	rel, ok := strings.CutPrefix(filepath.Clean(path), sessions+"/")
+	name, inHome, _ := strings.Cut(rel, "/")
+	if !ok || name == "" || inHome == "" {
+		return nil, fmt.Errorf("reading %s: readFile reads only files inside a session's home (%s/<name>/...)", path, sessions)
+	}
+	homeFd, err := unix.Openat2(unix.AT_FDCWD, filepath.Join(sessions, name), &unix.OpenHow{
+		Flags: unix.O_PATH | unix.O_DIRECTORY | unix.O_CLOEXEC, Resolve: unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS})
+	if err != nil {
+		return nil, fmt.Errorf("reading %s: the session's home: %w", path, err)
+	}
+	defer unix.Close(homeFd)
+	fd, err := unix.Openat2(homeFd, inHome, &unix.OpenHow{
+		Flags:   unix.O_RDONLY | unix.O_CLOEXEC | unix.O_NONBLOCK | unix.O_NOCTTY,
+		Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_MAGICLINKS})
+	if errors.Is(err, unix.EXDEV) {
+		return nil, fmt.Errorf("reading %s: it leads out of session %s's home (a symlink?), which readFile does not follow", path, name)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("reading %s: %w", path, err)
 	}

@@ -419,31 +419,66 @@ func TestOutputDrainNeverCutsFlowingOutput(t *testing.T) {
 }
 
 func TestReadFile(t *testing.T) {
-	c := startAgent(t, Options{})
-	dir := t.TempDir()
+	sessions := t.TempDir()
+	c := startAgent(t, Options{SessionsDir: sessions})
+	dir := filepath.Join(sessions, "s")
+	other := filepath.Join(sessions, "other")
+	require.NoError(t, os.MkdirAll(filepath.Join(dir, "sub"), 0o755))
+	require.NoError(t, os.Mkdir(other, 0o755))
 	path := filepath.Join(dir, "f.bin")
 	content := []byte{0, 1, 2, 0xff, 'x'}
 	require.NoError(t, os.WriteFile(path, content, 0o644))
-	var res protocol.ReadFileResult
-	require.NoError(t, c.call(protocol.AgentMethodReadFile, protocol.ReadFileParams{Path: path}, &res))
-	require.Equal(t, content, res.Content)
+	require.NoError(t, os.WriteFile(filepath.Join(other, "secret"), []byte("other session's"), 0o644))
+	read := func(p string) ([]byte, error) {
+		var res protocol.ReadFileResult
+		err := c.call(protocol.AgentMethodReadFile, protocol.ReadFileParams{Path: p}, &res)
+		return res.Content, err
+	}
+	got, err := read(path)
+	require.NoError(t, err)
+	require.Equal(t, content, got)
 
-	require.ErrorContains(t, c.call(protocol.AgentMethodReadFile, protocol.ReadFileParams{Path: dir}, nil), "not a regular file")
-	require.ErrorContains(t, c.call(protocol.AgentMethodReadFile, protocol.ReadFileParams{Path: "relative"}, nil), "absolute")
-	require.ErrorContains(t, c.call(protocol.AgentMethodReadFile, protocol.ReadFileParams{Path: filepath.Join(dir, "missing")}, nil), "no such file")
+	_, err = read(filepath.Join(dir, "sub"))
+	require.ErrorContains(t, err, "not a regular file")
+	_, err = read("relative")
+	require.ErrorContains(t, err, "absolute")
+	_, err = read(filepath.Join(dir, "missing"))
+	require.ErrorContains(t, err, "no such file")
+	for _, outside := range []string{"/etc/hostname", dir, sessions + "/s/../../etc/passwd"} {
+		_, err = read(outside)
+		require.ErrorContains(t, err, "readFile reads only files inside a session's home", outside)
+	}
 	fifo := filepath.Join(dir, "fifo")
 	require.NoError(t, unix.Mkfifo(fifo, 0o644))
-	require.ErrorContains(t, c.call(protocol.AgentMethodReadFile, protocol.ReadFileParams{Path: fifo}, nil), "not a regular file")
-	// Ordinary symlinks are followed; /proc magic links are not (they could
-	// reach the agent's own descriptors).
+	_, err = read(fifo)
+	require.ErrorContains(t, err, "not a regular file")
+	// A symlink that stays in the home is followed; one that leads out of
+	// it (another session, /, a /proc magic link) is refused.
 	require.NoError(t, os.Symlink("f.bin", filepath.Join(dir, "plain-link")))
-	require.NoError(t, c.call(protocol.AgentMethodReadFile, protocol.ReadFileParams{Path: filepath.Join(dir, "plain-link")}, &res))
-	require.Equal(t, content, res.Content)
-	require.NoError(t, os.Symlink("/proc/self/root"+path, filepath.Join(dir, "magic-link")))
-	require.Error(t, c.call(protocol.AgentMethodReadFile, protocol.ReadFileParams{Path: filepath.Join(dir, "magic-link")}, nil))
+	require.NoError(t, os.Symlink("../f.bin", filepath.Join(dir, "sub", "up-link")))
+	for _, link := range []string{"plain-link", "sub/up-link"} {
+		got, err = read(filepath.Join(dir, link))
+		require.NoError(t, err, link)
+		require.Equal(t, content, got, link)
+	}
+	for link, target := range map[string]string{
+		"to-other": "../other/secret", "to-other-abs": filepath.Join(other, "secret"),
+		"to-root": "/etc/hostname", "magic-link": "/proc/self/root" + path,
+	} {
+		require.NoError(t, os.Symlink(target, filepath.Join(dir, link)))
+		_, err = read(filepath.Join(dir, link))
+		require.Error(t, err, link)
+	}
+	_, err = read(filepath.Join(dir, "to-other"))
+	require.ErrorContains(t, err, "leads out of session s's home")
+	// The home itself swapped for a symlink to another session is refused.
+	require.NoError(t, os.Symlink(other, filepath.Join(sessions, "swapped")))
+	_, err = read(filepath.Join(sessions, "swapped", "secret"))
+	require.Error(t, err)
 	big := filepath.Join(dir, "big")
 	require.NoError(t, os.WriteFile(big, make([]byte, protocol.MaxReadFileBytes+1), 0o644))
-	require.ErrorContains(t, c.call(protocol.AgentMethodReadFile, protocol.ReadFileParams{Path: big}, nil), "more than")
+	_, err = read(big)
+	require.ErrorContains(t, err, "more than")
 }
 
 func TestShutdownEndsProcessesThenReplies(t *testing.T) {
