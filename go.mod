@@ -10,6 +10,7 @@ require (
 )
 
 require (
+	github.com/hanwen/go-fuse/v2 v2.12.1 // indirect
 	github.com/mdlayher/socket v0.8.0 // indirect
 	github.com/u-root/uio v0.0.0-20230305220412-3e8cd9d6bf63 // indirect
 	go.yaml.in/yaml/v3 v3.0.5 // indirect

@@ -161,8 +161,11 @@ func (m *Memory) WriteAt(p []byte, gpa uint64) error {
 }
 
 // Slice returns the host bytes backing [gpa, gpa+n), for loaders and table
-// builders that write in place before the VM starts. The slice is only valid
-// until Close: never keep it, never hand it to code that may outlive the VM.
+// builders that write in place before the VM starts, and for devices doing
+// zero-copy I/O (virtio.Slicer) between their Activate and Reset. The slice
+// is only valid until Close: never keep it, never hand it to code that may
+// outlive the VM (machine.Stop resets every device before it closes the
+// memory).
 func (m *Memory) Slice(gpa, n uint64) ([]byte, error) {
 	m.mu.RLock()
 	defer m.mu.RUnlock()

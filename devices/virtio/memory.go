@@ -25,6 +25,18 @@ type RangeChecker interface {
 	CheckRange(gpa, length uint64) error
 }
 
+// Slicer is an optional interface of a GuestMemory, for devices that do
+// host I/O straight into and out of guest buffers (zero-copy): Slice
+// returns the host bytes backing [gpa, gpa+n), or an error unless that
+// range lies in one piece of guest RAM. The bytes are the guest's: it may
+// change them at any time, so never parse them in place more than once.
+// The slice stays valid while the device is active; a device must stop
+// using every slice before its Reset returns (the VMM unmaps guest memory
+// only after resetting its devices).
+type Slicer interface {
+	Slice(gpa, n uint64) ([]byte, error)
+}
+
 // ErrOutOfRange is wrapped by SliceMemory for accesses outside its bytes.
 var ErrOutOfRange = errors.New("virtio: guest memory access out of range")
 
@@ -108,4 +120,16 @@ func (m *SliceMemory) PutUint64(gpa uint64, v uint64) error {
 	var b [8]byte
 	binary.LittleEndian.PutUint64(b[:], v)
 	return m.WriteAt(b[:], gpa)
+}
+
+// Slice implements Slicer. The slice bypasses the lock: a device and a
+// test driver must order their accesses to it through the queues (as a
+// real guest and device do).
+func (m *SliceMemory) Slice(gpa, n uint64) ([]byte, error) {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	if gpa > uint64(len(m.buf)) || n > uint64(len(m.buf))-gpa {
+		return nil, fmt.Errorf("%w: [%#x, +%#x)", ErrOutOfRange, gpa, n)
+	}
+	return m.buf[gpa : gpa+n : gpa+n], nil
 }

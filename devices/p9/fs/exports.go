@@ -25,11 +25,13 @@ type Exports struct {
 
 	mu      sync.RWMutex
 	exports map[string]*export
+	serial  uint64 // the last export's serial (guarded by mu)
 }
 
 // export is one registered host directory, or one host file shown in a
 // directory of its own (a single-file export).
 type export struct {
+	serial   uint64 // unique within its Exports, never 0 (see NodeKey)
 	name     string
 	hostPath string
 	readOnly bool
@@ -191,6 +193,8 @@ func (x *Exports) register(ex *export) error {
 		_ = unix.Close(ex.rootFd)
 		return fmt.Errorf("p9 export %q: %w", ex.name, ErrExportExists)
 	}
+	x.serial++
+	ex.serial = x.serial
 	x.exports[ex.name] = ex
 	x.log.Info("p9 export added", "name", ex.name, "path", ex.hostPath, "readOnly", ex.readOnly, "singleFile", ex.isFileView())
 	return nil

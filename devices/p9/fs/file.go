@@ -330,15 +330,21 @@ func (f *file) GetAttr(req p9.AttrMask) (p9.QID, p9.AttrMask, p9.Attr, error) {
 		return p9.QID{}, p9.AttrMask{}, p9.Attr{}, err
 	}
 	defer f.ex.exit()
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.refresh()
-	st, err := fstat(f.fd)
+	st, err := f.stat()
 	if err != nil {
 		return p9.QID{}, p9.AttrMask{}, p9.Attr{}, err
 	}
 	valid, attr := attrFor(st, req)
 	return qidFor(st), valid, attr, nil
+}
+
+// stat returns the node's host attributes (a single-file export's file
+// found again first). Called between enter and exit.
+func (f *file) stat() (*unix.Stat_t, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.refresh()
+	return fstat(f.fd)
 }
 
 // SetAttr implements p9.File. Set-user-ID and set-group-ID bits are

@@ -1,0 +1,55 @@
+// Package virtiofs is the virtio-fs device (virtio id 26): the FUSE
+// protocol over a high-priority queue (FORGET, INTERRUPT) and one request
+// queue, serving a tree of host exports in process, with no virtiofsd.
+// The guest mounts it with `mount -t virtiofs TAG DIR`.
+//
+// Layers:
+//   - device.go, session.go: the virtio.Device. Each activation is a FUSE
+//     session (FUSE_INIT to reset). A worker per queue pops chains; each
+//     request runs on a goroutine of its own, at most MaxInFlight at once,
+//     and completes out of order. Reset waits for every request in flight,
+//     then closes every node and open file of the session.
+//   - iov.go: a chain as the protocol server sees it. Zero-copy: the
+//     request and reply are the chain's guest buffers themselves (through
+//     virtio.Slicer), so READ preads into and WRITE pwrites from guest
+//     memory; without a Slicer, bounce buffers.
+//   - go-fuse's fuse.ProtocolServer parses each request and encodes its
+//     reply (github.com/hanwen/go-fuse/v2: the same code its own virtio-fs
+//     server uses); we only adapt the transport.
+//   - fs.go, names.go, io.go, nodes.go: the FUSE file system, over the
+//     export layer of package p9/fs, the one the virtio-9p device uses. A
+//     FUSE node is a p9.File of that layer, keyed by (export, host device,
+//     host inode) so the guest gets one node id per inode and a node reached
+//     through a read-only export is never the one of a read-write export.
+//     Everything the 9p device guarantees about host files therefore holds
+//     here too: each name resolved by openat2 beneath a held directory
+//     descriptor, no symlink followed on the host, read-only exports
+//     refusing every mutation with EROFS, withdrawn exports failing with
+//     ESTALE at once, set-id bits never planted, only regular files and
+//     directories opened on the host.
+//
+// Caching (Options.Cached): a cached device (the read-only system
+// directories) gives the guest day-long entry and attribute lifetimes and
+// keeps its page cache across opens; an uncached one gives lifetimes of 0
+// and drops the page cache at each open, so the guest sees a host edit the
+// next time it looks (close-to-open, as NFS).
+//
+// The guest is hostile:
+//   - a request's readable bytes are bounded (maxMessage, else E2BIG) and
+//     the reply room used is bounded the same way, so no request makes the
+//     host allocate more than about MaxWrite;
+//   - go-fuse copies the header and fixed arguments out of guest memory
+//     before checking them, and names become Go strings, so a guest that
+//     rewrites its buffers mid-request changes only its own data;
+//   - a panic while serving a request is EIO for that request only;
+//   - node and handle ids are never reused in a session, unknown ids are
+//     ESTALE or EBADF, FORGET of more than was looked up forgets the node,
+//     and both tables are bounded (MaxNodes, MaxHandles: each entry is a
+//     host descriptor), beyond which lookups and opens fail with ENFILE;
+//   - a request the server cannot take is answered with an error header,
+//     never left pending.
+//
+// Not offered: DAX, notifications, locks (the guest kernel keeps them
+// local), xattrs, fallocate, lseek, copy_file_range and RENAME2 flags
+// (ENOSYS: the guest kernel stops asking and answers for itself).
+package virtiofs

@@ -1,0 +1,217 @@
+package virtiofs
+
+import (
+	"syscall"
+
+	"math"
+
+	"github.com/hanwen/go-fuse/v2/fuse"
+	"github.com/hugelgupf/p9/p9"
+)
+
+// Open files and directories. An open is a clone of the node's file
+// opened through the export layer, which opens only regular files and
+// directories on the host (a FIFO's or socket's open never reaches the
+// host: the guest kernel serves those itself). Reads and writes go
+// straight between the host file and the chain's guest buffers when the
+// device could map them (see device.go): the buf a READ gets and the
+// segments a WRITE carries are guest memory.
+
+// openFlags are the FOPEN flags of an open: a Cached device lets the
+// guest keep its page cache (and directory listings) across opens;
+// otherwise each open drops what the guest cached, so it sees host edits.
+func (f *fileSystem) openFlags(dir bool) uint32 {
+	if !f.cached {
+		return 0
+	}
+	if dir {
+		return fuse.FOPEN_KEEP_CACHE | fuse.FOPEN_CACHE_DIR
+	}
+	return fuse.FOPEN_KEEP_CACHE
+}
+
+// openNode opens a clone of node id's file, which must be a directory
+// (dir) or not, and records it as a handle.
+func (f *fileSystem) openNode(id uint64, flags uint32, dir bool) (uint64, fuse.Status) {
+	n, st := f.t.node(id)
+	if !st.Ok() {
+		return 0, st
+	}
+	switch isDir := n.mode == fuse.S_IFDIR; {
+	case dir && !isDir:
+		return 0, fuse.ENOTDIR
+	case !dir && isDir:
+		return 0, fuse.Status(fuse.EISDIR)
+	}
+	_, clone, err := n.file.Walk(nil)
+	if err != nil {
+		return 0, status(err)
+	}
+	if _, _, err := clone.Open(p9.OpenFlags(flags)); err != nil {
+		_ = clone.Close()
+		return 0, status(err)
+	}
+	return f.t.open(clone, dir)
+}
+
+// Open implements fuse.RawFileSystem.
+func (f *fileSystem) Open(_ <-chan struct{}, in *fuse.OpenIn, out *fuse.OpenOut) fuse.Status {
+	fh, st := f.openNode(in.NodeId, in.Flags, false)
+	if !st.Ok() {
+		return st
+	}
+	*out = fuse.OpenOut{Fh: fh, OpenFlags: f.openFlags(false)}
+	return fuse.OK
+}
+
+// OpenDir implements fuse.RawFileSystem.
+func (f *fileSystem) OpenDir(_ <-chan struct{}, in *fuse.OpenIn, out *fuse.OpenOut) fuse.Status {
+	fh, st := f.openNode(in.NodeId, uint32(p9.ReadOnly), true)
+	if !st.Ok() {
+		return st
+	}
+	*out = fuse.OpenOut{Fh: fh, OpenFlags: f.openFlags(true)}
+	return fuse.OK
+}
+
+// Release implements fuse.RawFileSystem.
+func (f *fileSystem) Release(_ <-chan struct{}, in *fuse.ReleaseIn) { f.t.release(in.Fh, false) }
+
+// ReleaseDir implements fuse.RawFileSystem.
+func (f *fileSystem) ReleaseDir(in *fuse.ReleaseIn) { f.t.release(in.Fh, true) }
+
+// Read implements fuse.RawFileSystem: one pread into buf (the chain's
+// guest buffer when it is one piece).
+func (f *fileSystem) Read(_ <-chan struct{}, in *fuse.ReadIn, buf []byte) (fuse.ReadResult, fuse.Status) {
+	h, st := f.t.handle(in.Fh, false)
+	if !st.Ok() {
+		return nil, st
+	}
+	if in.Offset > math.MaxInt64 {
+		return nil, fuse.EINVAL
+	}
+	buf = buf[:min(uint64(in.Size), uint64(len(buf)))]
+	n, err := h.file.ReadAt(buf, int64(in.Offset))
+	if err != nil && n == 0 {
+		return nil, status(err)
+	}
+	return fuse.ReadResultData(buf[:n]), fuse.OK
+}
+
+// Writev implements fuse.RawFileSystem: one pwrite per guest segment, in
+// order, stopping at the first short or failed one.
+func (f *fileSystem) Writev(_ <-chan struct{}, in *fuse.WriteIn, data [][]byte) (uint32, fuse.Status) {
+	h, st := f.t.handle(in.Fh, false)
+	if !st.Ok() {
+		return 0, st
+	}
+	if in.Offset > math.MaxInt64 {
+		return 0, fuse.EINVAL
+	}
+	off := int64(in.Offset)
+	var written uint32
+	for _, seg := range data {
+		if off > math.MaxInt64-int64(len(seg)) {
+			return written, fuse.Status(syscall.EFBIG)
+		}
+		n, err := h.file.WriteAt(seg, off)
+		written += uint32(n)
+		off += int64(n)
+		if err != nil {
+			if written > 0 {
+				return written, fuse.OK
+			}
+			return 0, status(err)
+		}
+		if n < len(seg) {
+			break
+		}
+	}
+	return written, fuse.OK
+}
+
+// Flush implements fuse.RawFileSystem: nothing is buffered on the host.
+func (f *fileSystem) Flush(_ <-chan struct{}, in *fuse.FlushIn) fuse.Status {
+	_, st := f.t.handle(in.Fh, false)
+	return st
+}
+
+// Fsync implements fuse.RawFileSystem.
+func (f *fileSystem) Fsync(_ <-chan struct{}, in *fuse.FsyncIn) fuse.Status {
+	return f.fsync(in.Fh, false)
+}
+
+// FsyncDir implements fuse.RawFileSystem.
+func (f *fileSystem) FsyncDir(_ <-chan struct{}, in *fuse.FsyncIn) fuse.Status {
+	return f.fsync(in.Fh, true)
+}
+
+func (f *fileSystem) fsync(fh uint64, dir bool) fuse.Status {
+	h, st := f.t.handle(fh, dir)
+	if !st.Ok() {
+		return st
+	}
+	return status(h.file.FSync())
+}
+
+// direntMode is a directory entry's type as FUSE wants it (S_IFMT bits),
+// from the export layer's QID type. Entries that are neither directories
+// nor symlinks are reported as regular files; the guest learns a FIFO's
+// or socket's real type from its attributes.
+func direntMode(t p9.QIDType) uint32 {
+	switch {
+	case t&p9.TypeDir != 0:
+		return fuse.S_IFDIR
+	case t&p9.TypeSymlink != 0:
+		return fuse.S_IFLNK
+	}
+	return fuse.S_IFREG
+}
+
+// readdirPlusShare divides a READDIRPLUS's size into what the layer is
+// asked for: each entry carries a 128-byte entry besides its name.
+const readdirPlusShare = 5
+
+// ReadDir implements fuse.RawFileSystem. The offset is the host's own
+// directory position (see package p9/fs), so nothing is cached between
+// requests.
+func (f *fileSystem) ReadDir(_ <-chan struct{}, in *fuse.ReadIn, out *fuse.DirEntryList) fuse.Status {
+	ents, st := f.readdir(in, in.Size)
+	for _, d := range ents {
+		if !out.AddDirEntry(fuse.DirEntry{Mode: direntMode(d.Type), Name: d.Name, Ino: d.QID.Path, Off: d.Offset}) {
+			break
+		}
+	}
+	return st
+}
+
+// ReadDirPlus implements fuse.RawFileSystem: each entry but "." and ".."
+// is also looked up (one more lookup of its node, which the kernel
+// counts); an entry whose lookup fails goes without attributes (node id 0).
+func (f *fileSystem) ReadDirPlus(_ <-chan struct{}, in *fuse.ReadIn, out *fuse.DirEntryList) fuse.Status {
+	ents, st := f.readdir(in, in.Size/readdirPlusShare)
+	for _, d := range ents {
+		e := out.AddDirLookupEntry(fuse.DirEntry{Mode: direntMode(d.Type), Name: d.Name, Ino: d.QID.Path, Off: d.Offset})
+		if e == nil {
+			break
+		}
+		if d.Name == "." || d.Name == ".." {
+			continue
+		}
+		if !f.lookup(in.NodeId, d.Name, e).Ok() {
+			*e = fuse.EntryOut{}
+			continue
+		}
+		out.FixMode(e.Attr.Mode)
+	}
+	return st
+}
+
+func (f *fileSystem) readdir(in *fuse.ReadIn, count uint32) (p9.Dirents, fuse.Status) {
+	h, st := f.t.handle(in.Fh, true)
+	if !st.Ok() {
+		return nil, st
+	}
+	ents, err := h.file.Readdir(in.Offset, count)
+	return ents, status(err)
+}

@@ -1,0 +1,191 @@
+package virtiofs
+
+import (
+	"syscall"
+
+	"sync"
+
+	"github.com/hanwen/go-fuse/v2/fuse"
+	"github.com/hugelgupf/p9/p9"
+
+	"github.com/cowork-vmm/cowork-vmm/devices/p9/fs"
+)
+
+// node is one inode the guest kernel holds: a file of the export layer
+// (an O_PATH descriptor on the host) and the guest's lookup count, which
+// FORGET lowers. The guest learns it as a node id.
+type node struct {
+	file    p9.File
+	key     fs.NodeKey
+	mode    uint32 // the host file type bits (S_IFMT), stable for an inode
+	lookups uint64
+}
+
+// handle is one open file or directory (an open descriptor on the host).
+type handle struct {
+	file p9.File
+	dir  bool
+}
+
+// table holds a session's nodes and handles. Node ids and handle ids are
+// never reused within a session, so a stale id from the guest finds
+// nothing rather than another file. Both are bounded (each entry is a host
+// descriptor). Safe for concurrent use.
+type table struct {
+	maxNodes, maxHandles int
+
+	mu         sync.Mutex
+	nodes      map[uint64]*node
+	byKey      map[fs.NodeKey]uint64
+	handles    map[uint64]*handle
+	nextNode   uint64
+	nextHandle uint64
+}
+
+func newTable(root p9.File, maxNodes, maxHandles int) *table {
+	t := &table{
+		maxNodes: maxNodes, maxHandles: maxHandles,
+		nodes:    make(map[uint64]*node),
+		byKey:    make(map[fs.NodeKey]uint64),
+		handles:  make(map[uint64]*handle),
+		nextNode: fuse.FUSE_ROOT_ID,
+	}
+	// The root is never forgotten (the kernel never sends FORGET for it).
+	t.nodes[fuse.FUSE_ROOT_ID] = &node{file: root, mode: fuse.S_IFDIR, lookups: 1}
+	return t
+}
+
+// node returns the node with this id.
+func (t *table) node(id uint64) (*node, fuse.Status) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	n, ok := t.nodes[id]
+	if !ok {
+		return nil, fuse.Status(syscall.ESTALE)
+	}
+	return n, fuse.OK
+}
+
+// add records one lookup of the inode key names and returns its node id:
+// the existing node's (f is then closed: the node keeps its own file), or
+// a new node holding f. ENFILE when the table is full.
+func (t *table) add(key fs.NodeKey, f p9.File, mode uint32) (uint64, fuse.Status) {
+	t.mu.Lock()
+	if id, ok := t.byKey[key]; ok {
+		t.nodes[id].lookups++
+		t.mu.Unlock()
+		_ = f.Close()
+		return id, fuse.OK
+	}
+	if len(t.nodes) >= t.maxNodes {
+		t.mu.Unlock()
+		_ = f.Close()
+		return 0, fuse.Status(syscall.ENFILE)
+	}
+	t.nextNode++
+	id := t.nextNode
+	t.nodes[id] = &node{file: f, key: key, mode: mode & syscall.S_IFMT, lookups: 1}
+	t.byKey[key] = id
+	t.mu.Unlock()
+	return id, fuse.OK
+}
+
+// lookupByKey returns the node of an inode key, if the guest holds it.
+func (t *table) lookupByKey(key fs.NodeKey) (*node, bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	id, ok := t.byKey[key]
+	if !ok {
+		return nil, false
+	}
+	return t.nodes[id], true
+}
+
+// forget lowers a node's lookup count by n (a guest that forgets more
+// than it looked up forgets the node) and closes its file at zero. The
+// root and unknown ids are ignored.
+func (t *table) forget(id, n uint64) {
+	if id == fuse.FUSE_ROOT_ID {
+		return
+	}
+	t.mu.Lock()
+	nd, ok := t.nodes[id]
+	if !ok {
+		t.mu.Unlock()
+		return
+	}
+	if n < nd.lookups {
+		nd.lookups -= n
+		t.mu.Unlock()
+		return
+	}
+	delete(t.nodes, id)
+	delete(t.byKey, nd.key)
+	t.mu.Unlock()
+	_ = nd.file.Close()
+}
+
+// open records an open file or directory and returns its handle id.
+// ENFILE when the table is full (f is then closed).
+func (t *table) open(f p9.File, dir bool) (uint64, fuse.Status) {
+	t.mu.Lock()
+	if len(t.handles) >= t.maxHandles {
+		t.mu.Unlock()
+		_ = f.Close()
+		return 0, fuse.Status(syscall.ENFILE)
+	}
+	t.nextHandle++
+	id := t.nextHandle
+	t.handles[id] = &handle{file: f, dir: dir}
+	t.mu.Unlock()
+	return id, fuse.OK
+}
+
+// handle returns the open handle id, of a directory when dir is set and
+// of a file otherwise (EBADF for an unknown id or the other kind).
+func (t *table) handle(id uint64, dir bool) (*handle, fuse.Status) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	h, ok := t.handles[id]
+	if !ok || h.dir != dir {
+		return nil, fuse.EBADF
+	}
+	return h, fuse.OK
+}
+
+// release closes an open handle; unknown ids and the other kind are
+// ignored.
+func (t *table) release(id uint64, dir bool) {
+	t.mu.Lock()
+	h, ok := t.handles[id]
+	if !ok || h.dir != dir {
+		t.mu.Unlock()
+		return
+	}
+	delete(t.handles, id)
+	t.mu.Unlock()
+	_ = h.file.Close()
+}
+
+// counts returns how many nodes and handles the table holds.
+func (t *table) counts() (nodes, handles int) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.nodes), len(t.handles)
+}
+
+// closeAll closes every handle and node (the session ended: the guest
+// reset the device or the VM stopped).
+func (t *table) closeAll() {
+	t.mu.Lock()
+	handles, nodes := t.handles, t.nodes
+	t.handles, t.nodes = map[uint64]*handle{}, map[uint64]*node{}
+	clear(t.byKey)
+	t.mu.Unlock()
+	for _, h := range handles {
+		_ = h.file.Close()
+	}
+	for _, n := range nodes {
+		_ = n.file.Close()
+	}
+}

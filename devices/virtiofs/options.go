@@ -1,0 +1,49 @@
+package virtiofs
+
+import (
+	"log/slog"
+
+	"github.com/hugelgupf/p9/p9"
+)
+
+// MaxTagLen is the length of the config space's tag field (virtio 1.2
+// §5.11.4): a tag of exactly 36 bytes has no NUL.
+const MaxTagLen = 36
+
+// Defaults for Options' zero values.
+const (
+	DefaultQueueSize   = 256
+	DefaultMaxInFlight = 16
+	DefaultMaxNodes    = 1 << 18
+	DefaultMaxHandles  = 1 << 14
+)
+
+// Options configure a Device.
+type Options struct {
+	// Tag is the mount tag the guest names (mount -t virtiofs TAG dir),
+	// 1..MaxTagLen bytes.
+	Tag string
+	// Root serves the device's tree: its Attach returns the directory the
+	// guest mounts (an *fs.Exports: one name per export). Required.
+	Root p9.Attacher
+	// Cached says the files under Root do not change behind the guest's
+	// back (the system directories): the guest keeps entries, attributes
+	// and page cache for a long time. Otherwise every lookup, attribute
+	// and open goes to the host, so a host edit is seen at once.
+	Cached bool
+	// Logger receives the device's log (rate-limited guest misbehaviour).
+	// nil = slog.Default().
+	Logger *slog.Logger
+	// QueueSize is the largest size of each queue (a power of two); 0 =
+	// DefaultQueueSize.
+	QueueSize uint16
+	// MaxInFlight bounds the requests served at once; 0 =
+	// DefaultMaxInFlight.
+	MaxInFlight int
+	// MaxNodes bounds the inodes the guest may hold (each is a host
+	// descriptor); a lookup beyond it fails with ENFILE. 0 = DefaultMaxNodes.
+	MaxNodes int
+	// MaxHandles bounds the files and directories the guest may hold open
+	// (each is a host descriptor); 0 = DefaultMaxHandles.
+	MaxHandles int
+}

@@ -1,0 +1,190 @@
+package virtiofs
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"runtime/debug"
+	"sync"
+	"syscall"
+
+	"github.com/hanwen/go-fuse/v2/fuse"
+
+	"github.com/cowork-vmm/cowork-vmm/devices/virtio"
+)
+
+// session is one activation of the device: one FUSE connection, from the
+// guest's FUSE_INIT to the device's reset. A worker per queue pops chains
+// and hands each to a goroutine of its own, at most MaxInFlight at once;
+// replies complete out of order, as virtio allows.
+type session struct {
+	d      *Device
+	mem    virtio.GuestMemory
+	slicer virtio.Slicer // nil: every request goes through bounce buffers
+	irq    virtio.Interrupt
+	queues []*virtio.Queue
+	fs     *fileSystem
+	server *fuse.ProtocolServer
+
+	wakes [numQueues]chan struct{}
+	stop  chan struct{}
+	slots chan struct{} // one token per request in flight
+	// running counts the queue workers and the requests in flight; end
+	// waits for it, so no guest buffer is used after Reset.
+	running sync.WaitGroup
+}
+
+func startSession(d *Device, mem virtio.GuestMemory, irq virtio.Interrupt, queues []*virtio.Queue, fsys *fileSystem, server *fuse.ProtocolServer) *session {
+	s := &session{
+		d: d, mem: mem, irq: irq, queues: queues, fs: fsys, server: server,
+		stop:  make(chan struct{}),
+		slots: make(chan struct{}, d.opts.MaxInFlight),
+	}
+	s.slicer, _ = mem.(virtio.Slicer)
+	for q := range s.wakes {
+		s.wakes[q] = make(chan struct{}, 1)
+		s.running.Add(1)
+		go s.work(q)
+	}
+	return s
+}
+
+// wake tells queue q's worker that the driver made buffers available.
+// Out-of-range queues were refused by the transport.
+func (s *session) wake(q int) {
+	select {
+	case s.wakes[q] <- struct{}{}:
+	default:
+	}
+}
+
+// end stops the workers, waits for every request in flight and closes the
+// session's nodes and handles.
+func (s *session) end() {
+	close(s.stop)
+	s.running.Wait()
+	s.fs.t.closeAll()
+}
+
+func (s *session) work(q int) {
+	defer s.running.Done()
+	for {
+		if !s.drain(q) {
+			return
+		}
+		select {
+		case <-s.wakes[q]:
+		case <-s.stop:
+			return
+		}
+	}
+}
+
+// drain starts a request for every available chain of queue q; false
+// means stop (the queue broke or the session ends).
+func (s *session) drain(q int) bool {
+	queue := s.queues[q]
+	for {
+		chain, err := queue.Pop()
+		var chainErr *virtio.ChainError
+		switch {
+		case errors.As(err, &chainErr):
+			s.d.guestLog.Warn("virtio-fs: refused a request chain", "err", err)
+			if queue.NeedsInterrupt() {
+				s.irq.SignalUsed()
+			}
+			continue
+		case err != nil:
+			s.irq.NeedsReset(err)
+			return false
+		case chain == nil:
+			return true
+		}
+		select {
+		case s.slots <- struct{}{}:
+		case <-s.stop:
+			return false // the chain goes with the reset
+		}
+		s.running.Add(1)
+		go s.serve(queue, chain)
+	}
+}
+
+// serve answers one chain and completes it.
+func (s *session) serve(queue *virtio.Queue, chain *virtio.Chain) {
+	defer func() { <-s.slots; s.running.Done() }()
+	n := s.handle(chain)
+	if err := queue.Complete(chain, n, s.irq); err != nil {
+		s.irq.NeedsReset(fmt.Errorf("virtio-fs: completing a request: %w", err))
+	}
+}
+
+// handle runs one request and returns how many bytes of reply it wrote.
+// A request the protocol server cannot take (too short, too large, a reply
+// that does not fit) is answered with an error header when the chain has
+// room for one, so the guest's request ends instead of hanging.
+func (s *session) handle(chain *virtio.Chain) uint32 {
+	if chain.ReadableLen() > maxMessage {
+		s.d.guestLog.Warn("virtio-fs: request larger than the device accepts", "bytes", chain.ReadableLen(), "max", maxMessage)
+		return errorReply(chain, nil, fuse.Status(syscall.E2BIG))
+	}
+	msg, err := s.message(chain)
+	if err != nil {
+		s.d.guestLog.Warn("virtio-fs: reading a request", "err", err)
+		return errorReply(chain, nil, fuse.EIO)
+	}
+	n, st := s.run(msg.in, msg.out)
+	if !st.Ok() {
+		return errorReply(chain, msg.in, st)
+	}
+	if msg.bounce != nil {
+		written, _ := chain.Writer().Write(msg.bounce[:n])
+		return uint32(written)
+	}
+	return uint32(n)
+}
+
+// run calls the protocol server; a panic in it (go-fuse parsing a request
+// it did not expect, or a file operation) is EIO for this request only.
+func (s *session) run(in, out [][]byte) (n int, st fuse.Status) {
+	defer func() {
+		if r := recover(); r != nil {
+			s.d.log.Error("virtio-fs: a request panicked; answered EIO", "panic", r, "stack", string(debug.Stack()))
+			n, st = 0, fuse.EIO
+		}
+	}()
+	return s.server.HandleRequest(in, out)
+}
+
+// errorReply writes a FUSE reply header carrying st for the request whose
+// header is in (nil: read it from the chain) and returns its length, or 0
+// when the chain cannot take it.
+func errorReply(chain *virtio.Chain, in [][]byte, st fuse.Status) uint32 {
+	var hdr [16]byte
+	if in != nil {
+		copyFromIov(hdr[:], in)
+	} else {
+		_, _ = chain.Reader().Read(hdr[:])
+	}
+	unique := binary.LittleEndian.Uint64(hdr[8:16])
+	var out [16]byte
+	binary.LittleEndian.PutUint32(out[0:], uint32(len(out)))
+	binary.LittleEndian.PutUint32(out[4:], uint32(-int32(st)))
+	binary.LittleEndian.PutUint64(out[8:], unique)
+	if chain.WritableLen() < uint32(len(out)) {
+		return 0
+	}
+	n, _ := chain.Writer().Write(out[:])
+	return uint32(n)
+}
+
+// copyFromIov copies the first bytes of iov into dst.
+func copyFromIov(dst []byte, iov [][]byte) {
+	for _, b := range iov {
+		n := copy(dst, b)
+		dst = dst[n:]
+		if len(dst) == 0 {
+			return
+		}
+	}
+}
