@@ -87,14 +87,17 @@ type AgentHello struct {
 // uses is the backend's business, the agent just performs it.
 type MountSource struct {
 	// Kind is MountKindBind (Path is a path the agent can see: the process
-	// backend, where the agent runs on the host), MountKindNineP (Tag and
-	// Aname select a virtio-9p export: the VM backend) or MountKindTmpfs.
+	// backend, where the agent runs on the host), MountKindVirtioFS (Tag
+	// and Aname select a virtio-fs export: the VM backend), MountKindNineP
+	// (the same over virtio-9p: the VM backend with COWORK_VMM_FS=9p) or
+	// MountKindTmpfs.
 	Kind  string `json:"kind"`
 	Path  string `json:"path,omitempty"`
 	Tag   string `json:"tag,omitempty"`
 	Aname string `json:"aname,omitempty"`
 	// Cache is the cache mode of the 9p device Tag selects (kind "9p"
-	// only): NinePCacheNone (every read and lookup goes to the host, which
+	// only; ignored for "virtiofs", whose caching the host device decides):
+	// NinePCacheNone (every read and lookup goes to the host, which
 	// may change the files at any moment) or NinePCacheLoose (the guest
 	// keeps file pages and metadata: for directories that do not change
 	// while the guest runs, such as the read-only system directories). The
@@ -107,7 +110,14 @@ type MountSource struct {
 const (
 	MountKindBind  = "bind"
 	MountKindNineP = "9p"
-	MountKindTmpfs = "tmpfs"
+	// MountKindVirtioFS: Tag selects the virtio-fs device (mount -t
+	// virtiofs TAG), Aname the export, a directory named so in the root of
+	// that device's tree. As with 9p the agent mounts each tag once, out of
+	// sight, and binds exports out of it; Cache is ignored: whether the
+	// guest caches a device's files is the host device's choice (it tells
+	// the guest's FUSE driver with every reply).
+	MountKindVirtioFS = "virtiofs"
+	MountKindTmpfs    = "tmpfs"
 )
 
 // DefaultPath is the PATH a spawned process starts with when the client
