@@ -29,7 +29,7 @@ var isolationProbePath = filepath.Join("..", "guest", "agent", "testdata", "isol
 // guest what a hostile spawn of one session can reach, on
 // COWORK_VMM_E2E_BACKEND (the process backend by default). The process
 // backend guarantees the agent's part (no ptrace of it, no /proc/1/mem,
-// environ, fd or root), no 9p mount, no egress token in a spawn's
+// environ, fd or root), no 9p or virtiofs mount, no egress token in a spawn's
 // environment, working user namespaces, and the spawn's own session and
 // mounts; what it does not (another session's files and processes: one uid,
 // one mount tree for all) is only logged. TestKVMSpawnIsolation asserts all.
@@ -137,14 +137,18 @@ func spawnIsolation(t *testing.T, backend string) {
 	for _, k := range r["envKeys"].([]any) {
 		assert.NotContains(t, strings.ToUpper(k.(string)), "TOKEN", "no token in the spawn's environment")
 	}
-	// (4) No 9p mount, directly or from a user namespace of its own; user
-	// namespaces themselves still work (bubblewrap).
+	// (4) No 9p or virtiofs mount, directly or from a user namespace of its
+	// own; user namespaces themselves still work (bubblewrap).
 	for _, code := range r["mount9p"].([]any) {
 		assert.NotEqual(t, "ok", code, "mounting 9p must be refused")
+	}
+	for _, code := range r["mountVirtioFS"].([]any) {
+		assert.NotEqual(t, "ok", code, "mounting virtiofs must be refused")
 	}
 	assert.Equal(t, "ok", r["nestedUserns"])
 	assert.Equal(t, "ok", r["nestedTmpfs"])
 	assert.NotEqual(t, "ok", r["nestedMount9p"])
+	assert.NotEqual(t, "ok", r["nestedMountVirtioFS"])
 	// Its own session, rw and ro mounts, and egress still work.
 	for _, k := range []string{"ownWrite", "ownRead", "ownChmod", "stdout", "rwWrite"} {
 		assert.Equal(t, "ok", r[k], k)
@@ -170,6 +174,8 @@ func spawnIsolation(t *testing.T, backend string) {
 		assert.Equal(t, "EPERM", r["victimSignal"])
 		assert.Equal(t, []any{"EPERM"}, r["mount9p"])
 		assert.Equal(t, "EPERM", r["nestedMount9p"])
+		assert.Equal(t, []any{"EPERM"}, r["mountVirtioFS"])
+		assert.Equal(t, "EPERM", r["nestedMountVirtioFS"])
 		uid := int(r["uid"].(float64))
 		assert.NotZero(t, uid)
 		assert.NotZero(t, victimUID)

@@ -21,9 +21,9 @@ package agent
 //     (protocol.GuestToolPath), and /etc/passwd and /etc/group with its
 //     user added. Its session is SpawnParams.Session, which the helper
 //     always names (a spawn without it is refused). Then pivot_root
-//     and the agent's tree is detached: other sessions, the 9p devices'
-//     attach roots and the agent's staging directory are not covered up but
-//     absent. The root is made read-only. For this the VM's agent leaves the
+//     and the agent's tree is detached: other sessions, the roots of the
+//     file-sharing devices (virtio-fs or 9p) and the agent's staging
+//     directory are not covered up but absent. The root is made read-only. For this the VM's agent leaves the
 //     kernel's rootfs for a tmpfs (leaveRootfs: pivot_root refuses the
 //     rootfs) and shares its mounts, keeping the staging directory private
 //     (setupInPlace).
@@ -36,13 +36,15 @@ package agent
 //     CAP_SYS_PTRACE in the initial user namespace (the agent is also
 //     non-dumpable): no ptrace, no /proc/1/mem, environ or fd. Another uid
 //     than other sessions': no ptrace or signals between sessions. No
-//     CAP_SYS_ADMIN in the initial user namespace: no mount, and 9p cannot
-//     be mounted from a user namespace of its own either. It may create user
-//     namespaces (bubblewrap does). The capabilities take effect with the
-//     exec, so the thread enters the working directory for the child, and a
-//     command the child could not reach by permission bits alone is started
-//     through /bin/sh (isolation.start).
-//   - Files on 9p: the 9p server reports the host's owner of each file (the
+//     CAP_SYS_ADMIN in the initial user namespace: no mount, and neither
+//     virtiofs nor 9p can be mounted from a user namespace of its own
+//     either. It may create user namespaces (bubblewrap does). The
+//     capabilities take effect with the exec, so the thread enters the
+//     working directory for the child, and a command the child could not
+//     reach by permission bits alone is started through /bin/sh
+//     (isolation.start).
+//   - Files on virtio-fs or 9p: the host's device (both over the export
+//     layer of devices/p9/fs) reports the host's owner of each file (the
 //     helper's uid and gid, H) and ignores the guest's ids on create; the
 //     guest kernel checks access against what it reports. The spawn's user
 //     namespace maps, besides U, the owners of its session's mounts (H,

@@ -246,6 +246,8 @@ func assertIsolatedProbe(t *testing.T, r map[string]any, victimUID int) int {
 	assert.Equal(t, "ok", r["nestedTmpfs"])
 	// EPERM where the kernel has 9p (the VM), ENODEV where it has not.
 	assert.Contains(t, []any{"EPERM", "ENODEV"}, r["nestedMount9p"], "9p cannot be mounted from a user namespace")
+	assert.Equal(t, []any{"EPERM"}, r["mountVirtioFS"])
+	assert.Contains(t, []any{"EPERM", "ENODEV"}, r["nestedMountVirtioFS"], "virtiofs cannot be mounted from a user namespace")
 	uid := int(r["uid"].(float64))
 	assert.GreaterOrEqual(t, uid, firstSessionUID)
 	assert.NotEqual(t, victimUID, uid, "two sessions, two uids")

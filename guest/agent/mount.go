@@ -28,6 +28,13 @@ const (
 	hostRootDir = "/.host"
 )
 
+// Shared-filesystem devices. In the VM every host share is an export of a
+// virtio-fs device (protocol.MountKindVirtioFS) or, with COWORK_VMM_FS=9p,
+// of a virtio-9p device (MountKindNineP): a directory named by its aname in
+// the root of the device's tree. Both kinds are handled alike (see
+// mounter.devices): a device is mounted once, out of the guest's sight,
+// and each export is bound out of it.
+
 // ninePOptions are the 9p mount options of the VM's exports.
 const ninePOptions = "trans=virtio,version=9p2000.L,msize=262144"
 
@@ -42,10 +49,48 @@ func ninePMountOptions(cache string) string {
 	return ninePOptions + ",cache=" + cache
 }
 
-// ninePMount is one mounted virtio-9p device.
-type ninePMount struct {
-	root  *os.File // O_PATH descriptor of the device's attach root
-	cache string   // the cache mode it was mounted with
+// deviceKind says how the devices of one MountSource kind are mounted.
+type deviceKind struct {
+	fstype string // mount(2)'s filesystem type; the source is the tag
+	name   string // for messages
+	// cacheModes: the source's Cache is the device's cache mode (9p),
+	// fixed when the device is mounted. Otherwise Cache is ignored: a
+	// virtio-fs device tells the guest what it may cache.
+	cacheModes bool
+	// optionsFor returns the mount options for a cache mode; nil: none.
+	optionsFor func(cache string) string
+}
+
+// deviceKinds are the MountSource kinds served by a shared-filesystem device.
+var deviceKinds = map[string]deviceKind{
+	protocol.MountKindVirtioFS: {fstype: "virtiofs", name: "virtio-fs"},
+	protocol.MountKindNineP:    {fstype: "9p", name: "9p", cacheModes: true, optionsFor: ninePMountOptions},
+}
+
+// cache returns the cache mode a device of this kind is mounted with for src.
+func (k deviceKind) cache(src protocol.MountSource) string {
+	if k.cacheModes {
+		return src.Cache
+	}
+	return ""
+}
+
+// options returns the mount options of a device of this kind mounted in
+// cache mode cache.
+func (k deviceKind) options(cache string) string {
+	if k.optionsFor == nil {
+		return ""
+	}
+	return k.optionsFor(cache)
+}
+
+// deviceKey names one shared-filesystem device: its kind and tag.
+type deviceKey struct{ kind, tag string }
+
+// deviceMount is one mounted shared-filesystem device.
+type deviceMount struct {
+	root  *os.File // O_PATH descriptor of the root of the device's tree
+	cache string   // the cache mode it was mounted with (9p)
 }
 
 // mounter performs mounts and remembers what it mounted where.
@@ -68,50 +113,54 @@ type mounter struct {
 
 	mu       sync.Mutex
 	hostRoot *os.File // O_PATH fd of the host root after a NewRoot setup
-	// ninePRoots holds, per virtio-9p tag, that device's mount. Linux lets
-	// a virtio-9p device be mounted only once (a second mount of the tag
-	// fails with EBUSY), so each tag is mounted once, at a covered private
-	// staging point (see ninePRoot), and every export (a child of the attach
-	// root, named by its aname) is bind-mounted out of it. The cache mode
-	// is the superblock's, hence one per tag.
-	ninePRoots map[string]ninePMount
-	mounts     map[string]protocol.Mount // by target
-	system     []string                  // the system mounts' targets, after setup
-	setupRan   bool
+	// devices holds, per shared-filesystem device (virtio-fs or virtio-9p
+	// tag), that device's mount. Linux lets a virtio-9p device be mounted
+	// only once (a second mount of the tag fails with EBUSY), and a second
+	// mount of a virtio-fs tag would only share the first one's
+	// superblock; so each device is mounted once, at a covered private
+	// staging point (see deviceRoot), and every export (a child of the
+	// device's root, named by its aname) is bind-mounted out of it. A 9p
+	// cache mode is the superblock's, hence one per tag.
+	devices  map[deviceKey]deviceMount
+	mounts   map[string]protocol.Mount // by target
+	system   []string                  // the system mounts' targets, after setup
+	setupRan bool
 	// isolate: spawns get their session's view only (Options.IsolateSessions;
 	// see isolate.go). Fixed at creation.
 	isolate bool
 }
 
 func newMounter(log *slog.Logger, isolate bool) *mounter {
-	return &mounter{log: log, mounts: make(map[string]protocol.Mount), ninePRoots: make(map[string]ninePMount), isolate: isolate}
+	return &mounter{log: log, mounts: make(map[string]protocol.Mount), devices: make(map[deviceKey]deviceMount), isolate: isolate}
 }
 
-// ninePRoot returns the attach root of the virtio-9p device with this tag,
-// mounting it in cache mode cache on first use; a tag already mounted in
-// another mode is an error (the mode cannot differ per export). The caller
-// holds m.mu.
+// deviceRoot returns the root of the tree of the shared-filesystem device
+// src names (its kind and tag: a validated source), mounting the device on
+// first use; a 9p tag already mounted in another cache mode is an error
+// (the mode cannot differ per export). The caller holds m.mu.
 //
 // The mount stays in the agent's mount namespace, at a private staging
 // point covered by an empty read-only tmpfs: a mount detached from the
-// tree (MNT_DETACH) cannot be the source of a bind on the kernels we run
-// (open_tree(OPEN_TREE_CLONE) and mount(MS_BIND) refuse it with EINVAL),
-// while the cover hides it from path lookups; the descriptor still reaches
-// it through /proc/self/fd.
-func (m *mounter) ninePRoot(tag, cache string) (*os.File, error) {
-	if nm, ok := m.ninePRoots[tag]; ok {
-		if err := cacheConflict(tag, nm.cache, cache); err != nil {
+// tree (MNT_DETACH, or fsmount's before it is attached) cannot be the
+// source of a bind on the kernels we run (open_tree(OPEN_TREE_CLONE) and
+// mount(MS_BIND) refuse it with EINVAL), while the cover hides it from
+// path lookups; the descriptor still reaches it through /proc/self/fd.
+func (m *mounter) deviceRoot(src protocol.MountSource) (*os.File, error) {
+	kind := deviceKinds[src.Kind]
+	key, cache := deviceKey{src.Kind, src.Tag}, kind.cache(src)
+	if dm, ok := m.devices[key]; ok {
+		if err := cacheConflict(src.Tag, dm.cache, cache); err != nil {
 			return nil, err
 		}
-		return nm.root, nil
+		return dm.root, nil
 	}
 	stage, err := makeStagingDir()
 	if err != nil {
 		return nil, err
 	}
-	if err := unix.Mount(tag, stage.procPath(), "9p", unix.MS_NOSUID|unix.MS_NODEV, ninePMountOptions(cache)); err != nil {
+	if err := unix.Mount(src.Tag, stage.procPath(), kind.fstype, unix.MS_NOSUID|unix.MS_NODEV, kind.options(cache)); err != nil {
 		stage.release(true)
-		return nil, fmt.Errorf("mounting the 9p device %q: %w", tag, err)
+		return nil, fmt.Errorf("mounting the %s device %q: %w", kind.name, src.Tag, err)
 	}
 	var root mountPoint
 	err = withRoot(func(top int) error {
@@ -121,29 +170,30 @@ func (m *mounter) ninePRoot(tag, cache string) (*os.File, error) {
 	})
 	stage.release(false)
 	if err != nil {
-		return nil, fmt.Errorf("opening the 9p device %q: %w", tag, err)
+		return nil, fmt.Errorf("opening the %s device %q: %w", kind.name, src.Tag, err)
 	}
 	if err := unix.Mount("tmpfs", root.procPath(), "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC|unix.MS_RDONLY, "mode=0000,size=4k"); err != nil {
-		m.log.Warn("cannot cover the 9p attach root; guest processes may reach it by path", "tag", tag, "path", stage.path, "err", err)
+		m.log.Warn("cannot cover the root of a file-sharing device; guest processes may reach it by path",
+			"kind", kind.name, "tag", src.Tag, "path", stage.path, "err", err)
 	}
-	f := os.NewFile(uintptr(root.fd), "9p:"+tag)
-	m.ninePRoots[tag] = ninePMount{root: f, cache: cache}
-	m.log.Debug("mounted a 9p device", "tag", tag, "cache", cacheName(cache))
+	f := os.NewFile(uintptr(root.fd), kind.fstype+":"+src.Tag)
+	m.devices[key] = deviceMount{root: f, cache: cache}
+	m.log.Debug("mounted a file-sharing device", "kind", kind.name, "tag", src.Tag, "cache", cacheName(cache))
 	return f, nil
 }
 
-// ninePExport opens the export src names on its virtio-9p device (mounting
-// the device on first use), or the file rel inside it: beneath the
-// device's attach root, no symlink followed. The caller holds m.mu.
-func (m *mounter) ninePExport(src protocol.MountSource, rel string) (int, error) {
-	root, err := m.ninePRoot(src.Tag, src.Cache)
+// deviceExport opens the export src names on its shared-filesystem device
+// (mounting the device on first use), or the file rel inside it: beneath
+// the device's root, no symlink followed. The caller holds m.mu.
+func (m *mounter) deviceExport(src protocol.MountSource, rel string) (int, error) {
+	root, err := m.deviceRoot(src)
 	if err != nil {
 		return -1, err
 	}
 	name := path.Join(src.Aname, rel)
 	fd, err := unix.Openat2(int(root.Fd()), name, &unix.OpenHow{Flags: unix.O_PATH | unix.O_CLOEXEC, Resolve: resolveBeneath})
 	if err != nil {
-		return -1, fmt.Errorf("the 9p export %s:%s: %w", src.Tag, name, err)
+		return -1, fmt.Errorf("the %s export %s:%s: %w", deviceKinds[src.Kind].name, src.Tag, name, err)
 	}
 	return fd, nil
 }
@@ -153,8 +203,10 @@ func (m *mounter) ninePExport(src protocol.MountSource, rel string) (int, error)
 // mts, before anything is mounted or replaced. The caller holds m.mu.
 func (m *mounter) checkNinePCaches(mts ...protocol.Mount) error {
 	modes := make(map[string]string)
-	for tag, nm := range m.ninePRoots {
-		modes[tag] = nm.cache
+	for key, dm := range m.devices {
+		if key.kind == protocol.MountKindNineP {
+			modes[key.tag] = dm.cache
+		}
 	}
 	for _, mt := range mts {
 		if mt.Source.Kind != protocol.MountKindNineP {
@@ -196,9 +248,9 @@ func (m *mounter) close() {
 		m.hostRoot.Close()
 		m.hostRoot = nil
 	}
-	for tag, nm := range m.ninePRoots {
-		nm.root.Close()
-		delete(m.ninePRoots, tag)
+	for key, dm := range m.devices {
+		dm.root.Close()
+		delete(m.devices, key)
 	}
 }
 
@@ -330,8 +382,8 @@ func (m *mounter) mountAt(mt protocol.Mount, root int, target string) error {
 			return err
 		}
 		src, name = fd, mt.Source.Path
-	case protocol.MountKindNineP:
-		fd, err := m.ninePExport(mt.Source, "")
+	case protocol.MountKindVirtioFS, protocol.MountKindNineP:
+		fd, err := m.deviceExport(mt.Source, "")
 		if err != nil {
 			return err
 		}
@@ -356,10 +408,10 @@ func (m *mounter) mountFile(mt protocol.Mount, root int, target string) error {
 	switch mt.Source.Kind {
 	case protocol.MountKindBind:
 		src, err = m.resolveSource(filepath.Join(mt.Source.Path, mt.SourceFile))
-	case protocol.MountKindNineP:
-		src, err = m.ninePExport(mt.Source, mt.SourceFile)
+	case protocol.MountKindVirtioFS, protocol.MountKindNineP:
+		src, err = m.deviceExport(mt.Source, mt.SourceFile)
 	default:
-		return fmt.Errorf("a single-file mount needs kind bind or 9p, got %q", mt.Source.Kind)
+		return fmt.Errorf("a single-file mount needs kind bind, virtiofs or 9p, got %q", mt.Source.Kind)
 	}
 	if err != nil {
 		return fmt.Errorf("file to mount at %s: %w", target, err)
@@ -653,7 +705,7 @@ func validateMount(mt protocol.Mount) error {
 			return fmt.Errorf("mount sourceFile %q must be a plain relative path", mt.SourceFile)
 		}
 	}
-	if mt.Source.Kind != protocol.MountKindNineP && mt.Source.Cache != "" {
+	if _, device := deviceKinds[mt.Source.Kind]; !device && mt.Source.Cache != "" {
 		return fmt.Errorf("a %s mount has no cache mode (got %q): only 9p sources do", mt.Source.Kind, mt.Source.Cache)
 	}
 	switch mt.Source.Kind {
@@ -661,27 +713,39 @@ func validateMount(mt protocol.Mount) error {
 		if err := checkGuestPath(mt.Source.Path); err != nil {
 			return fmt.Errorf("bind mount source: %w", err)
 		}
-	case protocol.MountKindNineP:
-		for _, v := range []string{mt.Source.Tag, mt.Source.Aname} {
-			if strings.ContainsAny(v, ",\x00") {
-				return fmt.Errorf("9p tag and aname must not contain commas or NUL bytes: %q", v)
-			}
-		}
-		if mt.Source.Tag == "" {
-			return errors.New("a 9p mount needs a tag")
-		}
-		if a := mt.Source.Aname; a == "" || a == "." || a == ".." || strings.ContainsRune(a, '/') {
-			return fmt.Errorf("9p aname %q must name one export (a single path component)", a)
-		}
-		if c := mt.Source.Cache; c != protocol.NinePCacheNone && c != protocol.NinePCacheLoose {
-			return fmt.Errorf("unknown 9p cache mode %q (want %q or none)", c, protocol.NinePCacheLoose)
+	case protocol.MountKindVirtioFS, protocol.MountKindNineP:
+		if err := validateDeviceSource(mt.Source); err != nil {
+			return err
 		}
 	case protocol.MountKindTmpfs:
 		if mt.SourceFile != "" {
 			return errors.New("a tmpfs mount cannot be a single-file mount")
 		}
 	default:
-		return fmt.Errorf("unknown mount kind %q (want bind, 9p or tmpfs)", mt.Source.Kind)
+		return fmt.Errorf("unknown mount kind %q (want bind, virtiofs, 9p or tmpfs)", mt.Source.Kind)
+	}
+	return nil
+}
+
+// validateDeviceSource checks the source of a mount out of a
+// shared-filesystem device (kind virtiofs or 9p): a tag, an aname naming
+// one export, nothing a mount option string could be split at, and for
+// 9p a known cache mode (virtio-fs ignores Cache).
+func validateDeviceSource(src protocol.MountSource) error {
+	kind := deviceKinds[src.Kind]
+	for _, v := range []string{src.Tag, src.Aname} {
+		if strings.ContainsAny(v, ",\x00") {
+			return fmt.Errorf("%s tag and aname must not contain commas or NUL bytes: %q", kind.name, v)
+		}
+	}
+	if src.Tag == "" {
+		return fmt.Errorf("a %s mount needs a tag", kind.name)
+	}
+	if a := src.Aname; a == "" || a == "." || a == ".." || strings.ContainsRune(a, '/') {
+		return fmt.Errorf("%s aname %q must name one export (a single path component)", kind.name, a)
+	}
+	if c := src.Cache; kind.cacheModes && c != protocol.NinePCacheNone && c != protocol.NinePCacheLoose {
+		return fmt.Errorf("unknown %s cache mode %q (want %q or none)", kind.name, c, protocol.NinePCacheLoose)
 	}
 	return nil
 }

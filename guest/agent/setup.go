@@ -76,8 +76,8 @@ func bindTool() error {
 // mount the agent makes later (below a session's home, or the SDK in
 // /usr/local/bin) propagates into the mount namespaces of running spawns,
 // whose copies are its slaves; and the staging directory gets a private
-// tmpfs, so that what is mounted there (the 9p devices' attach roots, with
-// every export) is not shared with anything.
+// tmpfs, so that what is mounted there (the roots of the file-sharing
+// devices, with every export) is not shared with anything.
 func (m *mounter) setupInPlace(system []protocol.Mount) error {
 	if m.isolate {
 		if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_SHARED, ""); err != nil {

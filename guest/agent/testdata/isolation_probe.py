@@ -55,6 +55,14 @@ def mount9p(aname, target="/tmp/m9p"):
     libc.umount2(target.encode(), 2)
 
 
+def mountvirtiofs(tag, target="/tmp/mvfs"):
+    os.makedirs(target, exist_ok=True)
+    if libc.mount(tag.encode(), target.encode(), b"virtiofs", 0, None) != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, os.strerror(e))
+    libc.umount2(target.encode(), 2)
+
+
 def write(path, data):
     def f():
         with open(path, "w") as fh:
@@ -100,8 +108,9 @@ if victim:
     attempt("victimRoot", lambda: os.listdir("/proc/%d/root/sessions/%s" % (victim, other)))
     attempt("victimSignal", lambda: os.kill(victim, 0))
 out["envKeys"] = sorted(os.environ)
-# (4) Mounting a session's 9p export itself, directly and from a user
-# namespace of its own (which must still work: bubblewrap needs it).
+# (4) Mounting a session's 9p export or a virtio-fs device (every
+# session's exports) itself, directly and from a user namespace of its own
+# (which must still work: bubblewrap needs it).
 codes = set()
 for aname in [""] + ["e%d" % i for i in range(1, 13)] + [other]:
     try:
@@ -110,6 +119,14 @@ for aname in [""] + ["e%d" % i for i in range(1, 13)] + [other]:
     except OSError as e:
         codes.add(name(e.errno))
 out["mount9p"] = sorted(codes)
+codes = set()
+for tag in ["cowork", "cowork-sys"]:
+    try:
+        mountvirtiofs(tag)
+        codes.add("ok")
+    except OSError as e:
+        codes.add(name(e.errno))
+out["mountVirtioFS"] = sorted(codes)
 uid, gid = os.getuid(), os.getgid()
 r, w = os.pipe()
 pid = os.fork()
@@ -134,6 +151,11 @@ if pid == 0:
             res["nestedMount9p"] = "ok"
         except OSError as e:
             res["nestedMount9p"] = name(e.errno)
+        try:
+            mountvirtiofs("cowork")
+            res["nestedMountVirtioFS"] = "ok"
+        except OSError as e:
+            res["nestedMountVirtioFS"] = name(e.errno)
     except OSError as e:
         res["nestedUserns"] = name(e.errno)
     os.write(w, json.dumps(res).encode())
