@@ -33,15 +33,15 @@ type Guest interface {
 	Agent(ctx context.Context) (io.ReadWriteCloser, error)
 	// Share makes a host directory, or a single regular file, available to
 	// the guest and returns how the agent mounts it: a bind path (process
-	// backend) or a 9p export (VM). For a file the source is a directory
-	// in which the agent finds the file under its base name
+	// backend) or a virtio-fs or 9p export (VM). For a file the source is
+	// a directory in which the agent finds the file under its base name
 	// (protocol.Mount.SourceFile): the VM exports a directory holding that
 	// one name and nothing else of the host; the process backend names the
 	// file's own directory, from which the agent binds only the file.
 	Share(hostPath string, readOnly bool) (protocol.MountSource, error)
 	// Unshare withdraws what Share or ShareSystem returned, once nothing is
 	// mounted from it any more: the guest can no longer reach it, also
-	// through files it still holds open (the VM's 9p files fail with
+	// through files it still holds open (the VM's files fail with
 	// ESTALE), and the host descriptors behind it are released. A no-op
 	// where the agent itself confines binds (process backend), or for a
 	// source already withdrawn.
@@ -68,8 +68,8 @@ type BackendFactory func() (Backend, error)
 
 // SystemSharer may be implemented by a Guest that shares the host's system
 // directories (read-only, and unchanged while the guest runs) apart from
-// other directories. The kvm backend serves them from a second 9p device
-// that the agent mounts with a page cache, so programs start without
+// other directories. The kvm backend serves them from a second virtio-fs
+// (or 9p) device whose files the guest caches, so programs start without
 // re-reading their binaries and libraries from the host on every exec;
 // directories shared with Share stay uncached because the host edits them
 // while the guest runs. Without it the helper uses Share(dir, true).

@@ -23,18 +23,21 @@ const Name = helper.BackendKVM
 // GuestCID is the guest's vsock context id (the host is CID 2).
 const GuestCID = 3
 
-// MountTag is the virtio-9p mount tag every export is reached through; the
-// attach name (aname) selects the export.
+// MountTag is the tag of the file-sharing device (virtio-fs, or virtio-9p
+// with COWORK_VMM_FS=9p) every session and user export is reached
+// through; the attach name (aname) selects the export.
 const MountTag = "cowork"
 
-// SystemMountTag is the tag of the second virtio-9p device, which serves
-// only the host's read-only system directories (Guest.ShareSystem). The
-// agent mounts it with a page cache (protocol.NinePCacheLoose): those files
-// do not change while a guest runs, and without a cache every exec would
-// re-read its binary and libraries from the host. MountTag stays uncached
-// because the host edits session and mounted directories while the guest
-// works in them. Two devices are needed because the cache mode belongs to
-// the mount and Linux mounts each virtio-9p device only once.
+// SystemMountTag is the tag of the second file-sharing device, which
+// serves only the host's read-only system directories
+// (Guest.ShareSystem). The guest caches its files (a virtio-fs device
+// created Cached; for 9p, the agent mounts it with
+// protocol.NinePCacheLoose): those files do not change while a guest runs,
+// and without a cache every exec would re-read its binary and libraries
+// from the host. MountTag stays uncached because the host edits session
+// and mounted directories while the guest works in them. Two devices are
+// needed because caching belongs to the device (virtio-fs) or to the
+// mount of a device Linux mounts only once (9p).
 const SystemMountTag = "cowork-sys"
 
 // Startup steps the backend reports through GuestConfig.StepFunc, in order.
@@ -83,6 +86,10 @@ type Options struct {
 	BootTimeout time.Duration
 	// KVMDevice overrides /dev/kvm.
 	KVMDevice string
+	// FileSharing selects the device type of the host shares:
+	// FileSharingVirtioFS (also when empty) or FileSharingNineP
+	// ($COWORK_VMM_FS, FSEnv). Another value makes Start fail.
+	FileSharing string
 	// Logger receives the backend's log and, at debug level, the guest's
 	// console; nil discards.
 	Logger *slog.Logger
@@ -132,6 +139,10 @@ func (b *Backend) Start(ctx context.Context, cfg helper.GuestConfig) (helper.Gue
 		step = func(string, string) {}
 	}
 	began := time.Now()
+	fsKind, err := FileSharingKind(b.opts.FileSharing)
+	if err != nil {
+		return nil, err
+	}
 	if err := b.preflight(); err != nil {
 		return nil, err
 	}
@@ -141,7 +152,7 @@ func (b *Backend) Start(ctx context.Context, cfg helper.GuestConfig) (helper.Gue
 		return nil, err
 	}
 	step(StepCreateVM, protocol.StepStarted)
-	g, err := b.create(memMiB, cpus)
+	g, err := b.create(memMiB, cpus, fsKind)
 	if err != nil {
 		step(StepCreateVM, protocol.StepFailed)
 		return nil, err
@@ -161,7 +172,7 @@ func (b *Backend) Start(ctx context.Context, cfg helper.GuestConfig) (helper.Gue
 	step(StepLoadKernel, protocol.StepCompleted)
 	b.log.Debug("kernel and initramfs loaded, vCPUs started", "took", time.Since(loadStart))
 	g.run(step)
-	b.log.Info("VM started", "memoryMiB", memMiB, "cpus", cpus, "kernel", g.kernelFrom)
+	b.log.Info("VM started", "memoryMiB", memMiB, "cpus", cpus, "kernel", g.kernelFrom, "fileSharing", fsKind)
 	return g, nil
 }
 
@@ -180,8 +191,8 @@ func (b *Backend) preflight() error {
 }
 
 // create locates the kernel, builds the initramfs and assembles the VM
-// with its devices, not yet running.
-func (b *Backend) create(memMiB, cpus int) (*guest, error) {
+// with its devices (file sharing of kind fsKind), not yet running.
+func (b *Backend) create(memMiB, cpus int, fsKind string) (*guest, error) {
 	exe := b.opts.Executable
 	if exe == "" {
 		var err error
@@ -232,7 +243,7 @@ func (b *Backend) create(memMiB, cpus int) (*guest, error) {
 		return nil, fmt.Errorf("kvm backend: creating the VM: %w", err)
 	}
 	made := time.Now()
-	g := newGuestState(con, b.log)
+	g := newGuestState(con, b.log, fsKind)
 	g.bootTimeout = b.opts.BootTimeout
 	if err := g.attachDevices(m); err != nil {
 		_ = g.Stop(context.Background())

@@ -6,12 +6,13 @@
 // It owns what makes a machine a Cowork guest: finding the kernel (override,
 // embedded, beside the executable, the build cache), building the
 // initramfs, sizing (defaults and host limits), the devices (virtio-vsock
-// with the guest at CID 3, two virtio-9p devices whose attach names are the
-// exports Share registers (uncached in the guest) and the read-only system
-// directories ShareSystem registers (page-cached in the guest),
-// virtio-rng), the agent's vsock connection, boot
-// progress steps, the serial console (debug log plus a tail kept for error
-// messages), and turning the VM's end into Done/Err. It refuses fast, with
-// the process-backend hint, on hosts whose KVM cannot boot Linux (PVM) or
-// that have no usable /dev/kvm.
+// with the guest at CID 3; two file-sharing devices, virtio-fs or with
+// COWORK_VMM_FS=9p virtio-9p, whose attach names are the exports Share
+// registers (uncached in the guest) and the read-only system directories
+// ShareSystem registers (page-cached in the guest); virtio-rng), the
+// agent's vsock connection, boot progress steps, the serial console (debug
+// log plus a tail kept for error messages), and turning the VM's end into
+// Done/Err. It refuses fast, with the process-backend hint, on hosts whose
+// KVM cannot boot Linux (PVM) or that have no usable /dev/kvm, and on a
+// COWORK_VMM_FS it does not know.
 package kvm

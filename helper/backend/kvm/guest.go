@@ -13,8 +13,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/cowork-vmm/cowork-vmm/devices/p9"
-	"github.com/cowork-vmm/cowork-vmm/devices/p9/fs"
 	"github.com/cowork-vmm/cowork-vmm/devices/rng"
 	"github.com/cowork-vmm/cowork-vmm/devices/vsock"
 	"github.com/cowork-vmm/cowork-vmm/helper"
@@ -35,13 +33,16 @@ type guest struct {
 
 	listener net.Listener
 	// egress accepts the guest proxy's connections (helper.Guest.Egress).
-	egress  net.Listener
-	exports *fs.Exports // nil until the 9p device is attached
-	nineP   *p9.Device
-	// sysExports and sysNineP serve the read-only system directories on
-	// their own device (SystemMountTag), which the guest caches.
-	sysExports *fs.Exports
-	sysNineP   *p9.Device
+	egress net.Listener
+	// fsKind is the protocol.MountKind of the file-sharing devices
+	// (Options.FileSharing): virtio-fs or virtio-9p.
+	fsKind string
+	// files serves Share's exports (MountTag, uncached); nil until the
+	// devices are attached.
+	files *shareDevice
+	// sysFiles serves the read-only system directories on a device of
+	// their own (SystemMountTag), which the guest caches.
+	sysFiles *shareDevice
 
 	accepted  chan acceptResult // the agent's connection (capacity 1)
 	connected chan struct{}     // closed when the agent has connected
@@ -67,9 +68,9 @@ var (
 	_ helper.SystemSharer  = (*guest)(nil)
 )
 
-func newGuestState(con *console, log *slog.Logger) *guest {
+func newGuestState(con *console, log *slog.Logger, fsKind string) *guest {
 	return &guest{
-		con: con, log: log,
+		con: con, log: log, fsKind: fsKind,
 		accepted:  make(chan acceptResult, 1),
 		connected: make(chan struct{}),
 		done:      make(chan struct{}),
@@ -77,8 +78,9 @@ func newGuestState(con *console, log *slog.Logger) *guest {
 }
 
 // attachDevices attaches virtio-vsock (listening on the agent's port), two
-// virtio-9p devices (MountTag serving the exports Share registers,
-// SystemMountTag those ShareSystem registers) and virtio-rng to m.
+// file-sharing devices of kind g.fsKind, virtio-fs or virtio-9p (MountTag
+// serving the exports Share registers, SystemMountTag those ShareSystem
+// registers, cached) and virtio-rng to m.
 func (g *guest) attachDevices(m *machine.Machine) (err error) {
 	g.m = m
 	vs, err := vsock.New(vsock.Config{GuestCID: GuestCID, Logger: g.log})
@@ -94,10 +96,10 @@ func (g *guest) attachDevices(m *machine.Machine) (err error) {
 	if g.egress, err = vs.Listen(protocol.EgressVSockPort); err != nil {
 		return fmt.Errorf("listening for guest egress on vsock port %d: %w", protocol.EgressVSockPort, err)
 	}
-	if g.exports, g.nineP, err = g.attachNineP(m, MountTag); err != nil {
+	if g.files, err = g.attachShareDevice(m, MountTag, false); err != nil {
 		return err
 	}
-	if g.sysExports, g.sysNineP, err = g.attachNineP(m, SystemMountTag); err != nil {
+	if g.sysFiles, err = g.attachShareDevice(m, SystemMountTag, true); err != nil {
 		return err
 	}
 	if _, err := m.AddVirtioMMIO(rng.New(g.log)); err != nil {
@@ -106,21 +108,19 @@ func (g *guest) attachDevices(m *machine.Machine) (err error) {
 	return nil
 }
 
-// attachNineP attaches one virtio-9p device with this tag, serving a fresh
-// set of exports. On error nothing is left to release.
-func (g *guest) attachNineP(m *machine.Machine, tag string) (*fs.Exports, *p9.Device, error) {
-	exports := fs.NewExports(g.log)
-	dev, err := p9.New(p9.Options{Tag: tag, Attacher: exports, Logger: g.log})
+// attachShareDevice attaches one file-sharing device of kind g.fsKind with
+// this tag, serving a fresh set of exports. On error nothing is left to
+// release.
+func (g *guest) attachShareDevice(m *machine.Machine, tag string, cached bool) (*shareDevice, error) {
+	s, dev, err := newShareDevice(g.fsKind, tag, cached, g.log)
 	if err != nil {
-		exports.Close()
-		return nil, nil, fmt.Errorf("creating the 9p device %q: %w", tag, err)
+		return nil, err
 	}
 	if _, err := m.AddVirtioMMIO(dev); err != nil {
-		dev.Close()
-		exports.Close()
-		return nil, nil, fmt.Errorf("attaching the 9p device %q: %w", tag, err)
+		s.close()
+		return nil, fmt.Errorf("attaching the %s device %q: %w", g.fsKind, tag, err)
 	}
-	return exports, dev, nil
+	return s, nil
 }
 
 // run starts the goroutines of a started VM: the agent's accept, the boot
@@ -263,13 +263,14 @@ func (g *guest) endedBeforeAgent() error {
 	return fmt.Errorf("kvm backend: the VM ended before its agent connected: %w", err)
 }
 
-// Share implements helper.Guest: it registers hostPath as a 9p export under
-// a fresh attach name and returns it as a 9p source on the uncached device
-// (Tag MountTag, Aname the export; ShareSystem uses the other). Linux lets
-// a virtio-9p device be mounted only once, so the agent mounts the device's
-// attach root once, keeps it detached from the guest's tree (spawned
-// processes cannot reach other exports through it) and bind-mounts each
-// export out of it.
+// Share implements helper.Guest: it registers hostPath as an export under
+// a fresh attach name and returns it as a source on the uncached device
+// (Kind virtiofs, or 9p with COWORK_VMM_FS=9p; Tag MountTag; Aname the
+// export; ShareSystem uses the other device). The agent mounts each
+// device's root once, keeps it out of the guest's tree (spawned processes
+// cannot reach other exports through it) and bind-mounts each export out
+// of it: Linux lets a virtio-9p device be mounted only once, and a
+// virtio-fs tag has one superblock however often it is mounted.
 // A regular file becomes a single-file export (fs.Exports.AddFile): a
 // directory holding only the file's base name, out of which the agent
 // binds the file (Mount.SourceFile); the guest reaches nothing else of
@@ -277,7 +278,7 @@ func (g *guest) endedBeforeAgent() error {
 // Read-only is enforced by the host (the export) and again by the agent (a
 // read-only bind).
 func (g *guest) Share(hostPath string, readOnly bool) (protocol.MountSource, error) {
-	return g.share(g.exports, MountTag, protocol.NinePCacheNone, hostPath, readOnly)
+	return g.share(g.files, MountTag, hostPath, readOnly)
 }
 
 // Unshare implements helper.Guest: it removes the export src names from
@@ -285,37 +286,33 @@ func (g *guest) Share(hostPath string, readOnly bool) (protocol.MountSource, err
 // its host descriptors at once. A source of no export of this VM (or one
 // already removed) is ignored.
 func (g *guest) Unshare(src protocol.MountSource) {
-	var exports *fs.Exports
-	switch {
-	case src.Kind != protocol.MountKindNineP:
-	case src.Tag == MountTag:
-		exports = g.exports
-	case src.Tag == SystemMountTag:
-		exports = g.sysExports
-	}
-	if exports != nil {
-		exports.Remove(src.Aname)
+	for _, d := range []*shareDevice{g.files, g.sysFiles} {
+		if d != nil && src.Kind == d.source.Kind && src.Tag == d.source.Tag {
+			d.exports.Remove(src.Aname)
+		}
 	}
 }
 
 // ShareSystem implements helper.SystemSharer: it registers hostPath, a
-// read-only system directory, on the system device (SystemMountTag) and
-// returns it with cache mode loose, so the guest keeps its files in its
-// page cache. The export is read-only on the host side whatever the agent
-// does.
+// read-only system directory, on the system device (SystemMountTag), which
+// the guest caches: a cached virtio-fs device (long entry and attribute
+// lifetimes, the page cache kept across opens), or for 9p a source with
+// cache mode loose. The export is read-only on the host side whatever the
+// agent does.
 func (g *guest) ShareSystem(hostPath string) (protocol.MountSource, error) {
-	return g.share(g.sysExports, SystemMountTag, protocol.NinePCacheLoose, hostPath, true)
+	return g.share(g.sysFiles, SystemMountTag, hostPath, true)
 }
 
-// share registers hostPath on exports under a fresh attach name, unique
-// across both devices.
-func (g *guest) share(exports *fs.Exports, tag, cache, hostPath string, readOnly bool) (protocol.MountSource, error) {
+// share registers hostPath on the device d (tag: its tag, for errors)
+// under a fresh attach name, unique across both devices.
+func (g *guest) share(d *shareDevice, tag, hostPath string, readOnly bool) (protocol.MountSource, error) {
 	if !filepath.IsAbs(hostPath) || filepath.Clean(hostPath) != hostPath {
 		return protocol.MountSource{}, fmt.Errorf("kvm backend: share path %q must be absolute and clean", hostPath)
 	}
-	if exports == nil {
-		return protocol.MountSource{}, fmt.Errorf("kvm backend: this VM has no 9p device %q to share host directories through", tag)
+	if d == nil {
+		return protocol.MountSource{}, fmt.Errorf("kvm backend: this VM has no file-sharing device %q to share host directories through", tag)
 	}
+	exports := d.exports
 	fi, err := os.Stat(hostPath)
 	if err != nil {
 		return protocol.MountSource{}, fmt.Errorf("kvm backend: sharing %s: %w", hostPath, err)
@@ -331,7 +328,9 @@ func (g *guest) share(exports *fs.Exports, tag, cache, hostPath string, readOnly
 	if err := add(name, hostPath, readOnly); err != nil {
 		return protocol.MountSource{}, fmt.Errorf("kvm backend: sharing %s: %w", hostPath, err)
 	}
-	return protocol.MountSource{Kind: protocol.MountKindNineP, Tag: tag, Aname: name, Cache: cache}, nil
+	src := d.source
+	src.Aname = name
+	return src, nil
 }
 
 // AdjustSetup implements helper.SetupAdjuster: the VM's initramfs root is
@@ -375,14 +374,9 @@ func (g *guest) Stop(ctx context.Context) error {
 			if g.egress != nil {
 				g.egress.Close()
 			}
-			for _, dev := range []*p9.Device{g.nineP, g.sysNineP} {
-				if dev != nil {
-					dev.Close() // after the machine's reset: its clunks are answered
-				}
-			}
-			for _, exports := range []*fs.Exports{g.exports, g.sysExports} {
-				if exports != nil {
-					exports.Close()
+			for _, d := range []*shareDevice{g.files, g.sysFiles} {
+				if d != nil {
+					d.close() // after the machine's reset
 				}
 			}
 			stopped <- errors.Join(errs...)

@@ -12,7 +12,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cowork-vmm/cowork-vmm/devices/p9/fs"
 	"github.com/cowork-vmm/cowork-vmm/guest/kernel"
 	"github.com/cowork-vmm/cowork-vmm/helper"
 	"github.com/cowork-vmm/cowork-vmm/protocol"
@@ -24,13 +23,32 @@ import (
 
 func quiet() *slog.Logger { return slog.New(slog.DiscardHandler) }
 
-// testGuest is a guest without a machine, for the parts that need none.
+// testGuest is a guest without a machine, for the parts that need none,
+// with the default file-sharing devices (virtio-fs), not attached.
 func testGuest(t *testing.T) *guest {
-	g := newGuestState(newConsole(quiet(), nil), quiet())
-	g.exports = fs.NewExports(quiet())
-	t.Cleanup(g.exports.Close)
-	g.sysExports = fs.NewExports(quiet())
-	t.Cleanup(g.sysExports.Close)
+	kind, err := FileSharingKind("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return testGuestOf(t, kind)
+}
+
+// testGuestOf is testGuest with file-sharing devices of kind (a
+// protocol.MountKind).
+func testGuestOf(t *testing.T, kind string) *guest {
+	g := newGuestState(newConsole(quiet(), nil), quiet(), kind)
+	for _, d := range []struct {
+		dev    **shareDevice
+		tag    string
+		cached bool
+	}{{&g.files, MountTag, false}, {&g.sysFiles, SystemMountTag, true}} {
+		s, _, err := newShareDevice(kind, d.tag, d.cached, quiet())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(s.close)
+		*d.dev = s
+	}
 	return g
 }
 
@@ -45,18 +63,18 @@ func TestShareSystemUsesTheCachedSystemDevice(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := protocol.MountSource{Kind: "9p", Tag: SystemMountTag, Aname: src.Aname, Cache: protocol.NinePCacheLoose}
+	want := protocol.MountSource{Kind: protocol.MountKindVirtioFS, Tag: SystemMountTag, Aname: src.Aname}
 	if src != want || src.Aname == "" || strings.ContainsRune(src.Aname, '/') {
 		t.Fatalf("ShareSystem: %+v, want %+v with a single-component aname", src, want)
 	}
-	if names := g.sysExports.Names(); !slices.Equal(names, []string{src.Aname}) {
+	if names := g.sysFiles.exports.Names(); !slices.Equal(names, []string{src.Aname}) {
 		t.Errorf("system device exports %v, want [%s]", names, src.Aname)
 	}
-	if names := g.exports.Names(); len(names) != 0 {
+	if names := g.files.exports.Names(); len(names) != 0 {
 		t.Errorf("the uncached device got exports %v from ShareSystem", names)
 	}
 	// The export is read-only on the host side, whatever the agent mounts.
-	root, err := g.sysExports.Attach()
+	root, err := g.sysFiles.exports.Attach()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -92,7 +110,7 @@ func TestShareSystemRefusesBadPathsAndAMissingDevice(t *testing.T) {
 			t.Errorf("ShareSystem(%q) accepted", p)
 		}
 	}
-	if names := g.sysExports.Names(); len(names) != 0 {
+	if names := g.sysFiles.exports.Names(); len(names) != 0 {
 		t.Errorf("refused shares left exports: %v", names)
 	}
 	var noDevice guest
@@ -113,14 +131,14 @@ func TestShareRegistersExports(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, src := range []protocol.MountSource{a, b} {
-		if src.Kind != "9p" || src.Tag != MountTag || src.Aname == "" || strings.ContainsRune(src.Aname, '/') {
-			t.Fatalf("source %+v: want a 9p export of tag %s named by a single-component aname", src, MountTag)
+		if src.Kind != protocol.MountKindVirtioFS || src.Tag != MountTag || src.Cache != "" || src.Aname == "" || strings.ContainsRune(src.Aname, '/') {
+			t.Fatalf("source %+v: want a virtiofs export of tag %s named by a single-component aname", src, MountTag)
 		}
 	}
 	if a == b {
 		t.Fatalf("sources %+v, %+v: want distinct exports", a, b)
 	}
-	names := g.exports.Names()
+	names := g.files.exports.Names()
 	want := []string{a.Aname, b.Aname}
 	slices.Sort(want)
 	if !slices.Equal(names, want) {
@@ -143,12 +161,12 @@ func TestShareRefusesBadPaths(t *testing.T) {
 	if _, err := g.Share(filepath.Join(t.TempDir(), "missing"), true); err == nil {
 		t.Error("Share of a missing directory accepted")
 	}
-	if len(g.exports.Names()) != 0 {
-		t.Errorf("refused shares left exports: %v", g.exports.Names())
+	if len(g.files.exports.Names()) != 0 {
+		t.Errorf("refused shares left exports: %v", g.files.exports.Names())
 	}
 	var noDevice guest
 	if _, err := noDevice.Share(t.TempDir(), true); err == nil {
-		t.Error("Share without a 9p device accepted")
+		t.Error("Share without a file-sharing device accepted")
 	}
 }
 
@@ -292,7 +310,7 @@ func TestStopWithoutMachineClosesExports(t *testing.T) {
 	if err := g.Stop(context.Background()); err != nil {
 		t.Fatal("second Stop:", err)
 	}
-	if n := g.exports.Names(); len(n) != 0 {
+	if n := g.files.exports.Names(); len(n) != 0 {
 		t.Errorf("exports after Stop: %v", n)
 	}
 }

@@ -125,7 +125,8 @@ func (a *agentConn) waitExit(id string) (string, protocol.Event) {
 }
 
 // A real guest boots, its agent connects over vsock, the host's system
-// directories and a session directory are mounted over 9p, a spawned shell
+// directories and a session directory are mounted over virtio-fs (round 0,
+// the default) or virtio-9p (round 1, COWORK_VMM_FS=9p), a spawned shell
 // reads and writes through the mount, and the agent's shutdown ends the VM
 // cleanly. Repeated to report the start-to-connected figure.
 func TestKVMBootAgentMountsAndShutdown(t *testing.T) {
@@ -133,11 +134,18 @@ func TestKVMBootAgentMountsAndShutdown(t *testing.T) {
 	log := slog.New(slog.NewTextHandler(&testLogWriter{t: t}, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	// The guest's console goes to the test log; COWORK_VMM_TEST_CMDLINE adds
 	// kernel parameters (e.g. loglevel=7 to see the boot).
-	b := New(Options{Executable: bin, Logger: log, Console: &testLogWriter{t: t}, Cmdline: os.Getenv("COWORK_VMM_TEST_CMDLINE"),
-		PVH: os.Getenv("COWORK_VMM_TEST_PVH") == "1"})
+	opts := Options{Executable: bin, Logger: log, Console: &testLogWriter{t: t}, Cmdline: os.Getenv("COWORK_VMM_TEST_CMDLINE"),
+		PVH: os.Getenv("COWORK_VMM_TEST_PVH") == "1"}
+	b := New(opts)
+	opts.FileSharing = FileSharingNineP
+	b9 := New(opts)
 	var connectTimes []time.Duration
 	for round := range 3 {
 		start := time.Now()
+		b, kind := b, protocol.MountKindVirtioFS
+		if round == 1 {
+			b, kind = b9, protocol.MountKindNineP
+		}
 		var stepsMu sync.Mutex
 		var steps []string
 		g, err := b.Start(t.Context(), helper.GuestConfig{MemoryMiB: 512, CPUCount: 2, StepFunc: func(step, status string) {
@@ -164,11 +172,11 @@ func TestKVMBootAgentMountsAndShutdown(t *testing.T) {
 		}
 		t.Logf("round %d: start → agent hello in %v (kernel %s)", round, connected, hello.Hello.Kernel)
 
-		if round == 0 {
-			if g.Egress() == nil {
-				t.Error("the guest offers no egress listener (Guest.Egress): its processes would have no network")
-			}
-			exerciseGuest(t, g, a)
+		if round == 0 && g.Egress() == nil {
+			t.Error("the guest offers no egress listener (Guest.Egress): its processes would have no network")
+		}
+		if round < 2 {
+			exerciseGuest(t, g, a, kind)
 		}
 		if err := a.call(protocol.AgentMethodShutdown, protocol.ShutdownParams{GraceMillis: 1000}); err != nil {
 			t.Fatalf("shutdown: %v", err)
@@ -200,11 +208,11 @@ func TestKVMBootAgentMountsAndShutdown(t *testing.T) {
 	}
 }
 
-// exerciseGuest sets the guest's root up over 9p (the system directories
-// on the cached system device, as the helper does) and runs a shell that
-// reads and writes a shared directory, which stays uncached: a host edit is
-// seen at once.
-func exerciseGuest(t *testing.T, g helper.Guest, a *agentConn) {
+// exerciseGuest sets the guest's root up over the file-sharing devices of
+// kind, a protocol.MountKind (the system directories on the cached system
+// device, as the helper does), and runs a shell that reads and writes a
+// shared directory, which stays uncached: a host edit is seen at once.
+func exerciseGuest(t *testing.T, g helper.Guest, a *agentConn, kind string) {
 	t.Helper()
 	setup := protocol.SetupParams{Hostname: "cowork"}
 	sharer, ok := g.(helper.SystemSharer)
@@ -218,6 +226,9 @@ func exerciseGuest(t *testing.T, g helper.Guest, a *agentConn) {
 		src, err := sharer.ShareSystem(dir)
 		if err != nil {
 			t.Fatal(err)
+		}
+		if src.Kind != kind {
+			t.Fatalf("ShareSystem(%s) returned a %s source, want %s", dir, src.Kind, kind)
 		}
 		setup.System = append(setup.System, protocol.Mount{Source: src, Target: dir, ReadOnly: true})
 	}
@@ -243,10 +254,16 @@ func exerciseGuest(t *testing.T, g helper.Guest, a *agentConn) {
 	if err := a.call(protocol.AgentMethodMount, protocol.MountParams{Mount: protocol.Mount{Source: roSrc, Target: "/sessions/t/mnt/ro", ReadOnly: true}}); err != nil {
 		t.Fatalf("mount ro: %v", err)
 	}
+	// The mount table: a virtio-fs device's caching is its own (not a
+	// mount option); 9p's is the mount's cache option.
+	usr := `grep -q '^` + SystemMountTag + ` /usr virtiofs ro,' /proc/mounts && echo usr-cached; `
+	work := `grep -q '^` + MountTag + ` /sessions/t/mnt/work virtiofs rw,' /proc/mounts && echo work-uncached`
+	if kind == protocol.MountKindNineP {
+		usr = `grep -q '^` + SystemMountTag + ` /usr 9p ro,.*loose' /proc/mounts && echo usr-cached; `
+		work = `grep -q '^` + MountTag + ` /sessions/t/mnt/work 9p rw,' /proc/mounts && ! grep '/sessions/t/mnt/work ' /proc/mounts | grep -q loose && echo work-uncached`
+	}
 	script := `cat /sessions/t/mnt/work/in.txt; echo "from the guest" > /sessions/t/mnt/work/out.txt; ` +
-		`if echo x > /sessions/t/mnt/ro/nope 2>/dev/null; then echo ro-writable; else echo ro-refused; fi; uname -r; ` +
-		`grep -q '^` + SystemMountTag + ` /usr 9p ro,.*loose' /proc/mounts && echo usr-cached; ` +
-		`grep -q '^` + MountTag + ` /sessions/t/mnt/work 9p rw,' /proc/mounts && ! grep '/sessions/t/mnt/work ' /proc/mounts | grep -q loose && echo work-uncached`
+		`if echo x > /sessions/t/mnt/ro/nope 2>/dev/null; then echo ro-writable; else echo ro-refused; fi; uname -r; ` + usr + work
 	spawn := protocol.SpawnParams{ID: "p1", Session: "t", Command: "/bin/sh", Args: []string{"-c", script}, Cwd: "/sessions/t",
 		Env: []string{"PATH=/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin"}}
 	if err := a.call(protocol.AgentMethodSpawn, spawn); err != nil {
@@ -260,8 +277,8 @@ func exerciseGuest(t *testing.T, g helper.Guest, a *agentConn) {
 		t.Errorf("shell output %q: want the host file and a refused read-only write", out)
 	}
 	if !strings.Contains(out, "usr-cached") || !strings.Contains(out, "work-uncached") {
-		t.Errorf("shell output %q: want /usr read-only on %s with cache=loose, the shared directory on %s uncached",
-			out, SystemMountTag, MountTag)
+		t.Errorf("shell output %q: want /usr read-only on the %s device %s (cached), the shared directory on %s uncached",
+			out, kind, SystemMountTag, MountTag)
 	}
 	// The shared directory is uncached: the guest sees a host edit at once.
 	if err := os.WriteFile(filepath.Join(host, "in.txt"), []byte("edited on the host, longer than before\n"), 0o644); err != nil {
@@ -282,5 +299,5 @@ func exerciseGuest(t *testing.T, g helper.Guest, a *agentConn) {
 	if _, err := os.Stat(filepath.Join(host, "nope")); err == nil {
 		t.Error("a write through the read-only mount reached the host")
 	}
-	t.Logf("guest shell said: %s", strings.TrimSpace(out))
+	t.Logf("guest shell said (%s): %s", kind, strings.TrimSpace(out))
 }

@@ -1,15 +1,21 @@
 package kvm
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/hugelgupf/p9/linux"
 	"github.com/hugelgupf/p9/p9"
 
+	ninep "github.com/cowork-vmm/cowork-vmm/devices/p9"
+	"github.com/cowork-vmm/cowork-vmm/devices/virtiofs"
+	"github.com/cowork-vmm/cowork-vmm/helper"
 	"github.com/cowork-vmm/cowork-vmm/protocol"
+	hostkvm "github.com/cowork-vmm/cowork-vmm/vmm/kvm"
 )
 
 // Issue #15: a file is shared as a single-file export, never as its
@@ -26,7 +32,7 @@ func TestShareOfAFileExportsOnlyThatFile(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	root, err := g.exports.Attach()
+	root, err := g.files.exports.Attach()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -48,7 +54,7 @@ func TestShareOfAFileExportsOnlyThatFile(t *testing.T) {
 	}
 
 	g.Unshare(src)
-	if names := g.exports.Names(); slices.Contains(names, src.Aname) {
+	if names := g.files.exports.Names(); slices.Contains(names, src.Aname) {
 		t.Errorf("exports after Unshare: %v", names)
 	}
 	if _, err := f.WriteAt([]byte("x"), 0); err != linux.ESTALE {
@@ -70,12 +76,118 @@ func TestUnshareOfASystemExport(t *testing.T) {
 		t.Fatal(err)
 	}
 	g.Unshare(src)
-	if names := g.sysExports.Names(); len(names) != 0 {
+	if names := g.sysFiles.exports.Names(); len(names) != 0 {
 		t.Errorf("system exports after Unshare: %v", names)
 	}
-	if names := g.exports.Names(); !slices.Equal(names, []string{other.Aname}) {
+	if names := g.files.exports.Names(); !slices.Equal(names, []string{other.Aname}) {
 		t.Errorf("exports %v: Unshare of a system export touched the other device", names)
 	}
 	var noDevice guest
 	noDevice.Unshare(src) // no device: no-op
+}
+
+func TestFileSharingKind(t *testing.T) {
+	for value, want := range map[string]string{
+		"": protocol.MountKindVirtioFS, FileSharingVirtioFS: protocol.MountKindVirtioFS, FileSharingNineP: protocol.MountKindNineP,
+	} {
+		if got, err := FileSharingKind(value); err != nil || got != want {
+			t.Errorf("FileSharingKind(%q) = %q, %v; want %q", value, got, err, want)
+		}
+	}
+	for _, value := range []string{"virtio-fs", "VIRTIOFS", "9P", " 9p", "p9", "nfs", "bind"} {
+		_, err := FileSharingKind(value)
+		if err == nil {
+			t.Errorf("FileSharingKind(%q) accepted", value)
+			continue
+		}
+		for _, want := range []string{FSEnv, `"` + value + `"`, `"virtiofs"`, `"9p"`} {
+			if !strings.Contains(err.Error(), want) {
+				t.Errorf("FileSharingKind(%q): error %q does not name %s", value, err, want)
+			}
+		}
+	}
+}
+
+// An unknown COWORK_VMM_FS fails startVM at once, naming the variable and
+// what it accepts, before the host is even probed.
+func TestStartRefusesAnUnknownFileSharing(t *testing.T) {
+	b := New(Options{Logger: quiet(), FileSharing: "virtio-9p"})
+	probed := false
+	b.probe = func(string) hostkvm.HostProbe { probed = true; return probeFacts(false, nil) }
+	var steps []string
+	_, err := b.Start(context.Background(), helper.GuestConfig{StepFunc: func(s, st string) { steps = append(steps, s+":"+st) }})
+	if err == nil || !strings.Contains(err.Error(), "COWORK_VMM_FS=\"virtio-9p\"") || !strings.Contains(err.Error(), `"virtiofs" (the default) or "9p"`) {
+		t.Fatalf("Start with COWORK_VMM_FS=virtio-9p: %v, want an error naming the variable and the accepted values", err)
+	}
+	if probed || len(steps) != 0 {
+		t.Errorf("Start probed the host (%v) or reported steps %v before refusing its options", probed, steps)
+	}
+}
+
+// With COWORK_VMM_FS=9p the same shares go to virtio-9p devices: the
+// system device's sources carry the loose cache mode, Share's none, and
+// Unshare matches the kind as well as the tag.
+func TestSharesOnNinePDevices(t *testing.T) {
+	kind, err := FileSharingKind(FileSharingNineP)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := testGuestOf(t, kind)
+	sys, err := g.ShareSystem(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := (protocol.MountSource{Kind: protocol.MountKindNineP, Tag: SystemMountTag, Aname: sys.Aname, Cache: protocol.NinePCacheLoose}); sys != want {
+		t.Errorf("ShareSystem: %+v, want %+v", sys, want)
+	}
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "f"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{dir, filepath.Join(dir, "f")} {
+		src, err := g.Share(p, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := (protocol.MountSource{Kind: protocol.MountKindNineP, Tag: MountTag, Aname: src.Aname}); src != want || src.Aname == sys.Aname {
+			t.Errorf("Share(%s): %+v, want %+v with its own aname", p, src, want)
+		}
+	}
+	if _, ok := g.files.dev.(*ninep.Device); !ok {
+		t.Errorf("the uncached device is a %T, want a *p9.Device", g.files.dev)
+	}
+
+	other := sys
+	other.Kind = protocol.MountKindVirtioFS
+	g.Unshare(other) // a virtio-fs source: not this VM's device
+	if names := g.sysFiles.exports.Names(); !slices.Equal(names, []string{sys.Aname}) {
+		t.Errorf("system exports %v after the Unshare of another kind's source, want [%s]", names, sys.Aname)
+	}
+	g.Unshare(sys)
+	if names := g.sysFiles.exports.Names(); len(names) != 0 {
+		t.Errorf("system exports after Unshare: %v", names)
+	}
+}
+
+// By default the devices are virtio-fs ones, the system device cached.
+func TestDefaultSharesOnVirtioFSDevices(t *testing.T) {
+	g := testGuest(t)
+	for _, d := range []*shareDevice{g.files, g.sysFiles} {
+		if _, ok := d.dev.(*virtiofs.Device); !ok || d.source.Kind != protocol.MountKindVirtioFS || d.source.Cache != "" {
+			t.Errorf("device %q: a %T with sources %+v, want a *virtiofs.Device with virtiofs sources and no cache mode", d.source.Tag, d.dev, d.source)
+		}
+	}
+	src, err := g.Share(t.TempDir(), true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	other := src
+	other.Kind = protocol.MountKindNineP
+	g.Unshare(other) // a 9p source: not this VM's device
+	if names := g.files.exports.Names(); !slices.Equal(names, []string{src.Aname}) {
+		t.Errorf("exports %v after the Unshare of another kind's source, want [%s]", names, src.Aname)
+	}
+	if _, _, err := newShareDevice("bind", MountTag, false, quiet()); err == nil {
+		t.Error("a share device of kind bind was made")
+	}
 }

@@ -1,0 +1,91 @@
+package kvm
+
+import (
+	"fmt"
+	"log/slog"
+
+	"github.com/cowork-vmm/cowork-vmm/devices/p9"
+	"github.com/cowork-vmm/cowork-vmm/devices/p9/fs"
+	"github.com/cowork-vmm/cowork-vmm/devices/virtio"
+	"github.com/cowork-vmm/cowork-vmm/devices/virtiofs"
+	"github.com/cowork-vmm/cowork-vmm/protocol"
+)
+
+// FSEnv selects the device type the guest's host shares go through
+// (Options.FileSharing): FileSharingVirtioFS (the default) or
+// FileSharingNineP.
+const FSEnv = "COWORK_VMM_FS"
+
+// Values of Options.FileSharing (and FSEnv).
+const (
+	// FileSharingVirtioFS: virtio-fs devices (devices/virtiofs), the
+	// default (also for an empty value).
+	FileSharingVirtioFS = "virtiofs"
+	// FileSharingNineP: virtio-9p devices (devices/p9), the fallback.
+	FileSharingNineP = "9p"
+)
+
+// FileSharingKind returns the protocol.MountKind of the devices a
+// FileSharing value selects; any other value than "", FileSharingVirtioFS
+// and FileSharingNineP is an error naming FSEnv.
+func FileSharingKind(value string) (string, error) {
+	switch value {
+	case "", FileSharingVirtioFS:
+		return protocol.MountKindVirtioFS, nil
+	case FileSharingNineP:
+		return protocol.MountKindNineP, nil
+	}
+	return "", fmt.Errorf("kvm backend: %s=%q names no file-sharing device: use %q (the default) or %q", FSEnv, value, FileSharingVirtioFS, FileSharingNineP)
+}
+
+// shareDevice is one file-sharing device of a VM: the exports it serves
+// (an attach name, "e<n>", per shared host path), the virtio device
+// serving them — virtio-fs or virtio-9p, over the same export layer
+// (devices/p9/fs) — and what every export of it is mounted from.
+type shareDevice struct {
+	exports *fs.Exports
+	dev     interface{ Close() } // nil in tests without a VM
+	// source is the MountSource of its exports without the Aname: the
+	// kind, the tag and, for 9p, the guest's cache mode.
+	source protocol.MountSource
+}
+
+// newShareDevice makes the device of kind (protocol.MountKindVirtioFS or
+// MountKindNineP) with this tag over a fresh set of exports, its files
+// cached by the guest if cached is set. The returned virtio.Device is to
+// be attached; on error nothing is left to release.
+func newShareDevice(kind, tag string, cached bool, log *slog.Logger) (*shareDevice, virtio.Device, error) {
+	exports := fs.NewExports(log)
+	var dev interface {
+		virtio.Device
+		Close()
+	}
+	var err error
+	s := &shareDevice{exports: exports, source: protocol.MountSource{Kind: kind, Tag: tag}}
+	switch kind {
+	case protocol.MountKindVirtioFS:
+		dev, err = virtiofs.New(virtiofs.Options{Tag: tag, Root: exports, Cached: cached, Logger: log})
+	case protocol.MountKindNineP:
+		if cached {
+			s.source.Cache = protocol.NinePCacheLoose
+		}
+		dev, err = p9.New(p9.Options{Tag: tag, Attacher: exports, Logger: log})
+	default:
+		err = fmt.Errorf("no file-sharing device of kind %q", kind)
+	}
+	if err != nil {
+		exports.Close()
+		return nil, nil, fmt.Errorf("creating the %s device %q: %w", kind, tag, err)
+	}
+	s.dev = dev
+	return s, dev, nil
+}
+
+// close releases the device, then its exports (after the machine's reset:
+// what the guest still held is answered or dropped first).
+func (s *shareDevice) close() {
+	if s.dev != nil {
+		s.dev.Close()
+	}
+	s.exports.Close()
+}
