@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"os"
 	"strings"
 	"sync"
 	"time"
@@ -31,7 +32,7 @@ func trialBoot(ctx context.Context, backend string) (BootResult, error) {
 	var b helper.Backend
 	switch backend {
 	case BackendKVM:
-		b = kvmbackend.New(kvmbackend.Options{Console: console})
+		b = kvmbackend.New(kvmbackend.Options{Console: console, FileSharing: os.Getenv(kvmbackend.FSEnv)})
 	case BackendProcess:
 		b = process.New(process.Options{Stderr: console})
 	default:

@@ -42,10 +42,11 @@ func Run(ctx context.Context, opts Options) Report {
 	r.userCheck()
 	kvmFacts := r.kvmChecks()
 	kernelOK := r.kernelCheck()
+	fileSharingOK := r.fileSharingCheck()
 	serveOK := r.socketChecks()
 	usernsOK := r.userNSCheck()
 	r.diskCheck()
-	kvmReady := kvmFacts.works() && kernelOK
+	kvmReady := kvmFacts.works() && kernelOK && fileSharingOK
 	kvmBooted, processBooted := r.bootChecks(kvmReady, usernsOK)
 	gatePasses, gate := r.clientChecks()
 

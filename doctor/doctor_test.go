@@ -536,3 +536,21 @@ func TestUsageErrors(t *testing.T) {
 		t.Errorf("-h: exit %d, want 0", code)
 	}
 }
+
+func TestFileSharing(t *testing.T) {
+	h := healthyHost()
+	c := wantStatus(t, h.run(t, Options{}), CheckFileSharing, StatusOK)
+	wantContains(t, "detail", c.Detail, "virtio-fs", "the default", "COWORK_VMM_FS=9p")
+
+	h.env["COWORK_VMM_FS"] = "9p"
+	c = wantStatus(t, h.run(t, Options{}), CheckFileSharing, StatusOK)
+	wantContains(t, "detail", c.Detail, "virtio-9p", "COWORK_VMM_FS=9p")
+
+	h.env["COWORK_VMM_FS"] = "nfs"
+	r := h.run(t, Options{Boot: true})
+	c = wantStatus(t, r, CheckFileSharing, StatusFail)
+	wantContains(t, "detail", c.Detail, `COWORK_VMM_FS="nfs"`, `"virtiofs"`, `"9p"`)
+	wantContains(t, "fix", c.Fix, "unset COWORK_VMM_FS")
+	wantStatus(t, r, CheckBootKVM, StatusSkip)
+	wantUsable(t, r, BackendProcess)
+}

@@ -27,6 +27,7 @@ const (
 	CheckKVMCaps        = "kvm-capabilities"
 	CheckKVMLinux       = "kvm-linux-guests"
 	CheckKernel         = "guest-kernel"
+	CheckFileSharing    = "file-sharing"
 	CheckRuntimeDir     = "runtime-dir"
 	CheckSocketPath     = "socket-path"
 	CheckUserNS         = "user-namespaces"

@@ -1,0 +1,29 @@
+package doctor
+
+import (
+	kvmbackend "github.com/cowork-vmm/cowork-vmm/helper/backend/kvm"
+	"github.com/cowork-vmm/cowork-vmm/protocol"
+)
+
+// fileSharingCheck says which device the kvm backend shares host
+// directories through (COWORK_VMM_FS); a value it does not accept fails
+// the check, as it fails the kvm backend's startVM.
+func (r *runner) fileSharingCheck() bool {
+	c := Check{ID: CheckFileSharing, Group: GroupCoworkVMM, Title: "File sharing (kvm backend)"}
+	defer func() { r.add(c) }()
+	kind, err := kvmbackend.FileSharingKind(r.h.Getenv(kvmbackend.FSEnv))
+	switch {
+	case err != nil:
+		c.Status = StatusFail
+		c.Detail = err.Error()
+		c.Fix = "unset " + kvmbackend.FSEnv + " (virtio-fs, the default) or set it to " + kvmbackend.FileSharingNineP
+		return false
+	case kind == protocol.MountKindNineP:
+		c.Status = StatusOK
+		c.Detail = "virtio-9p devices (" + kvmbackend.FSEnv + "=" + kvmbackend.FileSharingNineP + "); unset it for virtio-fs, the default"
+	default:
+		c.Status = StatusOK
+		c.Detail = "virtio-fs devices (the default; " + kvmbackend.FSEnv + "=" + kvmbackend.FileSharingNineP + " selects virtio-9p)"
+	}
+	return true
+}
