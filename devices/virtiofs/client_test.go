@@ -52,6 +52,7 @@ const (
 	opReaddir     = 28
 	opReleasedir  = 29
 	opCreate      = 35
+	opInterrupt   = 36
 	opBatchForget = 42
 	opFallocate   = 43
 	opReaddirplus = 44
@@ -317,3 +318,8 @@ func (r *rig) readdir(t testing.TB, node, fh uint64, op uint32) []string {
 	t.Fatal("readdir never ended")
 	return nil
 }
+
+var (
+	virtiotestReadable = virtiotest.Readable
+	virtiotestWritable = virtiotest.Writable
+)

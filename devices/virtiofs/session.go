@@ -137,6 +137,9 @@ func (s *session) handle(chain *virtio.Chain) uint32 {
 	if !st.Ok() {
 		return errorReply(chain, msg.in, st)
 	}
+	if n > 0 && n < outHeaderSize {
+		return 0 // go-fuse cut the reply header to the room there was
+	}
 	if msg.bounce != nil {
 		written, _ := chain.Writer().Write(msg.bounce[:n])
 		return uint32(written)
@@ -156,6 +159,10 @@ func (s *session) run(in, out [][]byte) (n int, st fuse.Status) {
 	return s.server.HandleRequest(in, out)
 }
 
+// outHeaderSize is the size of a FUSE reply header: len[4] error[4]
+// unique[8].
+const outHeaderSize = 16
+
 // errorReply writes a FUSE reply header carrying st for the request whose
 // header is in (nil: read it from the chain) and returns its length, or 0
 // when the chain cannot take it.
@@ -167,7 +174,7 @@ func errorReply(chain *virtio.Chain, in [][]byte, st fuse.Status) uint32 {
 		_, _ = chain.Reader().Read(hdr[:])
 	}
 	unique := binary.LittleEndian.Uint64(hdr[8:16])
-	var out [16]byte
+	var out [outHeaderSize]byte
 	binary.LittleEndian.PutUint32(out[0:], uint32(len(out)))
 	binary.LittleEndian.PutUint32(out[4:], uint32(-int32(st)))
 	binary.LittleEndian.PutUint64(out[8:], unique)
