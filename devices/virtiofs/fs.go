@@ -93,6 +93,7 @@ func (f *fileSystem) lookup(parent uint64, name string, out *fuse.EntryOut) fuse
 	if !st.Ok() {
 		return st
 	}
+	defer f.t.putNode(p)
 	_, child, err := p.file.Walk([]string{name})
 	if err != nil {
 		return status(err)
@@ -127,6 +128,7 @@ func (f *fileSystem) GetAttr(_ <-chan struct{}, in *fuse.GetAttrIn, out *fuse.At
 	if !st.Ok() {
 		return st
 	}
+	defer f.t.putNode(n)
 	return f.attrOut(n.file, out)
 }
 
@@ -148,6 +150,7 @@ func (f *fileSystem) SetAttr(_ <-chan struct{}, in *fuse.SetAttrIn, out *fuse.At
 	if !st.Ok() {
 		return st
 	}
+	defer f.t.putNode(n)
 	valid, attr := setAttrFor(in)
 	if err := n.file.SetAttr(valid, attr); err != nil {
 		return status(err)
@@ -186,6 +189,7 @@ func (f *fileSystem) StatFs(_ <-chan struct{}, h *fuse.InHeader, out *fuse.Statf
 	if !st.Ok() {
 		return st
 	}
+	defer f.t.putNode(n)
 	s, err := n.file.StatFS()
 	if err != nil {
 		return status(err)
@@ -204,6 +208,7 @@ func (f *fileSystem) Readlink(_ <-chan struct{}, h *fuse.InHeader) ([]byte, fuse
 	if !st.Ok() {
 		return nil, st
 	}
+	defer f.t.putNode(n)
 	target, err := n.file.Readlink()
 	if err != nil {
 		return nil, status(err)

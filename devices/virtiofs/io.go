@@ -37,6 +37,7 @@ func (f *fileSystem) openNode(id uint64, flags uint32, dir bool) (uint64, fuse.S
 	if !st.Ok() {
 		return 0, st
 	}
+	defer f.t.putNode(n)
 	switch isDir := n.mode == fuse.S_IFDIR; {
 	case dir && !isDir:
 		return 0, fuse.ENOTDIR
@@ -87,6 +88,7 @@ func (f *fileSystem) Read(_ <-chan struct{}, in *fuse.ReadIn, buf []byte) (fuse.
 	if !st.Ok() {
 		return nil, st
 	}
+	defer f.t.putHandle(h)
 	if in.Offset > math.MaxInt64 {
 		return nil, fuse.EINVAL
 	}
@@ -105,6 +107,7 @@ func (f *fileSystem) Writev(_ <-chan struct{}, in *fuse.WriteIn, data [][]byte) 
 	if !st.Ok() {
 		return 0, st
 	}
+	defer f.t.putHandle(h)
 	if in.Offset > math.MaxInt64 {
 		return 0, fuse.EINVAL
 	}
@@ -132,7 +135,10 @@ func (f *fileSystem) Writev(_ <-chan struct{}, in *fuse.WriteIn, data [][]byte) 
 
 // Flush implements fuse.RawFileSystem: nothing is buffered on the host.
 func (f *fileSystem) Flush(_ <-chan struct{}, in *fuse.FlushIn) fuse.Status {
-	_, st := f.t.handle(in.Fh, false)
+	h, st := f.t.handle(in.Fh, false)
+	if st.Ok() {
+		f.t.putHandle(h)
+	}
 	return st
 }
 
@@ -151,6 +157,7 @@ func (f *fileSystem) fsync(fh uint64, dir bool) fuse.Status {
 	if !st.Ok() {
 		return st
 	}
+	defer f.t.putHandle(h)
 	return status(h.file.FSync())
 }
 
@@ -212,6 +219,7 @@ func (f *fileSystem) readdir(in *fuse.ReadIn, count uint32) (p9.Dirents, fuse.St
 	if !st.Ok() {
 		return nil, st
 	}
+	defer f.t.putHandle(h)
 	ents, err := h.file.Readdir(in.Offset, count)
 	return ents, status(err)
 }

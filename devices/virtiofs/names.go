@@ -14,16 +14,18 @@ import (
 // its entry. The guest's uid and gid are not used: files belong to the
 // helper's user on the host (see package p9/fs).
 
-// parentFile returns the file of the directory node id.
-func (f *fileSystem) parentFile(id uint64) (p9.File, fuse.Status) {
+// parentFile returns the directory node id, for the caller's use until it
+// calls putNode.
+func (f *fileSystem) parentFile(id uint64) (*node, fuse.Status) {
 	n, st := f.t.node(id)
 	if !st.Ok() {
 		return nil, st
 	}
 	if n.mode != fuse.S_IFDIR {
+		f.t.putNode(n)
 		return nil, fuse.ENOTDIR
 	}
-	return n.file, fuse.OK
+	return n, fuse.OK
 }
 
 // Mkdir implements fuse.RawFileSystem.
@@ -32,7 +34,8 @@ func (f *fileSystem) Mkdir(_ <-chan struct{}, in *fuse.MkdirIn, name string, out
 	if !st.Ok() {
 		return st
 	}
-	if _, err := dir.Mkdir(name, p9.FileMode(in.Mode).Permissions(), 0, 0); err != nil {
+	defer f.t.putNode(dir)
+	if _, err := dir.file.Mkdir(name, p9.FileMode(in.Mode).Permissions(), 0, 0); err != nil {
 		return status(err)
 	}
 	return f.lookup(in.NodeId, name, out)
@@ -46,8 +49,9 @@ func (f *fileSystem) Mknod(_ <-chan struct{}, in *fuse.MknodIn, name string, out
 	if !st.Ok() {
 		return st
 	}
+	defer f.t.putNode(dir)
 	major, minor := unix.Major(uint64(in.Rdev)), unix.Minor(uint64(in.Rdev))
-	if _, err := dir.Mknod(name, p9.FileMode(in.Mode), major, minor, 0, 0); err != nil {
+	if _, err := dir.file.Mknod(name, p9.FileMode(in.Mode), major, minor, 0, 0); err != nil {
 		return status(err)
 	}
 	return f.lookup(in.NodeId, name, out)
@@ -60,7 +64,8 @@ func (f *fileSystem) Symlink(_ <-chan struct{}, h *fuse.InHeader, target, name s
 	if !st.Ok() {
 		return st
 	}
-	if _, err := dir.Symlink(target, name, 0, 0); err != nil {
+	defer f.t.putNode(dir)
+	if _, err := dir.file.Symlink(target, name, 0, 0); err != nil {
 		return status(err)
 	}
 	return f.lookup(h.NodeId, name, out)
@@ -73,11 +78,13 @@ func (f *fileSystem) Link(_ <-chan struct{}, in *fuse.LinkIn, name string, out *
 	if !st.Ok() {
 		return st
 	}
+	defer f.t.putNode(dir)
 	target, st := f.t.node(in.Oldnodeid)
 	if !st.Ok() {
 		return st
 	}
-	if err := dir.Link(target.file, name); err != nil {
+	defer f.t.putNode(target)
+	if err := dir.file.Link(target.file, name); err != nil {
 		return status(err)
 	}
 	return f.lookup(in.NodeId, name, out)
@@ -98,7 +105,8 @@ func (f *fileSystem) unlink(parent uint64, name string, flags uint32) fuse.Statu
 	if !st.Ok() {
 		return st
 	}
-	return status(dir.UnlinkAt(name, flags))
+	defer f.t.putNode(dir)
+	return status(dir.file.UnlinkAt(name, flags))
 }
 
 // Rename implements fuse.RawFileSystem. RENAME2's flags (noreplace,
@@ -114,14 +122,16 @@ func (f *fileSystem) Rename(_ <-chan struct{}, in *fuse.RenameIn, oldName, newNa
 	if !st.Ok() {
 		return st
 	}
+	defer f.t.putNode(oldDir)
 	newDir, st := f.parentFile(in.Newdir)
 	if !st.Ok() {
 		return st
 	}
-	if err := oldDir.RenameAt(oldName, newDir, newName); err != nil {
+	defer f.t.putNode(newDir)
+	if err := oldDir.file.RenameAt(oldName, newDir.file, newName); err != nil {
 		return status(err)
 	}
-	f.noteRenamed(newDir, newName)
+	f.noteRenamed(newDir.file, newName)
 	return fuse.OK
 }
 
@@ -139,6 +149,7 @@ func (f *fileSystem) noteRenamed(dir p9.File, name string) {
 	}
 	if n, ok := f.t.lookupByKey(key); ok {
 		n.file.Renamed(dir, name)
+		f.t.putNode(n)
 	}
 }
 
@@ -150,7 +161,8 @@ func (f *fileSystem) Create(_ <-chan struct{}, in *fuse.CreateIn, name string, o
 	if !st.Ok() {
 		return st
 	}
-	created, _, _, err := dir.Create(name, p9.OpenFlags(in.Flags), p9.FileMode(in.Mode).Permissions(), 0, 0)
+	defer f.t.putNode(dir)
+	created, _, _, err := dir.file.Create(name, p9.OpenFlags(in.Flags), p9.FileMode(in.Mode).Permissions(), 0, 0)
 	if err != nil {
 		return status(err)
 	}

@@ -19,12 +19,42 @@ type node struct {
 	key     fs.NodeKey
 	mode    uint32 // the host file type bits (S_IFMT), stable for an inode
 	lookups uint64
+	use     // guarded by table.mu
 }
 
 // handle is one open file or directory (an open descriptor on the host).
 type handle struct {
 	file p9.File
 	dir  bool
+	use  // guarded by table.mu
+}
+
+// use counts the requests using a node's or handle's file. A hostile
+// guest may FORGET a node or RELEASE a handle while another of its
+// requests still uses it: the entry leaves the table at once (new requests
+// get ESTALE or EBADF), but its file is closed by the last user, never
+// under a running pread, pwrite or mkdirat, whose descriptor number the
+// host could otherwise reuse for another file.
+type use struct {
+	users int
+	gone  bool // out of the table: the last user closes the file
+}
+
+// take records one more user; the table's lock is held.
+func (u *use) take() { u.users++ }
+
+// drop records that a user is done and says whether the file must be
+// closed now; the table's lock is held.
+func (u *use) drop() bool {
+	u.users--
+	return u.gone && u.users == 0
+}
+
+// remove takes the entry out of use by the table and says whether the
+// file can be closed now (no request uses it); the table's lock is held.
+func (u *use) remove() bool {
+	u.gone = true
+	return u.users == 0
 }
 
 // table holds a session's nodes and handles. Node ids and handle ids are
@@ -55,7 +85,8 @@ func newTable(root p9.File, maxNodes, maxHandles int) *table {
 	return t
 }
 
-// node returns the node with this id.
+// node returns the node with this id, for the caller's use until it
+// calls putNode.
 func (t *table) node(id uint64) (*node, fuse.Status) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -63,7 +94,18 @@ func (t *table) node(id uint64) (*node, fuse.Status) {
 	if !ok {
 		return nil, fuse.Status(syscall.ESTALE)
 	}
+	n.take()
 	return n, fuse.OK
+}
+
+// putNode ends a use of a node from node or lookupByKey.
+func (t *table) putNode(n *node) {
+	t.mu.Lock()
+	last := n.drop()
+	t.mu.Unlock()
+	if last {
+		_ = n.file.Close()
+	}
 }
 
 // add records one lookup of the inode key names and returns its node id:
@@ -90,7 +132,8 @@ func (t *table) add(key fs.NodeKey, f p9.File, mode uint32) (uint64, fuse.Status
 	return id, fuse.OK
 }
 
-// lookupByKey returns the node of an inode key, if the guest holds it.
+// lookupByKey returns the node of an inode key, if the guest holds it,
+// for the caller's use until it calls putNode.
 func (t *table) lookupByKey(key fs.NodeKey) (*node, bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -98,12 +141,14 @@ func (t *table) lookupByKey(key fs.NodeKey) (*node, bool) {
 	if !ok {
 		return nil, false
 	}
-	return t.nodes[id], true
+	n := t.nodes[id]
+	n.take()
+	return n, true
 }
 
 // forget lowers a node's lookup count by n (a guest that forgets more
-// than it looked up forgets the node) and closes its file at zero. The
-// root and unknown ids are ignored.
+// than it looked up forgets the node) and closes its file at zero (or its
+// last user does). The root and unknown ids are ignored.
 func (t *table) forget(id, n uint64) {
 	if id == fuse.FUSE_ROOT_ID {
 		return
@@ -121,8 +166,11 @@ func (t *table) forget(id, n uint64) {
 	}
 	delete(t.nodes, id)
 	delete(t.byKey, nd.key)
+	unused := nd.remove()
 	t.mu.Unlock()
-	_ = nd.file.Close()
+	if unused {
+		_ = nd.file.Close()
+	}
 }
 
 // open records an open file or directory and returns its handle id.
@@ -142,7 +190,8 @@ func (t *table) open(f p9.File, dir bool) (uint64, fuse.Status) {
 }
 
 // handle returns the open handle id, of a directory when dir is set and
-// of a file otherwise (EBADF for an unknown id or the other kind).
+// of a file otherwise (EBADF for an unknown id or the other kind), for the
+// caller's use until it calls putHandle.
 func (t *table) handle(id uint64, dir bool) (*handle, fuse.Status) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -150,11 +199,22 @@ func (t *table) handle(id uint64, dir bool) (*handle, fuse.Status) {
 	if !ok || h.dir != dir {
 		return nil, fuse.EBADF
 	}
+	h.take()
 	return h, fuse.OK
 }
 
-// release closes an open handle; unknown ids and the other kind are
-// ignored.
+// putHandle ends a use of a handle from handle.
+func (t *table) putHandle(h *handle) {
+	t.mu.Lock()
+	last := h.drop()
+	t.mu.Unlock()
+	if last {
+		_ = h.file.Close()
+	}
+}
+
+// release closes an open handle (or its last user does); unknown ids and
+// the other kind are ignored.
 func (t *table) release(id uint64, dir bool) {
 	t.mu.Lock()
 	h, ok := t.handles[id]
@@ -163,8 +223,11 @@ func (t *table) release(id uint64, dir bool) {
 		return
 	}
 	delete(t.handles, id)
+	unused := h.remove()
 	t.mu.Unlock()
-	_ = h.file.Close()
+	if unused {
+		_ = h.file.Close()
+	}
 }
 
 // counts returns how many nodes and handles the table holds.
@@ -175,7 +238,7 @@ func (t *table) counts() (nodes, handles int) {
 }
 
 // closeAll closes every handle and node (the session ended: the guest
-// reset the device or the VM stopped).
+// reset the device or the VM stopped; no request is running).
 func (t *table) closeAll() {
 	t.mu.Lock()
 	handles, nodes := t.handles, t.nodes
