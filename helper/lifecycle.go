@@ -62,6 +62,8 @@ type guestInstance struct {
 	// sessions are in use (sessions.go).
 	mountMu sync.Mutex
 	mounts  mountTable
+
+	oneShots oneShotState
 }
 
 type mountKey struct {
@@ -488,7 +490,7 @@ func (s *Service) onAgentEvent(inst *guestInstance, ev protocol.Event) {
 		// this is the agent's read loop, and a mount in progress holds
 		// mountMu while it waits for the agent's reply.
 		go inst.withdrawIfIdle(p.session)
-		go s.spawnExited(inst, p)
+		inst.spawnExited(p)
 		s.hub.Publish(out)
 	case protocol.EventError:
 		s.mu.Unlock()

@@ -29,7 +29,7 @@ func defaultGuestEnv(session string) map[string]string {
 	}
 }
 
-func (s *Service) spawn(_ context.Context, p protocol.ClientSpawnParams) (protocol.SpawnResult, error) {
+func (s *Service) spawn(ctx context.Context, p protocol.ClientSpawnParams) (protocol.SpawnResult, error) {
 	res := protocol.SpawnResult{FailedMounts: []string{}}
 	if p.ID == "" {
 		return res, errors.New("spawn: id is empty")
@@ -55,6 +55,11 @@ func (s *Service) spawn(_ context.Context, p protocol.ClientSpawnParams) (protoc
 	if err != nil {
 		return res, fmt.Errorf("spawn: %w", err)
 	}
+	// A oneShot process of the session that just ended is still releasing
+	// its mounts: this spawn starts after that.
+	if err := inst.waitRelease(ctx, p.Name); err != nil {
+		return res, fmt.Errorf("spawn: waiting for the session's earlier mounts to be released: %w", err)
+	}
 	// A process of the session that ends while this one is being set up
 	// must not withdraw the mounts it is about to run in.
 	defer inst.useSession(p.Name)()
@@ -78,7 +83,7 @@ func (s *Service) spawn(_ context.Context, p protocol.ClientSpawnParams) (protoc
 	token, policy := s.egressReg.Register(p.ID, p.AllowedDomains)
 	s.mu.Unlock()
 	if p.OneShot {
-		oneShots.add(proc)
+		inst.oneShots.add(proc)
 	}
 	if ignored := policy.Ignored(); len(ignored) > 0 {
 		s.log.Warn("spawn: allowedDomains entries ignored (not host names or *.suffix wildcards)", "id", p.ID, "entries", ignored)
@@ -90,7 +95,7 @@ func (s *Service) spawn(_ context.Context, p protocol.ClientSpawnParams) (protoc
 		s.procs.remove(proc)
 		s.egressReg.Unregister(p.ID)
 		s.mu.Unlock()
-		oneShots.take(proc)
+		inst.oneShots.take(proc)
 		return res, fmt.Errorf("spawn %s: %w", p.Command, err)
 	}
 	allowed := "all (no allowedDomains)"
@@ -325,30 +330,30 @@ func (inst *guestInstance) unmountInGuest(session, target string) {
 	}
 }
 
-// oneShotProcs holds the running oneShot processes (a process has no field
-// for it).
-type oneShotProcs struct {
-	mu    sync.Mutex
+// oneShotState tracks a guest's running oneShot processes (a process has
+// no field for it) and the releases their ends started.
+type oneShotState struct {
+	mu sync.Mutex
+	// procs are the running oneShot processes.
 	procs map[*process]bool
+	// releasing holds, per session, a channel closed when the release a
+	// oneShot process's end started is done: a spawn of that session
+	// waits for it, so a client that spawns again on seeing the exit
+	// never finds the released mounts still there.
+	releasing map[string]chan struct{}
 }
 
-var oneShots = &oneShotProcs{procs: make(map[*process]bool)}
-
-// add records p, dropping the records of guests that have ended (their
-// processes' exits never reach spawnExited).
-func (o *oneShotProcs) add(p *process) {
+func (o *oneShotState) add(p *process) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	for q := range o.procs {
-		if q.guest.ending.Load() {
-			delete(o.procs, q)
-		}
+	if o.procs == nil {
+		o.procs = make(map[*process]bool)
 	}
 	o.procs[p] = true
 }
 
 // take forgets p and says whether it was a oneShot process.
-func (o *oneShotProcs) take(p *process) bool {
+func (o *oneShotState) take(p *process) bool {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	was := o.procs[p]
@@ -358,9 +363,47 @@ func (o *oneShotProcs) take(p *process) bool {
 
 // spawnExited releases what an exited process held beyond its exit: for a
 // oneShot process, its session's mounts (when it was the session's last).
-func (s *Service) spawnExited(inst *guestInstance, p *process) {
-	if oneShots.take(p) {
+// Called on the agent's read loop before the exit is published: the
+// release itself runs in the background (it calls the agent), and later
+// spawns of the session wait for it (waitRelease).
+func (inst *guestInstance) spawnExited(p *process) {
+	if !inst.oneShots.take(p) {
+		return
+	}
+	done := make(chan struct{})
+	inst.oneShots.mu.Lock()
+	if inst.oneShots.releasing == nil {
+		inst.oneShots.releasing = make(map[string]chan struct{})
+	}
+	inst.oneShots.releasing[p.session] = done
+	inst.oneShots.mu.Unlock()
+	go func() {
+		defer close(done)
 		inst.releaseSession(p.session)
+		inst.oneShots.mu.Lock()
+		if inst.oneShots.releasing[p.session] == done {
+			delete(inst.oneShots.releasing, p.session)
+		}
+		inst.oneShots.mu.Unlock()
+	}()
+}
+
+// waitRelease waits until no release of session is in progress, or ctx
+// ends.
+func (inst *guestInstance) waitRelease(ctx context.Context, session string) error {
+	inst.oneShots.mu.Lock()
+	done := inst.oneShots.releasing[session]
+	inst.oneShots.mu.Unlock()
+	if done == nil {
+		return nil
+	}
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-inst.ended:
+		return errors.New("the VM ended")
 	}
 }
 
