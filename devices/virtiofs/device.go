@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log"
 	"log/slog"
+	"runtime/debug"
 	"sync"
 
 	"github.com/hanwen/go-fuse/v2/fuse"
@@ -125,6 +126,12 @@ func (d *Device) Activate(mem virtio.GuestMemory, irq virtio.Interrupt, queues [
 		MaxReadAhead: MaxWrite,
 		// go-fuse logs the guest's malformed requests here.
 		Logger: log.New(&guestLogWriter{d.guestLog}, "", 0),
+		// A panic in a file operation is our bug, not the guest's: an
+		// error with its stack, not a rate-limited warning.
+		PanicHandler: func(r any) fuse.Status {
+			d.log.Error("virtio-fs: a request panicked; answered EIO", "panic", r, "stack", string(debug.Stack()))
+			return fuse.EIO
+		},
 	})
 	d.session = startSession(d, mem, irq, queues, fsys, server)
 	return nil

@@ -110,13 +110,38 @@ func (s *session) drain(q int) bool {
 	}
 }
 
-// serve answers one chain and completes it.
+// serve answers one chain and completes it, also when a file operation
+// ends the goroutine (runtime.Goexit): the request is then answered EIO
+// rather than left pending.
 func (s *session) serve(queue *virtio.Queue, chain *virtio.Chain) {
 	defer func() { <-s.slots; s.running.Done() }()
-	n := s.handle(chain)
-	if err := queue.Complete(chain, n, s.irq); err != nil {
-		s.irq.NeedsReset(fmt.Errorf("virtio-fs: completing a request: %w", err))
+	var n uint32
+	answered := false
+	defer func() {
+		if !answered {
+			s.d.log.Error("virtio-fs: a request's goroutine exited; answered EIO")
+			n = errorReply(chain, [][]byte{s.header(chain)}, fuse.EIO)
+		}
+		if err := queue.Complete(chain, n, s.irq); err != nil {
+			s.irq.NeedsReset(fmt.Errorf("virtio-fs: completing a request: %w", err))
+		}
+	}()
+	n = s.handle(chain)
+	answered = true
+}
+
+// header reads the first bytes of chain's request (its FUSE header) from
+// guest memory, whatever the chain's reader consumed.
+func (s *session) header(chain *virtio.Chain) []byte {
+	hdr := make([]byte, 0, outHeaderSize)
+	for _, b := range chain.Readable() {
+		p := make([]byte, min(b.Len, uint32(cap(hdr)-len(hdr))))
+		if s.mem.ReadAt(p, b.Addr) != nil {
+			break
+		}
+		hdr = append(hdr, p...)
 	}
+	return hdr
 }
 
 // handle runs one request and returns how many bytes of reply it wrote.
