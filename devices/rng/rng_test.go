@@ -80,7 +80,11 @@ func TestBrokenQueueNeedsReset(t *testing.T) {
 		time.Sleep(time.Millisecond)
 	}
 	require.NotZero(t, d.ReadReg(virtio.MMIOInterruptStatus)&virtio.InterruptConfigChange)
-	// A reset and a fresh set-up bring the device back.
+	// A reset and a fresh set-up bring the device back. Fresh RAM for the
+	// rebooted guest's rings: the driver may place them where the broken
+	// ones were, whose avail index would break the new queue at once.
+	d.Reset()
+	require.NoError(t, d.Mem.WriteAt(make([]byte, d.Mem.Size()), 0))
 	require.NoError(t, d.Init())
 	q = d.Queue(0)
 	_, err := q.Add(virtiotest.Writable(8))
