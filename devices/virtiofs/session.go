@@ -165,6 +165,13 @@ func (s *session) handle(chain *virtio.Chain) uint32 {
 	if n > 0 && n < outHeaderSize {
 		return 0 // go-fuse cut the reply header to the room there was
 	}
+	var length [4]byte
+	if copyFromIov(length[:], msg.out); n > 0 && binary.LittleEndian.Uint32(length[:]) != uint32(n) {
+		// go-fuse cut a reply whose size the request does not bound
+		// (READLINK's target) to the room there was: an error, not a
+		// header claiming bytes that were never written.
+		return errorReply(chain, msg.in, fuse.EIO)
+	}
 	if msg.bounce != nil {
 		written, _ := chain.Writer().Write(msg.bounce[:n])
 		return uint32(written)

@@ -1,0 +1,101 @@
+package virtiofs
+
+import (
+	"os"
+	"path/filepath"
+	"syscall"
+	"testing"
+
+	"github.com/hanwen/go-fuse/v2/fuse"
+	"github.com/stretchr/testify/require"
+)
+
+// Every reply that gives the guest an entry, attributes or an open file
+// carries the device's cache policy: Options.Cached gives day-long entry
+// and attribute lifetimes and keeps the guest's page cache (and directory
+// listings) across opens; an uncached device gives lifetimes of 0 and no
+// FOPEN_KEEP_CACHE, so the guest asks again and sees host edits.
+func TestCachePolicyInEveryReply(t *testing.T) {
+	for _, cached := range []bool{false, true} {
+		name := "uncached"
+		if cached {
+			name = "cached"
+		}
+		t.Run(name, func(t *testing.T) {
+			r := newRig(t, Options{Cached: cached})
+			dir := r.export(t, "e1", false, map[string]string{"f": "old", "d/g": ""})
+			r.initSession(t)
+			e1 := r.walk(t, "e1")
+			wantSecs := uint64(0)
+			if cached {
+				wantSecs = 24 * 60 * 60
+			}
+			entry := func(what string, e fuse.EntryOut, errno syscall.Errno) {
+				t.Helper()
+				require.Zero(t, errno, what)
+				require.Equal(t, wantSecs, e.EntryValid, "%s: entry lifetime", what)
+				require.Equal(t, wantSecs, e.AttrValid, "%s: attribute lifetime", what)
+				require.Zero(t, e.EntryValidNsec+e.AttrValidNsec, what)
+			}
+			attr := func(what string, a fuse.AttrOut, errno syscall.Errno) {
+				t.Helper()
+				require.Zero(t, errno, what)
+				require.Equal(t, wantSecs, a.AttrValid, "%s: attribute lifetime", what)
+				require.Zero(t, a.AttrValidNsec, what)
+			}
+			open := func(what string, flags, want uint32) {
+				t.Helper()
+				if !cached {
+					want = 0
+				}
+				require.Equal(t, want, flags, "%s: open flags", what)
+			}
+
+			e, errno := r.lookup(t, e1, "f")
+			entry("lookup", e, errno)
+			a, errno := r.getattr(t, e.NodeId)
+			attr("getattr", a, errno)
+			a, errno = r.setattr(t, e.NodeId, setattrIn{Valid: fuse.FATTR_MODE, Mode: 0o644})
+			attr("setattr", a, errno)
+			o, errno := r.openOut(t, e.NodeId, syscall.O_RDONLY)
+			require.Zero(t, errno)
+			open("open", o.OpenFlags, fuse.FOPEN_KEEP_CACHE)
+			od, errno := r.opendir(t, e1)
+			require.Zero(t, errno)
+			open("opendir", od.OpenFlags, fuse.FOPEN_KEEP_CACHE|fuse.FOPEN_CACHE_DIR)
+			c, errno := r.create(t, e1, "created", syscall.O_RDWR, 0o644)
+			entry("create", c.EntryOut, errno)
+			open("create", c.OpenOut.OpenFlags, fuse.FOPEN_KEEP_CACHE)
+			m, errno := r.mkdir(t, e1, "made", 0o755)
+			entry("mkdir", m, errno)
+			n, errno := r.mknod(t, e1, "fifo", syscall.S_IFIFO|0o644, 0)
+			entry("mknod", n, errno)
+			s, errno := r.symlink(t, e1, "lnk", "f")
+			entry("symlink", s, errno)
+			l, errno := r.link(t, e.NodeId, e1, "hard")
+			entry("link", l, errno)
+			for _, ent := range r.listDir(t, e1, od.Fh, opReaddirplus, 4096) {
+				if ent.name != "." && ent.name != ".." {
+					entry("readdirplus "+ent.name, ent.entry, 0)
+				}
+			}
+			root, errno := r.getattr(t, fuse.FUSE_ROOT_ID)
+			attr("getattr of the export list", root, errno)
+
+			if cached {
+				return
+			}
+			// Uncached: a host edit is what the guest reads and sees next.
+			require.NoError(t, os.WriteFile(filepath.Join(dir, "f"), []byte("edited on the host"), 0o644))
+			data, errno := r.read(t, e.NodeId, o.Fh, 0, 100)
+			require.Zero(t, errno)
+			require.Equal(t, "edited on the host", string(data))
+			a, errno = r.getattr(t, e.NodeId)
+			require.Zero(t, errno)
+			require.EqualValues(t, len("edited on the host"), a.Attr.Size)
+			require.NoError(t, os.WriteFile(filepath.Join(dir, "d", "new-on-host"), nil, 0o644))
+			_, errno = r.lookup(t, r.walk(t, "e1", "d"), "new-on-host")
+			require.Zero(t, errno, "a name made on the host is found at once")
+		})
+	}
+}
