@@ -1,7 +1,10 @@
 package virtiofs
 
 import (
+	"os"
+	"path/filepath"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -11,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/cowork-vmm/cowork-vmm/devices/p9/fs"
+	"github.com/cowork-vmm/cowork-vmm/devices/virtio/virtiotest"
 )
 
 // A hostile guest may send RELEASE (or FORGET) for a handle (or node)
@@ -136,4 +140,91 @@ func TestForgetDuringMkdirClosesAfterTheMkdir(t *testing.T) {
 	require.Equal(t, fuse.Status(linux.EEXIST), <-done)
 	require.True(t, bf.closed.Load(), "closed once the MKDIR ended")
 	require.False(t, bf.closedWhileUse.Load())
+}
+
+// The same through the device, with the real export layer: batches of
+// READ, WRITE and MKDIR race RELEASE and FORGET of the handles and nodes
+// they use, beside OPENs of another file that could take a closed
+// descriptor's number. Every request is answered, only with the errors
+// a stale id may get, no write lands anywhere but in its own file, and
+// every descriptor is closed at the end.
+func TestForgetAndReleaseRacingRequests(t *testing.T) {
+	r := newRig(t, Options{MaxInFlight: 16})
+	r.initSession(t)
+	baseline := openFds(t)
+	dir := r.export(t, "e1", false, map[string]string{"f": "", "victim": "untouched", "d/.k": ""})
+	victim := r.walk(t, "e1", "victim")
+	q := r.drv.Queue(requestQueue)
+	allowed := map[syscall.Errno]bool{0: true, syscall.EBADF: true, syscall.ESTALE: true, syscall.EEXIST: true}
+
+	for round := range 40 {
+		f := r.walk(t, "e1", "f")
+		d := r.walk(t, "e1", "d")
+		fh, errno := r.open(t, f, syscall.O_RDWR)
+		require.Zero(t, errno)
+		var n int
+		opens := map[uint64]bool{}
+		add := func(queue int, msg []byte, room uint32) {
+			bufs := []virtiotest.Buffer{virtiotest.Readable(msg)}
+			if room > 0 {
+				bufs = append(bufs, virtiotest.Writable(room))
+			}
+			_, err := r.drv.Queue(queue).Add(bufs...)
+			require.NoError(t, err)
+			if queue == requestQueue {
+				n++
+			}
+		}
+		for i := range 12 {
+			switch i % 4 {
+			case 0:
+				m, _ := r.encode(opWrite, f, &writeIn{Fh: fh, Offset: uint64(i), Size: 1}, []byte{'w'})
+				add(requestQueue, m, 64)
+			case 1:
+				m, _ := r.encode(opRead, f, &readIn{Fh: fh, Size: 64})
+				add(requestQueue, m, 128)
+			case 2:
+				m, _ := r.encode(opMkdir, d, &mkdirIn{Mode: 0o755}, cstr("m"+itoa(round)))
+				add(requestQueue, m, 256)
+			default:
+				m, unique := r.encode(opOpen, victim, &openIn{Flags: syscall.O_RDONLY})
+				add(requestQueue, m, 64)
+				opens[unique] = true
+			}
+			if i == 5 {
+				m, _ := r.encode(opRelease, f, &releaseIn{Fh: fh})
+				add(requestQueue, m, 64)
+				m, _ = r.encode(opForget, d, &struct{ N uint64 }{1 << 40})
+				add(hiprioQueue, m, 0)
+				m, _ = r.encode(opForget, f, &struct{ N uint64 }{1 << 40})
+				add(hiprioQueue, m, 0)
+			}
+		}
+		q.Kick()
+		r.drv.Queue(hiprioQueue).Kick()
+		used, err := q.WaitN(n, waitLimit)
+		require.NoError(t, err)
+		_, err = r.drv.Queue(hiprioQueue).WaitN(2, waitLimit)
+		require.NoError(t, err)
+		for _, u := range used {
+			errno := errnoAt(t, u.Data)
+			require.True(t, allowed[errno], "round %d: errno %v", round, errno)
+			if opens[uniqueOf(u.Data)] && errno == 0 {
+				var o fuse.OpenOut
+				reply{payload: u.Data[16:]}.ok(t, &o)
+				r.release(t, victim, o.Fh, opRelease)
+			}
+		}
+	}
+	b, err := os.ReadFile(filepath.Join(dir, "victim"))
+	require.NoError(t, err)
+	require.Equal(t, "untouched", string(b), "no write reached another file")
+	b, err = os.ReadFile(filepath.Join(dir, "f"))
+	require.NoError(t, err)
+	require.Regexp(t, `^[w\x00]*$`, string(b))
+	_, handles := r.dev.Counts()
+	require.Zero(t, handles)
+	r.dev.Reset()
+	r.exports.Remove("e1")
+	require.Equal(t, baseline, openFds(t), "every descriptor closed, none twice")
 }
