@@ -32,6 +32,10 @@ type session struct {
 	// running counts the queue workers and the requests in flight; end
 	// waits for it, so no guest buffer is used after Reset.
 	running sync.WaitGroup
+	// initMu is held exclusively by a FUSE_INIT and shared by every other
+	// request: go-fuse's INIT rewrites the negotiated settings other
+	// requests' parsing reads, and a guest may send INIT again at any time.
+	initMu sync.RWMutex
 }
 
 func startSession(d *Device, mem virtio.GuestMemory, irq virtio.Interrupt, queues []*virtio.Queue, fsys *fileSystem, server *fuse.ProtocolServer) *session {
@@ -182,6 +186,14 @@ func (s *session) handle(chain *virtio.Chain) uint32 {
 // run calls the protocol server; a panic in it (go-fuse parsing a request
 // it did not expect, or a file operation) is EIO for this request only.
 func (s *session) run(in, out [][]byte) (n int, st fuse.Status) {
+	var opcode [8]byte
+	if copyFromIov(opcode[:], in); binary.LittleEndian.Uint32(opcode[4:]) == fuseInit {
+		s.initMu.Lock()
+		defer s.initMu.Unlock()
+	} else {
+		s.initMu.RLock()
+		defer s.initMu.RUnlock()
+	}
 	defer func() {
 		if r := recover(); r != nil {
 			s.d.log.Error("virtio-fs: a request panicked; answered EIO", "panic", r, "stack", string(debug.Stack()))
@@ -190,6 +202,9 @@ func (s *session) run(in, out [][]byte) (n int, st fuse.Status) {
 	}()
 	return s.server.HandleRequest(in, out)
 }
+
+// fuseInit is FUSE_INIT's opcode.
+const fuseInit = 26
 
 // outHeaderSize is the size of a FUSE reply header: len[4] error[4]
 // unique[8].
