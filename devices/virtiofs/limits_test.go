@@ -460,6 +460,13 @@ func TestResetAmidManyRequestsInFlight(t *testing.T) {
 	case <-time.After(waitLimit):
 		t.Fatal("Reset did not return")
 	}
+	// Nothing touches guest memory once Reset has returned.
+	mem := make([]byte, r.drv.Mem.Size())
+	require.NoError(t, r.drv.Mem.ReadAt(mem, 0))
+	time.Sleep(20 * time.Millisecond)
+	later := make([]byte, len(mem))
+	require.NoError(t, r.drv.Mem.ReadAt(later, 0))
+	require.True(t, bytes.Equal(mem, later), "guest memory written after Reset returned")
 	nodes, handles := r.dev.Counts()
 	require.Zero(t, nodes)
 	require.Zero(t, handles)
