@@ -8,6 +8,15 @@
 // initramfs under qemu-system-x86_64 (-M microvm, -M q35) interleaved with
 // ours as the peer every figure is a ratio against.
 //
+// Then it benchmarks file sharing (fs.go): the test guest of
+// internal/nested/guestboot runs the same workloads as that package's
+// TestFSBench (sequential write and read, 4 KiB random reads, a git-status
+// style tree walk, git status, python3's start) over our virtio-fs and
+// virtio-9p devices and qemu microvm's virtio-9p and vhost-user-fs with
+// virtiofsd, interleaved, each sharing the same directory; the report's
+// "fs" section has their medians and virtio-fs's speed-up over each
+// (--fs-runs, --fs-sizes; 0 runs leaves it out).
+//
 // Main is `cowork-vmm bench`; the report is a Markdown table on the
 // terminal plus report.json and report.svg in the output directory.
 // On hosts without a usable KVM it measures what it can (the process

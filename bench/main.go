@@ -38,7 +38,16 @@ type Options struct {
 	Qemu    string // qemu-system-x86_64 path; "none" disables the peers
 	Peers   string // comma-separated subset of "microvm,q35"; empty: all
 	Timeout time.Duration
+	// FSRuns is the file-sharing benchmark's runs per system (0: none),
+	// FSSizes its sizes ("full" or "ci"), FSInitrd the test guest's
+	// initramfs (default: built with the go tool from the source tree).
+	FSRuns   int
+	FSSizes  string
+	FSInitrd string
 }
+
+// DefaultFSRuns is the file-sharing benchmark's default runs per system.
+const DefaultFSRuns = 3
 
 // Main is `cowork-vmm bench [flags]`: args are the arguments after
 // "bench"; the tables go to stdout, progress and notes to stderr. It
@@ -105,14 +114,19 @@ func parseFlags(args []string, stderr io.Writer) (Options, error) {
 	fs.StringVar(&o.Qemu, "qemu", "", `qemu-system-x86_64 for the peers ("none": no peers)`)
 	fs.StringVar(&o.Peers, "peers", "", `peers to run: "microvm", "q35" or both, comma-separated (default both)`)
 	fs.DurationVar(&o.Timeout, "timeout", defaultTimeout, "bound on one boot")
+	fs.IntVar(&o.FSRuns, "fs-runs", DefaultFSRuns, "runs per system of the file-sharing benchmark (0: none)")
+	fs.StringVar(&o.FSSizes, "fs-sizes", "full", `file-sharing benchmark sizes: "full" (64 MiB, 2000 random reads, 10 000 files) or "ci"`)
+	fs.StringVar(&o.FSInitrd, "fs-initrd", "", "the file-sharing test guest's initramfs (default: built with the go tool, from the source tree)")
 	fs.Usage = func() {
 		fmt.Fprint(stderr, `Usage: cowork-vmm bench [--runs N] [--out DIR] [flags]
 
 Times every phase of a guest start (helper start, startVM, VM created, first
 guest instruction, kernel to /init, agent connected, spawn, first output,
 stop), the helper's memory and the binary's size, beside qemu booting the
-same kernel and initramfs (-M microvm, -M q35), runs interleaved. Writes
-report.md, report.json and report.svg to DIR.
+same kernel and initramfs (-M microvm, -M q35), runs interleaved; then file
+sharing (sequential and random I/O, a tree walk, git status, python3's
+start in a test guest) over our virtio-fs and virtio-9p and qemu's
+virtio-9p and virtiofsd. Writes report.md, report.json and report.svg to DIR.
 
 `)
 		fs.PrintDefaults()
@@ -125,6 +139,12 @@ report.md, report.json and report.svg to DIR.
 	}
 	if o.Runs < 1 || o.Runs > 1000 {
 		return o, fmt.Errorf("--runs %d: want 1 to 1000", o.Runs)
+	}
+	if o.FSRuns < 0 || o.FSRuns > 100 {
+		return o, fmt.Errorf("--fs-runs %d: want 0 to 100", o.FSRuns)
+	}
+	if _, err := fsSizes(o); err != nil {
+		return o, err
 	}
 	if o.MemMiB < 64 {
 		return o, fmt.Errorf("--mem %d: want at least 64 MiB", o.MemMiB)
@@ -220,6 +240,9 @@ func Run(ctx context.Context, opts Options, progress io.Writer) (Report, error) 
 			return Report{}, err
 		}
 	}
+	if err := b.measureFS(ctx); err != nil {
+		return Report{}, err
+	}
 	b.show.clear()
 	return b.writeReport()
 }
@@ -259,6 +282,9 @@ type benchRun struct {
 	// peers, the initramfs and the bzImage beside the kernel.
 	binary, vmlinux, initrd, qemu, bzImage string
 	peers                                  []qemuPeer
+
+	// fs: the file-sharing runs (nil when not run).
+	fs *fsResults
 }
 
 // note records a note for the report and shows it.
@@ -414,6 +440,9 @@ func (b *benchRun) writeReport() (Report, error) {
 		meta.BinaryBytes = info.Size()
 	}
 	rep := b.results.Report(meta)
+	if b.fs != nil {
+		rep.FS = b.fs.report()
+	}
 	if err := writeReports(b.opts.Out, rep); err != nil {
 		return rep, err
 	}

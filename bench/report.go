@@ -79,6 +79,8 @@ type Report struct {
 	Systems     []SystemReport `json:"systems"`
 	Ratios      []RatioReport  `json:"ratios,omitempty"`
 	Notes       []string       `json:"notes,omitempty"`
+	// FS is the file-sharing benchmark (fs.go), when it ran.
+	FS *FSReport `json:"fs,omitempty"`
 }
 
 // Host describes where the figures were measured.
@@ -326,6 +328,9 @@ func WriteMarkdown(w io.Writer, rep Report) error {
 	}
 	if rep.BinaryBytes > 0 {
 		fmt.Fprintf(&b, "Binary: %.1f MiB (%d bytes).\n\n", float64(rep.BinaryBytes)/(1<<20), rep.BinaryBytes)
+	}
+	if rep.FS != nil {
+		writeFSMarkdown(&b, rep.FS)
 	}
 	for _, s := range rep.Systems {
 		for _, f := range s.Failures {

@@ -23,19 +23,13 @@ const (
 var svgColours = []string{"#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00"}
 
 type svgChart struct {
-	Width, Height  int
-	Title          string
-	Subtitle       string
-	PlotLeft       int
-	PlotRight      int
-	PlotTop        int
-	AxisY          int
-	Legend         []svgLegend
-	Groups         []svgGroup
-	Ticks          []svgTick
-	AxisLabelY     int
-	AxisLabelX     int
-	GroupSeparator []int
+	Width, Height int
+	Title         string
+	Subtitle      string
+	PlotLeft      int
+	PlotRight     int
+	AxisLabelX    int
+	Panels        []svgPanel
 }
 
 type svgLegend struct {
@@ -74,12 +68,14 @@ var svgTemplate = template.Must(template.New("svg").Funcs(template.FuncMap{
 <title>{{html .Title}}</title>
 <rect x="0" y="0" width="{{.Width}}" height="{{.Height}}" fill="#ffffff"/>
 <text x="10" y="20" font-size="16" font-weight="bold">{{html .Title}}</text>
-<text x="10" y="38" fill="#444444">{{html .Subtitle}}</text>
+<text x="10" y="38" fill="#444444">{{html .Subtitle}}</text>{{range .Panels}}{{$p := .}}
+<g class="panel">{{if .Heading}}
+<text x="10" y="{{.HeadingY}}" font-size="14" font-weight="bold">{{html .Heading}}</text>{{end}}
 <g class="legend">{{range .Legend}}
 <rect x="{{.X}}" y="{{.Y}}" width="12" height="12" fill="{{.Colour}}"/><text x="{{printf "%d" (add .X 16)}}" y="{{printf "%d" (add .Y 11)}}">{{html .Label}}</text>{{end}}
 </g>
 <g class="grid" stroke="#dddddd">{{range .Ticks}}
-<line x1="{{printf "%.1f" .X}}" y1="{{$.PlotTop}}" x2="{{printf "%.1f" .X}}" y2="{{$.AxisY}}"/>{{end}}
+<line x1="{{printf "%.1f" .X}}" y1="{{$p.PlotTop}}" x2="{{printf "%.1f" .X}}" y2="{{$p.AxisY}}"/>{{end}}
 </g>
 <g class="groups">{{range .Groups}}
 <text x="{{printf "%d" (sub $.PlotLeft 8)}}" y="{{.LabelY}}" text-anchor="end">{{html .Label}}</text>{{range .Bars}}
@@ -88,38 +84,61 @@ var svgTemplate = template.Must(template.New("svg").Funcs(template.FuncMap{
 <text x="{{printf "%.1f" .ValueX}}" y="{{printf "%.1f" .ValueY}}" font-size="10" fill="#222222">{{html .Value}}</text>{{end}}{{end}}
 </g>
 <g class="axis">
-<line x1="{{.PlotLeft}}" y1="{{.AxisY}}" x2="{{.PlotRight}}" y2="{{.AxisY}}" stroke="#000000"/>{{range .Ticks}}
-<line x1="{{printf "%.1f" .X}}" y1="{{$.AxisY}}" x2="{{printf "%.1f" .X}}" y2="{{printf "%d" (add $.AxisY 5)}}" stroke="#000000"/>
-<text x="{{printf "%.1f" .X}}" y="{{printf "%d" (add $.AxisY 18)}}" text-anchor="middle">{{html .Label}}</text>{{end}}
-<text x="{{.AxisLabelX}}" y="{{.AxisLabelY}}" text-anchor="middle">time, log scale (bar: median; line: min–max)</text>
+<line x1="{{$.PlotLeft}}" y1="{{.AxisY}}" x2="{{$.PlotRight}}" y2="{{.AxisY}}" stroke="#000000"/>{{range .Ticks}}
+<line x1="{{printf "%.1f" .X}}" y1="{{$p.AxisY}}" x2="{{printf "%.1f" .X}}" y2="{{printf "%d" (add $p.AxisY 5)}}" stroke="#000000"/>
+<text x="{{printf "%.1f" .X}}" y="{{printf "%d" (add $p.AxisY 18)}}" text-anchor="middle">{{html .Label}}</text>{{end}}
+<text x="{{$.AxisLabelX}}" y="{{.AxisLabelY}}" text-anchor="middle">time, log scale (bar: median; line: min–max)</text>
 </g>
+</g>{{end}}
 </svg>
 `))
 
-// WriteSVG draws the report as horizontal bars: a group per phase, a bar
-// per system (median) with a min–max line, on a log time axis so that
-// milliseconds and seconds both stay readable.
-func WriteSVG(w io.Writer, rep Report) error {
-	c := svgChart{
-		Width:     svgWidth,
-		Title:     "cowork-vmm start-up phases",
-		Subtitle:  fmt.Sprintf("%d run(s) per system, backend %s, %s, KVM %s%s", rep.Runs, rep.Backend, rep.Host.Kernel, rep.Host.KVM, map[bool]string{true: " (nested: compare ratios, not absolute times)"}[rep.Host.Nested]),
-		PlotLeft:  svgLabelWidth,
-		PlotRight: svgWidth - svgRight,
-		PlotTop:   svgTop,
+// svgPanel is one chart of the SVG: a legend, a log time axis and a group
+// of bars per row.
+type svgPanel struct {
+	Heading    string
+	HeadingY   int
+	PlotTop    int
+	AxisY      int
+	AxisLabelY int
+	Legend     []svgLegend
+	Groups     []svgGroup
+	Ticks      []svgTick
+}
+
+// svgRow is one group of bars to draw: a label and a bar per system.
+type svgRow struct {
+	ID, Label string
+	Bars      []svgValue
+}
+
+// svgValue is one bar: the system, its colour, min/median/max in ms and
+// the text printed after it.
+type svgValue struct {
+	System, Colour   string
+	Min, Median, Max float64
+	Text             string
+}
+
+// addPanel draws rows below y (a heading first, when given) and returns
+// the y below it.
+func (c *svgChart) addPanel(y int, heading string, legend []svgLegend, rows []svgRow) int {
+	p := svgPanel{Heading: heading}
+	if heading != "" {
+		p.HeadingY = y + 16
+		y += 26
 	}
-	colour := map[string]string{}
-	x := 10
-	for i, s := range rep.Systems {
-		colour[s.ID] = svgColours[i%len(svgColours)]
-		c.Legend = append(c.Legend, svgLegend{X: x, Y: 48, Colour: colour[s.ID], Label: s.Label})
-		x += 30 + 8*len([]rune(s.Label))
+	for _, l := range legend {
+		l.Y += y
+		p.Legend = append(p.Legend, l)
 	}
+	y += 22
+	p.PlotTop = y
 	lo, hi := math.Inf(1), math.Inf(-1)
-	for _, s := range rep.Systems {
-		for _, p := range s.Phases {
-			lo = math.Min(lo, p.MinMS)
-			hi = math.Max(hi, p.MaxMS)
+	for _, r := range rows {
+		for _, v := range r.Bars {
+			lo = math.Min(lo, v.Min)
+			hi = math.Max(hi, v.Max)
 		}
 	}
 	if math.IsInf(lo, 1) {
@@ -137,41 +156,113 @@ func WriteSVG(w io.Writer, rep Report) error {
 		return float64(c.PlotLeft) + (math.Log10(v)-loDecade)/(hiDecade-loDecade)*plotW
 	}
 	for d := loDecade; d <= hiDecade; d++ {
-		c.Ticks = append(c.Ticks, svgTick{X: scale(math.Pow(10, d)), Label: fmtTick(math.Pow(10, d))})
+		p.Ticks = append(p.Ticks, svgTick{X: scale(math.Pow(10, d)), Label: fmtTick(math.Pow(10, d))})
 	}
-	y := svgTop + 10
-	for _, p := range Phases {
-		var bars []svgBar
-		for _, s := range rep.Systems {
-			pr := s.phase(p.ID)
-			if pr == nil {
-				continue
-			}
-			by := float64(y + len(bars)*(svgBarHeight+svgBarGap))
-			end := scale(pr.MedianMS)
-			bars = append(bars, svgBar{
-				Phase: p.ID, System: s.ID, Colour: colour[s.ID],
-				X: float64(c.PlotLeft), Y: by, W: math.Max(end-float64(c.PlotLeft), 1), H: svgBarHeight,
-				WhiskerX1: scale(pr.MinMS), WhiskerX2: scale(pr.MaxMS), WhiskerY: by + svgBarHeight/2,
-				ValueX: math.Max(end, scale(pr.MaxMS)) + 4, ValueY: by + svgBarHeight - 3,
-				Value: fmtMS(pr.MedianMS),
-			})
-		}
-		if len(bars) == 0 {
+	y += 10
+	for _, r := range rows {
+		if len(r.Bars) == 0 {
 			continue
 		}
+		var bars []svgBar
+		for _, v := range r.Bars {
+			by := float64(y + len(bars)*(svgBarHeight+svgBarGap))
+			end := scale(v.Median)
+			bars = append(bars, svgBar{
+				Phase: r.ID, System: v.System, Colour: v.Colour,
+				X: float64(c.PlotLeft), Y: by, W: math.Max(end-float64(c.PlotLeft), 1), H: svgBarHeight,
+				WhiskerX1: scale(v.Min), WhiskerX2: scale(v.Max), WhiskerY: by + svgBarHeight/2,
+				ValueX: math.Max(end, scale(v.Max)) + 4, ValueY: by + svgBarHeight - 3,
+				Value: v.Text,
+			})
+		}
 		h := len(bars)*(svgBarHeight+svgBarGap) - svgBarGap
-		c.Groups = append(c.Groups, svgGroup{Label: p.Label, LabelY: y + h/2 + 4, Bars: bars})
+		p.Groups = append(p.Groups, svgGroup{Label: r.Label, LabelY: y + h/2 + 4, Bars: bars})
 		y += h + svgGroupGap
 	}
-	c.AxisY = y
+	p.AxisY = y
+	p.AxisLabelY = y + 36
+	c.Panels = append(c.Panels, p)
+	return y + svgAxisHeight
+}
+
+// legendRow lays out a legend entry per label, left to right, at y 0 of
+// its panel.
+func legendRow(labels, colours []string) []svgLegend {
+	var out []svgLegend
+	x := 10
+	for i, l := range labels {
+		out = append(out, svgLegend{X: x, Y: 0, Colour: colours[i], Label: l})
+		x += 30 + 8*len([]rune(l))
+	}
+	return out
+}
+
+// WriteSVG draws the report as horizontal bars: a group per phase, a bar
+// per system (median) with a min–max line, on a log time axis so that
+// milliseconds and seconds both stay readable; then, when the file-sharing
+// benchmark ran, a second chart of its metrics the same way.
+func WriteSVG(w io.Writer, rep Report) error {
+	c := svgChart{
+		Width:     svgWidth,
+		Title:     "cowork-vmm start-up phases",
+		Subtitle:  fmt.Sprintf("%d run(s) per system, backend %s, %s, KVM %s%s", rep.Runs, rep.Backend, rep.Host.Kernel, rep.Host.KVM, map[bool]string{true: " (nested: compare ratios, not absolute times)"}[rep.Host.Nested]),
+		PlotLeft:  svgLabelWidth,
+		PlotRight: svgWidth - svgRight,
+	}
 	c.AxisLabelX = (c.PlotLeft + c.PlotRight) / 2
-	c.AxisLabelY = y + 36
-	c.Height = y + svgAxisHeight
+	var labels, colours []string
+	colour := map[string]string{}
+	for i, s := range rep.Systems {
+		colour[s.ID] = svgColours[i%len(svgColours)]
+		labels, colours = append(labels, s.Label), append(colours, colour[s.ID])
+	}
+	var rows []svgRow
+	for _, p := range Phases {
+		row := svgRow{ID: p.ID, Label: p.Label}
+		for _, s := range rep.Systems {
+			if pr := s.phase(p.ID); pr != nil {
+				row.Bars = append(row.Bars, svgValue{System: s.ID, Colour: colour[s.ID], Min: pr.MinMS, Median: pr.MedianMS, Max: pr.MaxMS, Text: fmtMS(pr.MedianMS)})
+			}
+		}
+		rows = append(rows, row)
+	}
+	y := c.addPanel(svgTop-22, "", legendRow(labels, colours), rows) // legend at 48, bars from svgTop+10
+	if rep.FS != nil {
+		y = c.addFSPanel(y, rep.FS)
+	}
+	c.Height = y
 	if err := svgTemplate.Execute(w, c); err != nil {
 		return fmt.Errorf("writing the SVG chart: %w", err)
 	}
 	return nil
+}
+
+// addFSPanel draws the file-sharing metrics below y.
+func (c *svgChart) addFSPanel(y int, fs *FSReport) int {
+	var labels, colours []string
+	colour := map[string]string{}
+	for i, s := range fs.Systems {
+		if len(s.Metrics) == 0 {
+			continue
+		}
+		colour[s.ID] = svgColours[i%len(svgColours)]
+		labels, colours = append(labels, s.Label), append(colours, colour[s.ID])
+	}
+	var rows []svgRow
+	for _, m := range fs.Metrics {
+		row := svgRow{ID: m.ID, Label: m.Label}
+		for _, s := range fs.Systems {
+			if mr := s.metric(m.ID); mr != nil {
+				text := fmtMS(mr.MedianMS)
+				if mr.MedianMBs > 0 {
+					text = fmt.Sprintf("%.1f MB/s", mr.MedianMBs)
+				}
+				row.Bars = append(row.Bars, svgValue{System: s.ID, Colour: colour[s.ID], Min: mr.MinMS, Median: mr.MedianMS, Max: mr.MaxMS, Text: text})
+			}
+		}
+		rows = append(rows, row)
+	}
+	return c.addPanel(y, "File sharing: "+fs.Sizes, legendRow(labels, colours), rows)
 }
 
 func fmtTick(v float64) string {

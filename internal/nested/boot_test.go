@@ -51,6 +51,13 @@ func TestNestedBootGuestKernel(t *testing.T) {
 // payload, or skips when the harness or the kernel is missing.
 func runGuestbootTest(t *testing.T, run string, timeout time.Duration, env ...string) Result {
 	t.Helper()
+	return runTestGuestTests(t, "github.com/cowork-vmm/cowork-vmm/internal/nested/guestboot", run, timeout, env...)
+}
+
+// runTestGuestTests is runGuestbootTest for the tests of another package
+// that boots the test guest (guestboot/fsrun).
+func runTestGuestTests(t *testing.T, pkg, run string, timeout time.Duration, env ...string) Result {
+	t.Helper()
 	RequireHarness(t)
 	guestKernel, err := kernel.Find(kernel.Guest)
 	if err != nil {
@@ -59,7 +66,7 @@ func runGuestbootTest(t *testing.T, run string, timeout time.Duration, env ...st
 	initrd := filepath.Join(t.TempDir(), "initrd.cpio.gz")
 	require.NoError(t, guestboot.BuildInitramfs(context.Background(), initrd))
 	return RunGoTestWith(t, GoTest{
-		Pkg: "github.com/cowork-vmm/cowork-vmm/internal/nested/guestboot",
+		Pkg: pkg,
 		Run: run,
 		Files: map[string]string{
 			"vmlinux":        guestKernel,

@@ -1,11 +1,13 @@
 // Command cowork-bench is `make bench`'s driver: it runs the cowork-vmm
-// boot benchmark (package bench, the same code as `cowork-vmm bench`)
+// boot and file-sharing benchmarks (package bench, the same code as
+// `cowork-vmm bench`)
 // directly on a host whose KVM can boot Linux, and otherwise inside the
 // nested harness (internal/nested: qemu's emulator with nested SVM gives
 // the outer guest a real /dev/kvm; the host's root, qemu included, is
-// shared into it read-only), then copies the reports to --out.
+// shared into it read-only), then copies the reports to --out. The
+// file-sharing test guest's initramfs is built here, outside the harness.
 //
-//	cowork-bench --binary bin/cowork-vmm [--runs N] [--out DIR] [--kernel vmlinux]
+//	cowork-bench --binary bin/cowork-vmm [--runs N] [--fs-runs N] [--out DIR] [--kernel vmlinux]
 //	cowork-bench --direct …   (what runs inside the harness)
 package main
 
@@ -24,6 +26,7 @@ import (
 	"github.com/cowork-vmm/cowork-vmm/bench"
 	"github.com/cowork-vmm/cowork-vmm/guest/kernel"
 	"github.com/cowork-vmm/cowork-vmm/internal/nested"
+	"github.com/cowork-vmm/cowork-vmm/internal/nested/guestboot"
 )
 
 func main() {
@@ -46,10 +49,14 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	outerCPUs := fs.Int("nested-cpus", 1, "vCPUs of the nested harness's outer guest")
 	timeout := fs.Duration("nested-timeout", 0, "bound on the whole nested run (default: 4 min per run, at least 10 min)")
 	console := fs.Bool("console", false, "show the nested harness's serial console (the bench's progress inside) on stderr")
+	fsRuns := fs.Int("fs-runs", bench.DefaultFSRuns, "runs per system of the file-sharing benchmark (0: none)")
+	fsSizes := fs.String("fs-sizes", "full", `file-sharing benchmark sizes: "full" or "ci"`)
+	fsInitrd := fs.String("fs-initrd", "", "the file-sharing test guest's initramfs (default: built here)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
-	opts := bench.Options{Runs: *runs, Out: *out, Backend: "auto", Binary: *binary, Kernel: *kernelPath, MemMiB: *mem, Peers: *peers}
+	opts := bench.Options{Runs: *runs, Out: *out, Backend: "auto", Binary: *binary, Kernel: *kernelPath, MemMiB: *mem, Peers: *peers,
+		FSRuns: *fsRuns, FSSizes: *fsSizes, FSInitrd: *fsInitrd}
 	ok, why := bench.HostCanBootVMs()
 	if ok || *direct {
 		if _, err := bench.Run(ctx, opts, stderr); err != nil {
@@ -102,11 +109,27 @@ func runNested(ctx context.Context, opts bench.Options, cpus int, timeout time.D
 	}
 	defer os.RemoveAll(payload)
 	if timeout <= 0 {
-		timeout = max(10*time.Minute, time.Duration(opts.Runs)*4*time.Minute)
+		// A file-sharing run of the four systems takes minutes nested.
+		timeout = max(10*time.Minute, time.Duration(opts.Runs)*4*time.Minute+time.Duration(opts.FSRuns)*40*time.Minute)
 	}
 	cmd := []string{"/payload/cowork-bench", "--direct", "--binary", "/payload/cowork-vmm",
 		"--kernel", "/payload/kernel/vmlinux", "--runs", strconv.Itoa(opts.Runs),
-		"--mem", strconv.Itoa(opts.MemMiB), "--out", "/payload/out"}
+		"--mem", strconv.Itoa(opts.MemMiB), "--out", "/payload/out",
+		"--fs-runs", strconv.Itoa(opts.FSRuns), "--fs-sizes", opts.FSSizes}
+	if opts.FSRuns > 0 {
+		// The test guest's /init is built here: the outer guest has the go
+		// tool but no build cache, and compiling under the emulator is slow.
+		initrd := opts.FSInitrd
+		if initrd == "" {
+			initrd = filepath.Join(payload, "fs-initrd.cpio.gz")
+			if err := guestboot.BuildInitramfs(ctx, initrd); err != nil {
+				return fmt.Errorf("the file-sharing test guest (give --fs-runs 0 to skip it): %w", err)
+			}
+		} else {
+			files["fs-initrd.cpio.gz"] = initrd
+		}
+		cmd = append(cmd, "--fs-initrd", "/payload/fs-initrd.cpio.gz")
+	}
 	if opts.Peers != "" {
 		cmd = append(cmd, "--peers", opts.Peers)
 	}

@@ -223,6 +223,8 @@ func QemuMicrovm(ctx context.Context, kernel, initrd string, cpus, memMiB int, c
 
 // QemuOptions configure QemuMicrovmWith.
 type QemuOptions struct {
+	// Qemu is the qemu-system-x86_64 binary; default from PATH.
+	Qemu string
 	// Machine is the -M value; default "microvm".
 	Machine        string
 	Kernel, Initrd string
@@ -250,7 +252,11 @@ func QemuMicrovmWith(ctx context.Context, o QemuOptions) (Boot, error) {
 	args = append(args, o.Args...)
 	start := time.Now()
 	watch := NewConsoleWatcher(start)
-	cmd := exec.CommandContext(ctx, "qemu-system-x86_64", args...)
+	qemu := o.Qemu
+	if qemu == "" {
+		qemu = "qemu-system-x86_64"
+	}
+	cmd := exec.CommandContext(ctx, qemu, args...)
 	cmd.WaitDelay = 2 * time.Second
 	var sink io.Writer = watch
 	if o.Console != nil {
@@ -269,6 +275,9 @@ func QemuMicrovmWith(ctx context.Context, o QemuOptions) (Boot, error) {
 	}
 	return b, nil
 }
+
+// TailLines is the last n lines of s (a console transcript, for errors).
+func TailLines(s string, n int) string { return tailLines(s, n) }
 
 func tailLines(s string, n int) string {
 	sc := bufio.NewScanner(strings.NewReader(s))

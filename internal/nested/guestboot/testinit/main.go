@@ -7,8 +7,10 @@
 // "TESTINIT DONE" and restarts the machine (with reboot=t a triple fault,
 // which ends our VMM's run and qemu under -no-reboot).
 //
-// With guestboot.9p=TAG on the kernel command line it first measures 9p
-// throughput (see ninep.go) and prints one "TESTINIT 9P" line.
+// With guestboot.fs=WORKLOADS on the kernel command line it first runs the
+// file-system benchmark (fs.go; package fsbench is the contract): it mounts
+// the shared directory and the host's root, runs each workload, prints a
+// "TESTINIT FS" line for each and "TESTINIT FS END".
 //
 // Built static (CGO_ENABLED=0) and packed as /init by package guestboot.
 package main
@@ -38,9 +40,7 @@ func main() {
 		fmt.Println("testinit: mount /sys:", err)
 	}
 	fmt.Printf("TESTINIT OK cpus=%s uptime=%s\n", readTrimmed("/sys/devices/system/cpu/online"), uptime())
-	if line, ok := ninePMode(readTrimmed("/proc/cmdline")); ok {
-		fmt.Println(line)
-	}
+	fsMode(readTrimmed("/proc/cmdline"), os.Stdout)
 	if err := writeBootTimer(); err != nil {
 		fmt.Println("testinit: boot timer:", err)
 	}
