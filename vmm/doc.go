@@ -21,4 +21,13 @@
 // never kills the process, and does not disturb the program's own signal
 // handling. The kick is repeated every 100 ms until the threads have
 // returned, a guard against a signal lost to something outside the package.
+//
+// Doorbells: OnMMIOWrite registers a KVM ioeventfd, so a guest write of one
+// value to one address (a virtqueue notify) signals an eventfd in the
+// kernel instead of exiting to the vCPU thread, and a goroutine parked in
+// Go's poller on that eventfd runs the handler. A notify then costs the
+// guest no exit, and the device's worker is woken by a thread that is
+// free to run it rather than stolen from the vCPU thread, which went back
+// into KVM_RUN (on a nested KVM with coarse timers that steal cost a 4 ms
+// tick per request).
 package vmm

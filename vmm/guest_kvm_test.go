@@ -474,6 +474,9 @@ func TestKVMNoLeaksOver50StartStopCycles(t *testing.T) {
 		if _, err := vm.IRQLine(4); err != nil {
 			t.Fatal(err)
 		}
+		if err := vm.OnMMIOWrite(0x20050, 4, 0, func() {}); err != nil {
+			t.Fatal(err)
+		}
 		load(t, vm.Memory(), codeAddr, []byte{0xe6, portData, 0xeb, 0xfe})
 		realMode(t, vm.VCPU(0), codeAddr)
 		if err := vm.Start(); err != nil {

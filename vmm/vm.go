@@ -77,6 +77,8 @@ type VM struct {
 	irqMu sync.Mutex
 	irqs  []*irqfdLine
 
+	ioEventState
+
 	exitRequested atomic.Bool
 	stats         vmStats
 
@@ -433,6 +435,9 @@ func (v *VM) Close() error {
 // release frees every resource New created, in reverse order.
 func (v *VM) release() error {
 	var errs []error
+	if err := v.CloseIOEvents(); err != nil {
+		errs = append(errs, err)
+	}
 	v.irqMu.Lock()
 	for _, l := range v.irqs {
 		if err := l.close(); err != nil {

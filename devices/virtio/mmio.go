@@ -449,6 +449,11 @@ func (m *MMIO) resetLocked() {
 	}
 }
 
+// NotifyQueue is the driver's notify of queue index, delivered some way
+// other than a write to the QueueNotify register (an ioeventfd on it): the
+// same checks, then the device's Notify.
+func (m *MMIO) NotifyQueue(index uint32) { m.notify(index) }
+
 func (m *MMIO) notify(value uint32) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
