@@ -13,6 +13,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/cowork-vmm/cowork-vmm/guest/readahead"
 	"github.com/cowork-vmm/cowork-vmm/protocol"
 )
 
@@ -59,11 +60,14 @@ type deviceKind struct {
 	cacheModes bool
 	// optionsFor returns the mount options for a cache mode; nil: none.
 	optionsFor func(cache string) string
+	// readAheadKiB, when set, is the read-ahead window the device's
+	// mount gets (package readahead says why).
+	readAheadKiB int
 }
 
 // deviceKinds are the MountSource kinds served by a shared-filesystem device.
 var deviceKinds = map[string]deviceKind{
-	protocol.MountKindVirtioFS: {fstype: "virtiofs", name: "virtio-fs"},
+	protocol.MountKindVirtioFS: {fstype: "virtiofs", name: "virtio-fs", readAheadKiB: readahead.VirtioFSKiB},
 	protocol.MountKindNineP:    {fstype: "9p", name: "9p", cacheModes: true, optionsFor: ninePMountOptions},
 }
 
@@ -175,6 +179,12 @@ func (m *mounter) deviceRoot(src protocol.MountSource) (*os.File, error) {
 	if err := unix.Mount("tmpfs", root.procPath(), "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC|unix.MS_RDONLY, "mode=0000,size=4k"); err != nil {
 		m.log.Warn("cannot cover the root of a file-sharing device; guest processes may reach it by path",
 			"kind", kind.name, "tag", src.Tag, "path", stage.path, "err", err)
+	}
+	if kind.readAheadKiB > 0 {
+		if err := readahead.Set(root.fd, kind.readAheadKiB); err != nil {
+			m.log.Warn("cannot widen a file-sharing device's read-ahead; sequential reads are slower",
+				"kind", kind.name, "tag", src.Tag, "err", err)
+		}
 	}
 	f := os.NewFile(uintptr(root.fd), kind.fstype+":"+src.Tag)
 	m.devices[key] = deviceMount{root: f, cache: cache}

@@ -18,6 +18,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/cowork-vmm/cowork-vmm/guest/readahead"
 	"github.com/cowork-vmm/cowork-vmm/internal/nested/guestboot/fsbench"
 )
 
@@ -92,6 +93,12 @@ func (e *fsEnv) mount(m fsbench.Mount, dir string, flags uintptr) (string, error
 		return "", fmt.Errorf("mount -t %s -o %q %s %s: %w", m.Type, m.Options(), m.Tag, dir, err)
 	}
 	e.mounts = append(e.mounts, dir)
+	if m.Type == fsbench.TypeVirtioFS {
+		// As the agent does for its virtio-fs devices.
+		if err := setReadAhead(dir); err != nil {
+			return "", err
+		}
+	}
 	share := filepath.Join(dir, m.Sub)
 	if st, err := os.Stat(share); err != nil || !st.IsDir() {
 		return "", fmt.Errorf("the %s share %s is not a directory (%v)", m.Type, share, err)
@@ -407,4 +414,15 @@ func lastLine(s string) string {
 		return s[i+1:]
 	}
 	return s
+}
+
+// setReadAhead sets the read-ahead window of the file system mounted at
+// dir to readahead.VirtioFSKiB.
+func setReadAhead(dir string) error {
+	f, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return readahead.Set(int(f.Fd()), readahead.VirtioFSKiB)
 }
