@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"github.com/stretchr/testify/require"
@@ -13,8 +14,10 @@ import (
 // Every reply that gives the guest an entry, attributes or an open file
 // carries the device's cache policy: Options.Cached gives day-long entry
 // and attribute lifetimes and keeps the guest's page cache (and directory
-// listings) across opens; an uncached device gives lifetimes of 0 and no
-// FOPEN_KEEP_CACHE, so the guest asks again and sees host edits.
+// listings) across opens; an uncached device gives lifetimes of a second
+// (CoherentTimeout) and no FOPEN_KEEP_CACHE, so an open after a host edit
+// reads it, and an open through a name the host replaced is ESTALE (the
+// guest then looks the name up again).
 func TestCachePolicyInEveryReply(t *testing.T) {
 	for _, cached := range []bool{false, true} {
 		name := "uncached"
@@ -26,7 +29,7 @@ func TestCachePolicyInEveryReply(t *testing.T) {
 			dir := r.export(t, "e1", false, map[string]string{"f": "old", "d/g": ""})
 			r.initSession(t)
 			e1 := r.walk(t, "e1")
-			wantSecs := uint64(0)
+			wantSecs := uint64(CoherentTimeout / time.Second)
 			if cached {
 				wantSecs = 24 * 60 * 60
 			}
@@ -96,6 +99,31 @@ func TestCachePolicyInEveryReply(t *testing.T) {
 			require.NoError(t, os.WriteFile(filepath.Join(dir, "d", "new-on-host"), nil, 0o644))
 			_, errno = r.lookup(t, r.walk(t, "e1", "d"), "new-on-host")
 			require.Zero(t, errno, "a name made on the host is found at once")
+
+			// An editor's save on the host: a new file renamed over doc
+			// (f has a hard link by now, so it would stay linked).
+			require.NoError(t, os.WriteFile(filepath.Join(dir, "doc"), []byte("before the save"), 0o644))
+			doc, errno := r.lookup(t, e1, "doc")
+			require.Zero(t, errno)
+			before, errno := r.openOut(t, doc.NodeId, syscall.O_RDONLY)
+			require.Zero(t, errno)
+			require.NoError(t, os.WriteFile(filepath.Join(dir, "doc.new"), []byte("saved by an editor"), 0o644))
+			require.NoError(t, os.Rename(filepath.Join(dir, "doc.new"), filepath.Join(dir, "doc")))
+			_, errno = r.openOut(t, doc.NodeId, syscall.O_RDONLY)
+			require.Equal(t, syscall.ESTALE, errno, "an open of the replaced file, through the guest's cached name")
+			saved, errno := r.lookup(t, e1, "doc")
+			require.Zero(t, errno)
+			require.NotEqual(t, doc.NodeId, saved.NodeId, "the name's new file is a new node")
+			after, errno := r.openOut(t, saved.NodeId, syscall.O_RDONLY)
+			require.Zero(t, errno)
+			data, errno = r.read(t, saved.NodeId, after.Fh, 0, 100)
+			require.Zero(t, errno)
+			require.Equal(t, "saved by an editor", string(data))
+			// A handle opened before the save still reads the old file,
+			// as on a local file system.
+			data, errno = r.read(t, doc.NodeId, before.Fh, 0, 100)
+			require.Zero(t, errno)
+			require.Equal(t, "before the save", string(data))
 		})
 	}
 }

@@ -30,9 +30,12 @@
 //
 // Caching (Options.Cached): a cached device (the read-only system
 // directories) gives the guest day-long entry and attribute lifetimes and
-// keeps its page cache across opens; an uncached one gives lifetimes of 0
-// and drops the page cache at each open, so the guest sees a host edit the
-// next time it looks (close-to-open, as NFS).
+// keeps its page cache across opens; an uncached one gives lifetimes of
+// one second (virtiofsd's default, cache=auto) and drops the page cache at
+// each open, so an open after a host edit reads the edit (close-to-open,
+// as NFS), an open through a name the host replaced gets ESTALE and the
+// guest's fresh lookup, and a changed name or attribute is seen within a
+// second.
 //
 // The guest is hostile:
 //   - a request's readable bytes are bounded (maxMessage, else E2BIG) and

@@ -56,12 +56,23 @@ func status(err error) fuse.Status {
 	return fuse.EIO
 }
 
+// CoherentTimeout is how long the guest keeps entries and attributes of
+// a device that is not Cached (sessions, user folders): files the host
+// changes while the guest runs. It is virtiofsd's default (cache=auto,
+// what the official helper runs): a tree walk or git status asks the host
+// once per file rather than once per look (several times faster), and a
+// host change of names or attributes is seen within it. Contents are
+// coherent at open: each open drops the guest's page cache, and an open
+// through a name the host has since replaced gets the new file
+// (checkStillLinked).
+const CoherentTimeout = time.Second
+
 // timeout is the entry and attribute lifetime the guest is given.
 func (f *fileSystem) timeout() time.Duration {
 	if f.cached {
 		return cachedTimeout
 	}
-	return 0
+	return CoherentTimeout
 }
 
 // fillAttr converts the export layer's attributes; the inode number is the

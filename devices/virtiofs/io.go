@@ -7,6 +7,8 @@ import (
 
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"github.com/hugelgupf/p9/p9"
+
+	"github.com/cowork-vmm/cowork-vmm/devices/p9/fs"
 )
 
 // Open files and directories. An open is a clone of the node's file
@@ -19,7 +21,8 @@ import (
 
 // openFlags are the FOPEN flags of an open: a Cached device lets the
 // guest keep its page cache (and directory listings) across opens;
-// otherwise each open drops what the guest cached, so it sees host edits.
+// otherwise each open drops what the guest cached, so an open after a
+// host edit reads the edit (close-to-open).
 func (f *fileSystem) openFlags(dir bool) uint32 {
 	if !f.cached {
 		return 0
@@ -52,7 +55,33 @@ func (f *fileSystem) openNode(id uint64, flags uint32, dir bool) (uint64, fuse.S
 		_ = clone.Close()
 		return 0, status(err)
 	}
+	if st := f.checkStillLinked(clone, dir); !st.Ok() {
+		_ = clone.Close()
+		return 0, st
+	}
 	return f.t.open(clone, dir)
+}
+
+// checkStillLinked answers ESTALE for the open of a file of an uncached
+// device that is no longer linked on the host: the guest reached it
+// through a name it keeps for up to CoherentTimeout, and the host has
+// since replaced that name (an editor's save renames a new file over the
+// old) or removed it. The guest kernel retries an open that fails with
+// ESTALE with a fresh lookup of every name (LOOKUP_REVAL), so it opens
+// what the name is now. An open of the unlinked file by a path that
+// needs no lookup (/proc/PID/fd/N) keeps failing with ESTALE, as over NFS.
+func (f *fileSystem) checkStillLinked(file p9.File, dir bool) fuse.Status {
+	if f.cached || dir {
+		return fuse.OK
+	}
+	_, _, attr, err := fs.Identify(file)
+	if err != nil {
+		return status(err)
+	}
+	if attr.NLink == 0 {
+		return fuse.Status(syscall.ESTALE)
+	}
+	return fuse.OK
 }
 
 // Open implements fuse.RawFileSystem.

@@ -81,39 +81,6 @@ func TestOperationsReachTheHost(t *testing.T) {
 	require.NotZero(t, s.Bsize)
 }
 
-// An uncached device makes the guest ask again and see host edits; a
-// cached one lets it keep entries, attributes and its page cache.
-func TestCachePolicy(t *testing.T) {
-	for _, cached := range []bool{false, true} {
-		r := newRig(t, Options{Cached: cached})
-		dir := r.export(t, "e1", false, map[string]string{"f": "old"})
-		r.initSession(t)
-		e, errno := r.lookup(t, r.walk(t, "e1"), "f")
-		require.Zero(t, errno)
-		rp := r.call(t, opOpen, e.NodeId, &openIn{Flags: syscall.O_RDONLY})
-		var o fuse.OpenOut
-		rp.ok(t, &o)
-		if cached {
-			require.Positive(t, e.EntryValid)
-			require.Positive(t, e.AttrValid)
-			require.NotZero(t, o.OpenFlags&fuse.FOPEN_KEEP_CACHE)
-			continue
-		}
-		require.Zero(t, e.EntryValid+e.AttrValid)
-		require.Zero(t, o.OpenFlags&fuse.FOPEN_KEEP_CACHE)
-		require.NoError(t, os.WriteFile(filepath.Join(dir, "f"), []byte("edited on the host"), 0o644))
-		data, errno := r.read(t, e.NodeId, o.Fh, 0, 100)
-		require.Zero(t, errno)
-		require.Equal(t, "edited on the host", string(data))
-		var a fuse.AttrOut
-		r.call(t, opGetattr, e.NodeId, &struct {
-			Flags, Dummy uint32
-			Fh           uint64
-		}{}).ok(t, &a)
-		require.EqualValues(t, len("edited on the host"), a.Attr.Size)
-	}
-}
-
 // A single-file export shows that one file and nothing of its directory.
 func TestSingleFileExport(t *testing.T) {
 	r := newRig(t, Options{})

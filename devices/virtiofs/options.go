@@ -28,8 +28,9 @@ type Options struct {
 	Root p9.Attacher
 	// Cached says the files under Root do not change behind the guest's
 	// back (the system directories): the guest keeps entries, attributes
-	// and page cache for a long time. Otherwise every lookup, attribute
-	// and open goes to the host, so a host edit is seen at once.
+	// and page cache for a long time. Otherwise entries and attributes
+	// live CoherentTimeout and every open drops the page cache, so the
+	// guest sees host edits (see CoherentTimeout).
 	Cached bool
 	// Logger receives the device's log (rate-limited guest misbehaviour).
 	// nil = slog.Default().
