@@ -13,6 +13,7 @@ import (
 
 	"github.com/cowork-vmm/cowork-vmm/internal/nested/guestboot"
 	"github.com/cowork-vmm/cowork-vmm/internal/nested/guestboot/fsbench"
+	"github.com/cowork-vmm/cowork-vmm/internal/nested/guestboot/fsrun"
 )
 
 // TestNestedFSBench runs guestboot/fsrun's TestFSBench inside the outer
@@ -36,7 +37,9 @@ func TestNestedFSBench(t *testing.T) {
 		timeout = time.Duration(sizes.Runs) * 20 * time.Minute
 	}
 	res := runTestGuestTests(t, "github.com/cowork-vmm/cowork-vmm/internal/nested/guestboot/fsrun", "^TestFSBench$", timeout,
-		guestboot.EnvFSBench+"="+os.Getenv(guestboot.EnvFSBench))
+		guestboot.EnvFSBench+"="+os.Getenv(guestboot.EnvFSBench),
+		fsrun.EnvFSGoMaxProcs+"="+os.Getenv(fsrun.EnvFSGoMaxProcs),
+		fsrun.EnvFSSystems+"="+os.Getenv(fsrun.EnvFSSystems))
 
 	var figs []guestboot.FSFigure
 	sc := bufio.NewScanner(strings.NewReader(res.Output))
@@ -51,6 +54,9 @@ func TestNestedFSBench(t *testing.T) {
 	}
 	samples := guestboot.CollectFS(figs)
 	for _, system := range []string{guestboot.FSOursVirtioFS, guestboot.FSOursNineP, guestboot.FSQemuNineP} {
+		if !fsrun.Selected(system) {
+			continue
+		}
 		require.Contains(t, samples.Systems(), system, "%s reported no figure", guestboot.FSSystemLabel(system))
 	}
 	for _, line := range FSSummary(samples) {

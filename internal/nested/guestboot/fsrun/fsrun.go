@@ -638,3 +638,14 @@ const userHZ = 100
 // EnvFSGoMaxProcs, when set, is TestFSBench's FSBench.GoMaxProcs (-1: the
 // Go default, to see what one P costs).
 const EnvFSGoMaxProcs = "GUESTBOOT_FS_GOMAXPROCS"
+
+// EnvFSSystems, when set, names the systems TestFSBench measures (comma
+// separated, guestboot.FSSystems' names); the others are left out, for a
+// quicker look at one of them.
+const EnvFSSystems = "GUESTBOOT_FS_SYSTEMS"
+
+// Selected says whether EnvFSSystems leaves system in (unset: all are).
+func Selected(system string) bool {
+	only := os.Getenv(EnvFSSystems)
+	return only == "" || slices.Contains(strings.Split(only, ","), system)
+}

@@ -136,6 +136,9 @@ func TestFSBench(t *testing.T) {
 
 	systems := []string{}
 	for _, s := range guestboot.FSSystems {
+		if !Selected(s) {
+			continue
+		}
 		if why := b.Unavailable(s); why != "" {
 			t.Log(guestboot.FSSkipLine(s, why))
 			continue
