@@ -110,27 +110,66 @@ func (f *fileSystem) Release(_ <-chan struct{}, in *fuse.ReleaseIn) { f.t.releas
 // ReleaseDir implements fuse.RawFileSystem.
 func (f *fileSystem) ReleaseDir(in *fuse.ReleaseIn) { f.t.release(in.Fh, true) }
 
-// Read implements fuse.RawFileSystem: one pread into buf (the chain's
-// guest buffer when it is one piece).
+// Read implements fuse.RawFileSystem. The read itself is deferred to the
+// reply (readResult): go-fuse then hands it the reply's room as the
+// chain's guest buffers, so one preadv fills the guest's pages straight
+// from the host file, where a read into buf would be copied again
+// whenever the room is more than one piece (a page-cache read is one
+// buffer per page).
 func (f *fileSystem) Read(_ <-chan struct{}, in *fuse.ReadIn, buf []byte) (fuse.ReadResult, fuse.Status) {
 	h, st := f.t.handle(in.Fh, false)
 	if !st.Ok() {
 		return nil, st
 	}
-	defer f.t.putHandle(h)
+	f.t.putHandle(h)
 	if in.Offset > math.MaxInt64 {
 		return nil, fuse.EINVAL
 	}
-	buf = buf[:min(uint64(in.Size), uint64(len(buf)))]
-	n, err := h.file.ReadAt(buf, int64(in.Offset))
-	if err != nil && n == 0 {
-		return nil, status(err)
-	}
-	return fuse.ReadResultData(buf[:n]), fuse.OK
+	size := min(uint64(in.Size), uint64(len(buf)))
+	return &readResult{f: f, fh: in.Fh, offset: int64(in.Offset), size: int(size)}, fuse.OK
 }
 
-// Writev implements fuse.RawFileSystem: one pwrite per guest segment, in
-// order, stopping at the first short or failed one.
+// readResult is a READ to be done into the reply's buffers. It names the
+// handle rather than holding it: a RELEASE in between makes it EBADF, and
+// nothing is left open if go-fuse drops the result unread.
+type readResult struct {
+	f      *fileSystem
+	fh     uint64
+	offset int64
+	size   int
+}
+
+// Size implements fuse.ReadResult: the most the read returns.
+func (r *readResult) Size() int { return r.size }
+
+// Done implements fuse.ReadResult.
+func (r *readResult) Done() {}
+
+// Bytes implements fuse.ReadResult, for a reply go-fuse builds in buf.
+func (r *readResult) Bytes(buf []byte) ([]byte, fuse.Status) {
+	if len(buf) < r.size {
+		buf = make([]byte, r.size)
+	}
+	n, st := r.Readv([][]byte{buf[:r.size]})
+	return buf[:n], st
+}
+
+// Readv reads into dst, the reply's room (go-fuse's withReadv).
+func (r *readResult) Readv(dst [][]byte) (int, fuse.Status) {
+	h, st := r.f.t.handle(r.fh, false)
+	if !st.Ok() {
+		return 0, st
+	}
+	defer r.f.t.putHandle(h)
+	n, err := readv(h.file, dst, r.offset)
+	if err != nil && n == 0 {
+		return 0, status(err)
+	}
+	return n, fuse.OK
+}
+
+// Writev implements fuse.RawFileSystem: the guest's segments are written
+// in order, in one pwritev where the file offers it.
 func (f *fileSystem) Writev(_ <-chan struct{}, in *fuse.WriteIn, data [][]byte) (uint32, fuse.Status) {
 	h, st := f.t.handle(in.Fh, false)
 	if !st.Ok() {
@@ -140,26 +179,50 @@ func (f *fileSystem) Writev(_ <-chan struct{}, in *fuse.WriteIn, data [][]byte) 
 	if in.Offset > math.MaxInt64 {
 		return 0, fuse.EINVAL
 	}
-	off := int64(in.Offset)
-	var written uint32
-	for _, seg := range data {
-		if off > math.MaxInt64-int64(len(seg)) {
-			return written, fuse.Status(syscall.EFBIG)
-		}
-		n, err := h.file.WriteAt(seg, off)
-		written += uint32(n)
-		off += int64(n)
+	n, err := writev(h.file, data, int64(in.Offset))
+	if err != nil && n == 0 {
+		return 0, status(err)
+	}
+	return uint32(n), fuse.OK
+}
+
+// readv reads into iov from offset: one preadv where file offers it,
+// else one ReadAt per buffer until a short one.
+func readv(file p9.File, iov [][]byte, offset int64) (int, error) {
+	if v, ok := file.(fs.VectoredFile); ok {
+		return v.ReadvAt(iov, offset)
+	}
+	return eachBuffer(iov, offset, file.ReadAt)
+}
+
+// writev writes iov at offset: one pwritev where file offers it, else
+// one WriteAt per buffer until a short one.
+func writev(file p9.File, iov [][]byte, offset int64) (int, error) {
+	if v, ok := file.(fs.VectoredFile); ok {
+		return v.WritevAt(iov, offset)
+	}
+	return eachBuffer(iov, offset, file.WriteAt)
+}
+
+// eachBuffer runs op on each buffer of iov in turn, stopping at the first
+// short or failed one; an error after some bytes moved is dropped.
+func eachBuffer(iov [][]byte, offset int64, op func([]byte, int64) (int, error)) (int, error) {
+	total := 0
+	for _, b := range iov {
+		n, err := op(b, offset)
+		total += n
+		offset += int64(n)
 		if err != nil {
-			if written > 0 {
-				return written, fuse.OK
+			if total > 0 {
+				return total, nil
 			}
-			return 0, status(err)
+			return 0, err
 		}
-		if n < len(seg) {
+		if n < len(b) {
 			break
 		}
 	}
-	return written, fuse.OK
+	return total, nil
 }
 
 // Flush implements fuse.RawFileSystem: nothing is buffered on the host.

@@ -1,0 +1,102 @@
+package fs
+
+import (
+	"github.com/hugelgupf/p9/linux"
+	"golang.org/x/sys/unix"
+)
+
+// VectoredFile is what an open regular file of an export offers beyond
+// p9.File: a read or write over a list of buffers in one system call. A
+// virtio-fs request carries its data as the guest's pages, one buffer
+// each (256 for 1 MiB); moving them one pread or pwrite at a time costs a
+// system call, and for a write a set-id check, per page.
+type VectoredFile interface {
+	// ReadvAt reads into the buffers of iov in order, from offset,
+	// stopping at end of file.
+	ReadvAt(iov [][]byte, offset int64) (int, error)
+	// WritevAt writes the buffers of iov in order, at offset.
+	WritevAt(iov [][]byte, offset int64) (int, error)
+}
+
+// iovMax is the most buffers one preadv or pwritev takes (UIO_MAXIOV).
+const iovMax = 1024
+
+// ReadvAt implements VectoredFile.
+func (f *file) ReadvAt(iov [][]byte, offset int64) (int, error) {
+	if err := f.ex.enter(); err != nil {
+		return 0, err
+	}
+	defer f.ex.exit()
+	fd, err := f.openDescriptor()
+	if err != nil {
+		return 0, err
+	}
+	if offset < 0 {
+		return 0, linux.EINVAL
+	}
+	return transferVector(iov, offset, func(part [][]byte, off int64) (int, error) {
+		return unix.Preadv(fd, part, off)
+	})
+}
+
+// WritevAt implements VectoredFile. A set-user-ID or set-group-ID bit of
+// the file is cleared first (killPriv), once for the whole list.
+func (f *file) WritevAt(iov [][]byte, offset int64) (int, error) {
+	if err := f.ex.enter(); err != nil {
+		return 0, err
+	}
+	defer f.ex.exit()
+	if err := f.mutable(); err != nil {
+		return 0, err
+	}
+	fd, err := f.openDescriptor()
+	if err != nil {
+		return 0, err
+	}
+	if offset < 0 {
+		return 0, linux.EINVAL
+	}
+	if err := killPriv(fd); err != nil {
+		return 0, err
+	}
+	return transferVector(iov, offset, func(part [][]byte, off int64) (int, error) {
+		return unix.Pwritev(fd, part, off)
+	})
+}
+
+// transferVector runs op over iov at most iovMax buffers at a time, from
+// offset on, until a short or failed transfer. An error after some bytes
+// moved is dropped, as pread and pwrite report it: the caller sees the
+// count, and the next call gets the error.
+func transferVector(iov [][]byte, offset int64, op func([][]byte, int64) (int, error)) (int, error) {
+	total := 0
+	for len(iov) > 0 {
+		part := iov[:min(len(iov), iovMax)]
+		iov = iov[len(part):]
+		n, err := op(part, offset)
+		if n < 0 {
+			n = 0
+		}
+		total += n
+		offset += int64(n)
+		if err != nil {
+			if total > 0 {
+				return total, nil
+			}
+			return 0, errno(err)
+		}
+		if n < vectorLen(part) {
+			break
+		}
+	}
+	return total, nil
+}
+
+// vectorLen is the number of bytes in iov.
+func vectorLen(iov [][]byte) int {
+	n := 0
+	for _, b := range iov {
+		n += len(b)
+	}
+	return n
+}
