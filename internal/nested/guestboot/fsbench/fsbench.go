@@ -429,6 +429,7 @@ type Metric struct {
 var Metrics = []Metric{
 	{ID: "seq_write", Label: "sequential write + fsync", Workload: WorkloadSeq, TimeKey: "write_ns", CountKey: "bytes", Unit: UnitThroughput},
 	{ID: "seq_read", Label: "sequential read, cache dropped", Workload: WorkloadSeq, TimeKey: "read_ns", CountKey: "bytes", Unit: UnitThroughput},
+	{ID: "ram_read", Label: "sequential read from guest RAM: every read's ceiling", Workload: WorkloadSeq, TimeKey: "ram_read_ns", CountKey: "bytes", Unit: UnitThroughput},
 	{ID: "rand_read", Label: "4 KiB random reads, cache dropped", Workload: WorkloadRand, TimeKey: "ns", CountKey: "reads", Unit: UnitPerOp},
 	{ID: "walk_cold", Label: "tree walk (readdir + lstat), cold", Workload: WorkloadWalk, TimeKey: "cold_ns", CountKey: "files"},
 	{ID: "walk_warm", Label: "tree walk (readdir + lstat), warm", Workload: WorkloadWalk, TimeKey: "warm_ns", CountKey: "files"},

@@ -27,6 +27,7 @@ func TestSeqAndRandWorkloads(t *testing.T) {
 	require.Equal(t, int64(3*fsbench.BlockSize), v["bytes"])
 	require.Positive(t, v["write_ns"])
 	require.Positive(t, v["read_ns"])
+	require.Positive(t, v["ram_read_ns"], "the read from RAM is timed")
 
 	data, err := os.ReadFile(path)
 	require.NoError(t, err)
