@@ -282,18 +282,21 @@ func (q *DriverQueue) Poll() (Used, bool, error) {
 
 // collect reads up to n bytes the device wrote into the writable buffers.
 func (q *DriverQueue) collect(in *inflight, n uint32) ([]byte, error) {
-	data := []byte{}
+	var room uint64
 	for _, w := range in.writable {
-		if n == 0 {
+		room += w.size
+	}
+	data := make([]byte, min(uint64(n), room))
+	at := data
+	for _, w := range in.writable {
+		if len(at) == 0 {
 			break
 		}
-		chunk := min(uint64(n), w.size)
-		buf := make([]byte, chunk)
-		if err := q.d.Mem.ReadAt(buf, w.addr); err != nil {
+		chunk := min(uint64(len(at)), w.size)
+		if err := q.d.Mem.ReadAt(at[:chunk], w.addr); err != nil {
 			return nil, err
 		}
-		data = append(data, buf...)
-		n -= uint32(chunk)
+		at = at[chunk:]
 	}
 	return data, nil
 }
