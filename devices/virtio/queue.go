@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"sync"
 	"sync/atomic"
 )
@@ -314,6 +315,10 @@ func decodeDescriptor(b []byte) descriptor {
 // by the driver's memory); Linux uses at most a few hundred.
 const maxIndirectDescriptors = MaxQueueSize
 
+// indirectPrealloc is how many buffers a chain from an indirect table has
+// room for up front: a 2 MiB request in 4 KiB pages.
+const indirectPrealloc = 512
+
 func invalid(format string, args ...any) error {
 	return fmt.Errorf("%w: "+format, append([]any{ErrInvalidChain}, args...)...)
 }
@@ -418,6 +423,10 @@ func (q *Queue) addIndirect(b *chainBuilder, d descriptor) error {
 	if err := q.mem.ReadAt(table, d.addr); err != nil {
 		return invalid("indirect table [%#x, +%#x) is not in guest memory: %w", d.addr, d.len, err)
 	}
+	// One allocation for a table of up to indirectPrealloc entries, not a
+	// doubling per page of a 1 MiB request; capped, so a huge table whose
+	// chain is one entry long costs no more.
+	b.chain.bufs = slices.Grow(b.chain.bufs, int(min(n, indirectPrealloc)))
 	index := uint32(0)
 	for count := uint32(1); ; count++ {
 		e := decodeDescriptor(table[DescriptorSize*index:])

@@ -44,8 +44,9 @@ func (s *session) message(chain *virtio.Chain) (message, error) {
 // mapped returns the chain's buffers as guest memory; false if one of
 // them cannot be mapped.
 func (s *session) mapped(chain *virtio.Chain) (message, bool) {
-	var m message
-	for _, b := range chain.Readable() {
+	readable, writable := chain.Readable(), chain.Writable()
+	m := message{in: make([][]byte, 0, len(readable)), out: make([][]byte, 0, len(writable))}
+	for _, b := range readable {
 		p, err := s.slicer.Slice(b.Addr, uint64(b.Len))
 		if err != nil {
 			return message{}, false
@@ -53,7 +54,7 @@ func (s *session) mapped(chain *virtio.Chain) (message, bool) {
 		m.in = append(m.in, p)
 	}
 	room := uint32(maxMessage)
-	for _, b := range chain.Writable() {
+	for _, b := range writable {
 		if room == 0 {
 			break
 		}
