@@ -52,10 +52,18 @@ func (v *VM) runVCPU(t *vcpuThread) {
 	}()
 
 	for !v.exitRequested.Load() {
+		if v.pause.request.Load() {
+			// A KVM_RUN that enters nothing but completes the exit just
+			// served (an OUT's RIP advance), so the parked state is whole.
+			t.vcpu.RequestImmediateExit(true)
+		}
 		v.stats.runs.Add(1)
 		if err := t.vcpu.Run(); err != nil {
 			if errors.Is(err, unix.EINTR) || errors.Is(err, unix.EAGAIN) {
 				v.stats.intr.Add(1)
+				if v.pause.request.Load() {
+					v.park(t)
+				}
 				continue // kicked, or a stray signal: the loop condition decides
 			}
 			v.RequestExit(Exit{Kind: ExitError, VCPU: t.index, Err: fmt.Errorf("KVM_RUN: %w", err)})

@@ -80,6 +80,8 @@ type VM struct {
 	ioEventState
 
 	exitRequested atomic.Bool
+	ending        chan struct{} // closed with exitRequested's first store
+	pause         pauser
 	stats         vmStats
 
 	mu      sync.Mutex // guards the fields below
@@ -117,7 +119,8 @@ func New(cfg Config) (_ *VM, err error) {
 		policy = LinuxCPUID
 	}
 
-	v := &VM{log: log, pio: NewPIOBus(log), mmio: NewMMIOBus(log), done: make(chan struct{})}
+	v := &VM{log: log, pio: NewPIOBus(log), mmio: NewMMIOBus(log), done: make(chan struct{}), ending: make(chan struct{})}
+	v.pause.parked = make(chan struct{}, cfg.CPUs)
 	defer func() {
 		if err != nil {
 			v.release()
@@ -342,6 +345,7 @@ func (v *VM) RequestExit(e Exit) {
 	}
 	v.exit = e
 	v.exitRequested.Store(true)
+	close(v.ending)
 	v.kickAllLocked()
 	if v.started {
 		go v.rekick()

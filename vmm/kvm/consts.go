@@ -58,6 +58,10 @@ const (
 	CapPIT2               Capability = 33
 	CapIOEventFD          Capability = 36
 	CapSetIdentityMapAddr Capability = 37
+	CapAdjustClock        Capability = 39
+	CapVCPUEvents         Capability = 41
+	CapXSAVE              Capability = 55
+	CapXCRS               Capability = 56
 	CapMaxVCPUs           Capability = 66
 	CapTSCDeadlineTimer   Capability = 72
 	CapSplitIRQChip       Capability = 121
@@ -79,6 +83,10 @@ var capabilityNames = map[Capability]string{
 	CapPIT2:               "KVM_CAP_PIT2",
 	CapIOEventFD:          "KVM_CAP_IOEVENTFD",
 	CapSetIdentityMapAddr: "KVM_CAP_SET_IDENTITY_MAP_ADDR",
+	CapAdjustClock:        "KVM_CAP_ADJUST_CLOCK",
+	CapVCPUEvents:         "KVM_CAP_VCPU_EVENTS",
+	CapXSAVE:              "KVM_CAP_XSAVE",
+	CapXCRS:               "KVM_CAP_XCRS",
 	CapMaxVCPUs:           "KVM_CAP_MAX_VCPUS",
 	CapTSCDeadlineTimer:   "KVM_CAP_TSC_DEADLINE_TIMER",
 	CapSplitIRQChip:       "KVM_CAP_SPLIT_IRQCHIP",

@@ -29,6 +29,13 @@ func TestStructLayoutsMatchKernelHeaders(t *testing.T) {
 		{"kvm_mp_state", unsafe.Sizeof(mpStateArg{}), 4},
 		{"kvm_cpuid2 header", unsafe.Offsetof(cpuid2Arg{}.Entries), 8},
 		{"kvm_msrs header", unsafe.Offsetof(msrsArg{}.Entries), 8},
+		{"kvm_vcpu_events", unsafe.Sizeof(VCPUEvents{}), 64},
+		{"kvm_xsave", unsafe.Sizeof(XSAVE{}), 4096},
+		{"kvm_xcrs", unsafe.Sizeof(XCRS{}), 392},
+		{"kvm_irqchip", unsafe.Sizeof(IRQChip{}), 520},
+		{"kvm_pit_state2", unsafe.Sizeof(PITState{}), 112},
+		{"kvm_clock_data", unsafe.Sizeof(ClockData{}), 48},
+		{"kvm_msr_list header", unsafe.Offsetof(msrListArg{}.Indices), 4},
 	}
 	for _, s := range sizes {
 		if s.got != s.want {
@@ -92,6 +99,19 @@ func TestIoctlNumbersEncodeStructSizes(t *testing.T) {
 		{"KVM_SET_CPUID2 header", ioctlSetCPUID2, 8},
 		{"KVM_SET_MSRS header", ioctlSetMSRs, 8},
 		{"KVM_SET_IDENTITY_MAP_ADDR", ioctlSetIdentityMapAddr, 8},
+		{"KVM_GET_VCPU_EVENTS", ioctlGetVCPUEvents, unsafe.Sizeof(VCPUEvents{})},
+		{"KVM_SET_VCPU_EVENTS", ioctlSetVCPUEvents, unsafe.Sizeof(VCPUEvents{})},
+		{"KVM_GET_XSAVE", ioctlGetXSAVE, unsafe.Sizeof(XSAVE{})},
+		{"KVM_SET_XSAVE", ioctlSetXSAVE, unsafe.Sizeof(XSAVE{})},
+		{"KVM_GET_XCRS", ioctlGetXCRS, unsafe.Sizeof(XCRS{})},
+		{"KVM_SET_XCRS", ioctlSetXCRS, unsafe.Sizeof(XCRS{})},
+		{"KVM_GET_IRQCHIP", ioctlGetIRQChip, unsafe.Sizeof(IRQChip{})},
+		{"KVM_SET_IRQCHIP", ioctlSetIRQChip, unsafe.Sizeof(IRQChip{})},
+		{"KVM_GET_PIT2", ioctlGetPIT2, unsafe.Sizeof(PITState{})},
+		{"KVM_SET_PIT2", ioctlSetPIT2, unsafe.Sizeof(PITState{})},
+		{"KVM_GET_CLOCK", ioctlGetClock, unsafe.Sizeof(ClockData{})},
+		{"KVM_SET_CLOCK", ioctlSetClock, unsafe.Sizeof(ClockData{})},
+		{"KVM_GET_MSR_INDEX_LIST header", ioctlGetMSRIndexList, 4},
 	}
 	for _, c := range cases {
 		if got := size(c.req); got != c.want {
