@@ -30,4 +30,11 @@
 // free to run it rather than stolen from the vCPU thread, which went back
 // into KVM_RUN (on a nested KVM with coarse timers that steal cost a 4 ms
 // tick per request).
+//
+// Snapshots: Pause parks every vCPU thread after a KVM_RUN that returned
+// EINTR (the kick), which KVM enters only to complete the exit last served,
+// so the state SaveState reads (registers, FPU/XSAVE, MSRs, LAPIC, events,
+// irqchip, PIT, clock) is whole; RestoreState gives it to a fresh VM of the
+// same configuration before Start, and Resume lets a paused VM go on.
+// Guest memory and device state are the caller's to save.
 package vmm
