@@ -87,6 +87,12 @@ func newTestVM(t testing.TB, cpus int, mem uint64) *testVM {
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
+	return withTestPorts(t, vm)
+}
+
+// withTestPorts registers the test ports on vm.
+func withTestPorts(t testing.TB, vm *VM) *testVM {
+	t.Helper()
 	tv := &testVM{VM: vm, data: newGuestPort(), report: newGuestPort()}
 	done := newGuestPort()
 	done.onWrite = func([]byte) { vm.RequestExit(Exit{Kind: ExitPowerOff, VCPU: -1, Detail: "test guest done"}) }

@@ -3,6 +3,7 @@ package vmm
 import (
 	"errors"
 	"fmt"
+	"io"
 	"sort"
 	"sync"
 
@@ -63,6 +64,29 @@ type mappedRegion struct {
 // NewMemory maps the regions (each page-aligned, non-empty, non-overlapping).
 // Untouched pages cost no host memory (MAP_NORESERVE, demand paging).
 func NewMemory(regions []MemoryRegion) (*Memory, error) {
+	return newMemory(regions, nil)
+}
+
+// MemoryImage is guest RAM saved in a file (a snapshot's memory section):
+// the regions' bytes one after the other, in address order, from Offset (a
+// multiple of 4 KiB) of the file whose descriptor is FD.
+type MemoryImage struct {
+	FD     int
+	Offset int64
+}
+
+// NewMemoryFromImage maps the regions copy-on-write from img
+// (MAP_PRIVATE): a page is read from the file when the guest first
+// touches it, and what the guest writes never reaches the file. The
+// caller may close the file once it returns.
+func NewMemoryFromImage(regions []MemoryRegion, img MemoryImage) (*Memory, error) {
+	if img.Offset < 0 || img.Offset%pageSize != 0 {
+		return nil, fmt.Errorf("guest memory image offset %d: must be a non-negative multiple of 4 KiB", img.Offset)
+	}
+	return newMemory(regions, &img)
+}
+
+func newMemory(regions []MemoryRegion, img *MemoryImage) (*Memory, error) {
 	if len(regions) == 0 {
 		return nil, errors.New("guest memory: no regions")
 	}
@@ -80,9 +104,15 @@ func NewMemory(regions []MemoryRegion) (*Memory, error) {
 		}
 	}
 	m := &Memory{}
+	fd, flags, offset := -1, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_NORESERVE, int64(0)
+	if img != nil {
+		fd, flags, offset = img.FD, unix.MAP_PRIVATE|unix.MAP_NORESERVE, img.Offset
+	}
 	for _, r := range sorted {
-		host, err := unix.Mmap(-1, 0, int(r.Size), unix.PROT_READ|unix.PROT_WRITE,
-			unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_NORESERVE)
+		host, err := unix.Mmap(fd, offset, int(r.Size), unix.PROT_READ|unix.PROT_WRITE, flags)
+		if img != nil {
+			offset += int64(r.Size)
+		}
 		if err != nil {
 			m.Close()
 			return nil, fmt.Errorf("mapping %d MiB of guest memory at %#x: %w", r.Size>>20, r.GPA, err)
@@ -90,6 +120,25 @@ func NewMemory(regions []MemoryRegion) (*Memory, error) {
 		m.regions = append(m.regions, mappedRegion{MemoryRegion: r, host: host})
 	}
 	return m, nil
+}
+
+// WriteTo writes every region's bytes to w, in address order (the layout
+// NewMemoryFromImage maps back).
+func (m *Memory) WriteTo(w io.Writer) (int64, error) {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	if m.closed {
+		return 0, ErrMemoryClosed
+	}
+	var total int64
+	for _, r := range m.regions {
+		n, err := w.Write(r.host)
+		total += int64(n)
+		if err != nil {
+			return total, fmt.Errorf("writing guest memory at %#x: %w", r.GPA, err)
+		}
+	}
+	return total, nil
 }
 
 // Regions returns the RAM regions, sorted by address.

@@ -2,8 +2,13 @@ package vmm
 
 import (
 	"encoding/binary"
+	"errors"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/cowork-vmm/cowork-vmm/vmm/snapshot"
 )
 
 // counterGuest is real-mode code that counts in AX forever, writing each
@@ -95,6 +100,72 @@ func TestKVMPauseSaveAndRestoreState(t *testing.T) {
 	}
 	if _, err := restored.Stop(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A snapshot file of a paused VM restores into a fresh VM, memory mapped
+// from the file, that goes on with the next count; a snapshot of another
+// identity is refused.
+func TestKVMSnapshotFileRestores(t *testing.T) {
+	const mem = 2 << 20
+	vm := newTestVM(t, 1, mem)
+	defer vm.Close()
+	load(t, vm.Memory(), codeAddr, counterGuest)
+	realMode(t, vm.VCPU(0), codeAddr)
+	if err := vm.Start(); err != nil {
+		t.Fatal(err)
+	}
+	waitCounts(t, vm.data, 3)
+	if err := vm.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	_, last := lastCount(vm.data)
+	id := snapshot.Identity{Build: "test", Kernel: "none", MemoryBytes: mem, CPUs: 1}
+	path := filepath.Join(t.TempDir(), "vm.snap")
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := vm.WriteSnapshot(f, id); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := vm.Stop(); err != nil {
+		t.Fatal(err)
+	}
+
+	if _, err := snapshot.Open(path, snapshot.Identity{Build: "other", Kernel: "none", MemoryBytes: mem, CPUs: 1}); !errors.Is(err, snapshot.ErrMismatch) {
+		t.Errorf("a snapshot of another build opened: %v", err)
+	}
+	sf, err := snapshot.Open(path, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err := RestoreSnapshot(Config{MemoryBytes: mem, CPUs: 1, Logger: quietLogger()}, sf)
+	sf.Close() // the mapping holds the file
+	if err != nil {
+		t.Fatal(err)
+	}
+	restored := withTestPorts(t, raw)
+	defer restored.Close()
+	if err := restored.Start(); err != nil {
+		t.Fatal(err)
+	}
+	waitCounts(t, restored.data, 2)
+	w := restored.data.got()
+	if first, second := binary.LittleEndian.Uint16(w[0]), binary.LittleEndian.Uint16(w[1]); first != last+1 || second != last+2 {
+		t.Errorf("the restored guest wrote %d, %d; want %d, %d", first, second, last+1, last+2)
+	}
+	if _, err := restored.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := os.ReadFile(path); err != nil || len(got) == 0 {
+		t.Errorf("the snapshot file after restore: %d bytes, %v", len(got), err)
+	}
+	if _, err := snapshot.Open(path, id); err != nil {
+		t.Errorf("the guest's writes reached the snapshot file (MAP_PRIVATE): %v", err)
 	}
 }
 

@@ -57,6 +57,9 @@ type Config struct {
 	Logger *slog.Logger
 	// DevicePath of KVM; empty means /dev/kvm.
 	DevicePath string
+	// MemoryImage, when set, is guest RAM to start from, mapped
+	// copy-on-write from a file (RestoreSnapshot sets it); nil: zeroed RAM.
+	MemoryImage *MemoryImage
 }
 
 // VM is a KVM virtual machine with guest memory, buses and vCPUs. Create it
@@ -158,7 +161,12 @@ func New(cfg Config) (_ *VM, err error) {
 	if err = v.kvm.CreatePIT2(); err != nil {
 		return nil, err
 	}
-	if v.mem, err = NewMemory(Layout(cfg.MemoryBytes, hole)); err != nil {
+	if cfg.MemoryImage != nil {
+		v.mem, err = NewMemoryFromImage(Layout(cfg.MemoryBytes, hole), *cfg.MemoryImage)
+	} else {
+		v.mem, err = NewMemory(Layout(cfg.MemoryBytes, hole))
+	}
+	if err != nil {
 		return nil, err
 	}
 	for slot, r := range v.mem.regions {

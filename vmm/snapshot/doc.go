@@ -1,0 +1,14 @@
+// Package snapshot is the on-disk format of a VM snapshot: a fixed
+// preamble (magic, format version, header length), a JSON header naming
+// what the snapshot was taken of (Identity: the helper's build, the guest
+// kernel, memory size, vCPUs) and where each section lies, then the
+// sections (the vCPU and VM state, each device's state, guest memory),
+// each starting on a 4 KiB boundary so guest memory can be mapped from the
+// file, and a CRC-32C of everything before it as the last four bytes.
+//
+// Open refuses, with an error saying why, a file of another format
+// version, taken of another identity, cut short, or whose checksum does
+// not match: the caller then boots cold. What the sections hold is the
+// caller's (package vmm's State, the devices' own encodings); this package
+// only stores and finds them.
+package snapshot

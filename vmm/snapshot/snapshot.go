@@ -1,0 +1,282 @@
+package snapshot
+
+import (
+	"bufio"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"io"
+	"os"
+)
+
+// FormatVersion is the version of the layout this package writes; a file
+// of another version is refused.
+const FormatVersion = 1
+
+// magic opens every snapshot file.
+var magic = [8]byte{'C', 'W', 'V', 'M', 'S', 'N', 'A', 'P'}
+
+// Layout constants.
+const (
+	preambleSize = 16      // magic, version u32, header length u32
+	align        = 4096    // sections start on page boundaries
+	maxHeader    = 1 << 20 // a header is a few hundred bytes; more is not ours
+	maxSections  = 64
+	checksumSize = 4
+)
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// Identity is what a snapshot was taken of. A snapshot restores only into
+// a VM of the same identity: another build of the helper, another guest
+// kernel or another memory size or vCPU count would not fit the state.
+type Identity struct {
+	Build       string `json:"build"`  // the helper binary (version and hash)
+	Kernel      string `json:"kernel"` // the guest kernel's hash
+	MemoryBytes uint64 `json:"memoryBytes"`
+	CPUs        int    `json:"cpus"`
+}
+
+// Section is one named part of a snapshot, written from Data (Size bytes).
+type Section struct {
+	Name string
+	Size int64
+	Data io.Reader
+}
+
+// header is the JSON after the preamble.
+type header struct {
+	Identity Identity      `json:"identity"`
+	Sections []sectionInfo `json:"sections"`
+}
+
+// sectionInfo places one section in the file.
+type sectionInfo struct {
+	Name   string `json:"name"`
+	Offset int64  `json:"offset"`
+	Size   int64  `json:"size"`
+}
+
+// ErrMismatch is wrapped by Open's error for a valid snapshot of another
+// identity (a new build, kernel or size: expected, not damage).
+var ErrMismatch = errors.New("the snapshot was taken of another VM")
+
+// Write writes a snapshot of id holding sections, in order, to w.
+func Write(w io.Writer, id Identity, sections []Section) error {
+	if len(sections) > maxSections {
+		return fmt.Errorf("snapshot: %d sections, at most %d", len(sections), maxSections)
+	}
+	h := header{Identity: id}
+	hdr, err := layout(&h, sections)
+	if err != nil {
+		return err
+	}
+	crc := crc32.New(castagnoli)
+	out := &countingWriter{w: io.MultiWriter(w, crc)}
+	var pre [preambleSize]byte
+	copy(pre[:8], magic[:])
+	binary.LittleEndian.PutUint32(pre[8:], FormatVersion)
+	binary.LittleEndian.PutUint32(pre[12:], uint32(len(hdr)))
+	if _, err := out.Write(append(pre[:], hdr...)); err != nil {
+		return fmt.Errorf("snapshot: writing the header: %w", err)
+	}
+	for i, s := range sections {
+		if err := out.pad(h.Sections[i].Offset); err != nil {
+			return err
+		}
+		if n, err := io.CopyN(out, s.Data, s.Size); err != nil {
+			return fmt.Errorf("snapshot: section %s: wrote %d of %d bytes: %w", s.Name, n, s.Size, err)
+		}
+	}
+	var sum [checksumSize]byte
+	binary.LittleEndian.PutUint32(sum[:], crc.Sum32())
+	if _, err := w.Write(sum[:]); err != nil {
+		return fmt.Errorf("snapshot: writing the checksum: %w", err)
+	}
+	return nil
+}
+
+// layout fills h's sections with aligned offsets and returns the encoded
+// header. The header's length fixes the first offset, and the offsets
+// are in the header, so the offsets are computed for the longest header
+// they can make (every offset in the file fits 19 digits).
+func layout(h *header, sections []Section) ([]byte, error) {
+	h.Sections = make([]sectionInfo, len(sections))
+	for i, s := range sections {
+		if s.Size < 0 {
+			return nil, fmt.Errorf("snapshot: section %s has a negative size", s.Name)
+		}
+		h.Sections[i] = sectionInfo{Name: s.Name, Offset: 1<<62 + 1, Size: s.Size}
+	}
+	longest, err := json.Marshal(h)
+	if err != nil {
+		return nil, err
+	}
+	next := alignUp(int64(preambleSize + len(longest)))
+	for i, s := range sections {
+		h.Sections[i].Offset = next
+		next = alignUp(next + s.Size)
+	}
+	hdr, err := json.Marshal(h)
+	if err != nil {
+		return nil, err
+	}
+	if len(hdr) > maxHeader {
+		return nil, fmt.Errorf("snapshot: a %d-byte header, at most %d", len(hdr), maxHeader)
+	}
+	return hdr, nil
+}
+
+func alignUp(n int64) int64 { return (n + align - 1) &^ (align - 1) }
+
+// countingWriter counts what it writes, so sections can be padded to
+// their offsets.
+type countingWriter struct {
+	w io.Writer
+	n int64
+}
+
+func (c *countingWriter) Write(p []byte) (int, error) {
+	n, err := c.w.Write(p)
+	c.n += int64(n)
+	return n, err
+}
+
+// pad writes zeros up to offset.
+func (c *countingWriter) pad(offset int64) error {
+	if offset < c.n {
+		return fmt.Errorf("snapshot: section offset %d behind the %d bytes written", offset, c.n)
+	}
+	_, err := c.Write(make([]byte, offset-c.n))
+	return err
+}
+
+// File is an opened, checked snapshot.
+type File struct {
+	f        *os.File
+	Identity Identity
+	sections map[string]sectionInfo
+}
+
+// Open opens the snapshot at path and checks it: format version, identity
+// (want), layout and checksum. The error wraps ErrMismatch for a sound
+// snapshot of another identity.
+func Open(path string, want Identity) (*File, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	sf, err := check(f, want)
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("snapshot %s: %w", path, err)
+	}
+	return sf, nil
+}
+
+// check reads and validates the whole of f.
+func check(f *os.File, want Identity) (*File, error) {
+	st, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	size := st.Size()
+	h, err := readHeader(f, size)
+	if err != nil {
+		return nil, err
+	}
+	if h.Identity != want { // before the checksum: no need to read it all
+		return nil, fmt.Errorf("%w: taken of %+v, this VM is %+v", ErrMismatch, h.Identity, want)
+	}
+	if err := verifyChecksum(f, size); err != nil {
+		return nil, err
+	}
+	sf := &File{f: f, Identity: h.Identity, sections: make(map[string]sectionInfo, len(h.Sections))}
+	for _, s := range h.Sections {
+		sf.sections[s.Name] = s
+	}
+	return sf, nil
+}
+
+// readHeader reads the preamble and header of a file of size bytes and
+// checks that every section lies inside the file, in order, aligned.
+func readHeader(r io.ReaderAt, size int64) (*header, error) {
+	var pre [preambleSize]byte
+	if _, err := r.ReadAt(pre[:], 0); err != nil {
+		return nil, fmt.Errorf("not a snapshot (too short): %w", err)
+	}
+	if [8]byte(pre[:8]) != magic {
+		return nil, errors.New("not a snapshot (bad magic)")
+	}
+	if v := binary.LittleEndian.Uint32(pre[8:]); v != FormatVersion {
+		return nil, fmt.Errorf("%w: format version %d, this build reads %d", ErrMismatch, v, FormatVersion)
+	}
+	n := int64(binary.LittleEndian.Uint32(pre[12:]))
+	if n > maxHeader || preambleSize+n+checksumSize > size {
+		return nil, fmt.Errorf("a %d-byte header does not fit a %d-byte file", n, size)
+	}
+	raw := make([]byte, n)
+	if _, err := r.ReadAt(raw, preambleSize); err != nil {
+		return nil, fmt.Errorf("reading the header: %w", err)
+	}
+	var h header
+	if err := json.Unmarshal(raw, &h); err != nil {
+		return nil, fmt.Errorf("the header: %w", err)
+	}
+	return &h, checkSections(h.Sections, preambleSize+n, size-checksumSize)
+}
+
+// checkSections checks that sections are few, named once, aligned, in
+// order from start on and end by end.
+func checkSections(sections []sectionInfo, start, end int64) error {
+	if len(sections) > maxSections {
+		return fmt.Errorf("%d sections, at most %d", len(sections), maxSections)
+	}
+	seen := make(map[string]bool, len(sections))
+	for _, s := range sections {
+		switch {
+		case seen[s.Name]:
+			return fmt.Errorf("section %q twice", s.Name)
+		case s.Offset%align != 0 || s.Offset < start || s.Size < 0 || s.Size > end-s.Offset:
+			return fmt.Errorf("section %q at %d, %d bytes, is not inside the file's [%d, %d)", s.Name, s.Offset, s.Size, start, end)
+		}
+		seen[s.Name] = true
+		start = s.Offset + s.Size
+	}
+	return nil
+}
+
+// verifyChecksum compares the CRC-32C of all but the last four bytes of f
+// with those bytes.
+func verifyChecksum(f *os.File, size int64) error {
+	crc := crc32.New(castagnoli)
+	if _, err := io.Copy(crc, bufio.NewReaderSize(io.NewSectionReader(f, 0, size-checksumSize), 1<<20)); err != nil {
+		return fmt.Errorf("reading the snapshot: %w", err)
+	}
+	var sum [checksumSize]byte
+	if _, err := f.ReadAt(sum[:], size-checksumSize); err != nil {
+		return fmt.Errorf("reading the checksum: %w", err)
+	}
+	if got, want := crc.Sum32(), binary.LittleEndian.Uint32(sum[:]); got != want {
+		return fmt.Errorf("checksum %08x, the file says %08x: the snapshot is damaged", got, want)
+	}
+	return nil
+}
+
+// Section returns a reader of the named section and its file offset (a
+// multiple of 4 KiB, for mapping); false if the snapshot has none.
+func (f *File) Section(name string) (*io.SectionReader, int64, bool) {
+	s, ok := f.sections[name]
+	if !ok {
+		return nil, 0, false
+	}
+	return io.NewSectionReader(f.f, s.Offset, s.Size), s.Offset, true
+}
+
+// Fd returns the file's descriptor (to map a section MAP_PRIVATE).
+func (f *File) Fd() uintptr { return f.f.Fd() }
+
+// Close closes the file.
+func (f *File) Close() error { return f.f.Close() }
