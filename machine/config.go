@@ -106,3 +106,13 @@ func (c Config) baseCmdline() string {
 	}
 	return strings.TrimSpace(DefaultCmdline + " " + c.Cmdline)
 }
+
+// vmConfig is the VM a machine of c runs on.
+func (c Config) vmConfig() vmm.Config {
+	return vmm.Config{
+		MemoryBytes: uint64(c.MemMiB) << 20,
+		CPUs:        c.CPUs,
+		Logger:      c.Logger,
+		DevicePath:  c.KVMDevice,
+	}
+}

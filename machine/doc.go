@@ -4,7 +4,11 @@
 // (vmm/loader with the vmm/x86 table builders), and offers virtio-mmio
 // device slots. It owns the machine's shape — which device sits at which
 // port, address and interrupt, and the default kernel command line — and
-// its lifecycle: New, Start, Wait, Stop, and RunKernel for the CLI.
+// its lifecycle: New, Start, Wait, Stop, and RunKernel for the CLI; and
+// its snapshots: Snapshot pauses a running machine and writes the VM, each
+// virtio transport and the console to a file (package vmm/snapshot);
+// Restore and StartRestored bring a machine of the same shape back from it
+// with the same devices attached in the same order.
 //
 // The machine has no firmware, no PCI and no ACPI: the kernel is entered
 // directly (64-bit Linux boot protocol, or PVH), CPUs and the IOAPIC are

@@ -15,6 +15,7 @@ import (
 	"github.com/cowork-vmm/cowork-vmm/vmm"
 	"github.com/cowork-vmm/cowork-vmm/vmm/kvm"
 	"github.com/cowork-vmm/cowork-vmm/vmm/loader"
+	"github.com/cowork-vmm/cowork-vmm/vmm/snapshot"
 	"github.com/cowork-vmm/cowork-vmm/vmm/x86"
 )
 
@@ -38,6 +39,7 @@ type Machine struct {
 	mu        sync.Mutex
 	started   bool
 	stopped   bool
+	restoring *snapshot.File // the snapshot StartRestored goes on from
 	virtio    []*virtio.MMIO
 	cmdline   []string // virtio-mmio entries
 	bootTimer *platform.BootTimer
@@ -66,7 +68,13 @@ func New(cfg Config) (*Machine, error) {
 }
 
 // assemble builds the VM and platform devices without a kernel.
-func assemble(cfg Config) (_ *Machine, err error) {
+func assemble(cfg Config) (*Machine, error) {
+	return assembleWith(cfg, vmm.New)
+}
+
+// assembleWith is assemble with the VM made by newVM (vmm.New, or a
+// restore from a snapshot).
+func assembleWith(cfg Config, newVM func(vmm.Config) (*vmm.VM, error)) (_ *Machine, err error) {
 	if cfg, err = cfg.withDefaults(); err != nil {
 		return nil, err
 	}
@@ -75,12 +83,7 @@ func assemble(cfg Config) (_ *Machine, err error) {
 			return nil, fmt.Errorf("%w; use a host with hardware virtualisation (VT-x/AMD-V, or nested virtualisation enabled)", err)
 		}
 	}
-	vm, err := vmm.New(vmm.Config{
-		MemoryBytes: uint64(cfg.MemMiB) << 20,
-		CPUs:        cfg.CPUs,
-		Logger:      cfg.Logger,
-		DevicePath:  cfg.KVMDevice,
-	})
+	vm, err := newVM(cfg.vmConfig())
 	if err != nil {
 		return nil, err
 	}

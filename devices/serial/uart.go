@@ -313,3 +313,31 @@ func (u *UART) Stats() (written, droppedInput uint64) {
 	defer u.mu.Unlock()
 	return u.writeBytes, u.droppedInput
 }
+
+// UARTState is what the guest's driver set in the UART (for a snapshot):
+// its registers, a pending THR-empty interrupt and input not yet read.
+type UARTState struct {
+	IER, LCR, MCR, SCR, DLL, DLM uint8
+	THRPending                   bool
+	Input                        []byte
+}
+
+// SaveState flushes the guest's output and returns the UART's state.
+func (u *UART) SaveState() UARTState {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	u.flushLocked()
+	return UARTState{IER: u.ier, LCR: u.lcr, MCR: u.mcr, SCR: u.scr, DLL: u.dll, DLM: u.dlm,
+		THRPending: u.thrPending, Input: append([]byte(nil), u.input...)}
+}
+
+// RestoreState sets the UART to s (SaveState's), input included up to
+// the UART's input bound.
+func (u *UART) RestoreState(s UARTState) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	u.ier, u.lcr, u.mcr, u.scr, u.dll, u.dlm = s.IER, s.LCR, s.MCR, s.SCR, s.DLL, s.DLM
+	u.thrPending = s.THRPending
+	u.input = u.input[:0]
+	u.pushInput(s.Input)
+}

@@ -209,3 +209,28 @@ func TestConcurrentAccess(t *testing.T) {
 	require.NoError(t, u.Flush())
 	require.Len(t, sink.String(), 800)
 }
+
+// A UART restored from another's state reads back the registers the
+// guest's driver set there, and the input not yet read.
+func TestStateRestoresIntoAFreshUART(t *testing.T) {
+	u := New(nil, nil)
+	out(u, regLCR, lcrDLAB|0x03)
+	out(u, 0, 0x0c) // DLL: 9600 baud
+	out(u, regLCR, 0x03)
+	out(u, regIER, 0x05)
+	out(u, regMCR, 0x0b)
+	out(u, regSCR, 0x5a)
+	u.Inject([]byte("ab"))
+	s := u.SaveState()
+
+	fresh := New(nil, nil)
+	fresh.RestoreState(s)
+	require.EqualValues(t, 0x03, in(fresh, regLCR))
+	require.EqualValues(t, 0x05, in(fresh, regIER))
+	require.EqualValues(t, 0x0b, in(fresh, regMCR))
+	require.EqualValues(t, 0x5a, in(fresh, regSCR))
+	require.EqualValues(t, 'a', in(fresh, 0))
+	require.EqualValues(t, 'b', in(fresh, 0))
+	out(fresh, regLCR, lcrDLAB|0x03)
+	require.EqualValues(t, 0x0c, in(fresh, 0), "the divisor latch")
+}

@@ -7,6 +7,9 @@
 // "TESTINIT DONE" and restarts the machine (with reboot=t a triple fault,
 // which ends our VMM's run and qemu under -no-reboot).
 //
+// With guestboot.ticks=N it first prints "TESTINIT TICK i" for i = 1..N,
+// 50 ms apart: a guest that keeps time and talks, to snapshot and restore.
+//
 // With guestboot.fs=WORKLOADS on the kernel command line it first runs the
 // file-system benchmark (fs.go; package fsbench is the contract): it mounts
 // the shared directory and the host's root, runs each workload, prints a
@@ -18,6 +21,7 @@ package main
 import (
 	"fmt"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -40,7 +44,9 @@ func main() {
 		fmt.Println("testinit: mount /sys:", err)
 	}
 	fmt.Printf("TESTINIT OK cpus=%s uptime=%s\n", readTrimmed("/sys/devices/system/cpu/online"), uptime())
-	fsMode(readTrimmed("/proc/cmdline"), os.Stdout)
+	cmdline := readTrimmed("/proc/cmdline")
+	ticks(cmdline)
+	fsMode(cmdline, os.Stdout)
 	if err := writeBootTimer(); err != nil {
 		fmt.Println("testinit: boot timer:", err)
 	}
@@ -77,4 +83,23 @@ func uptime() string {
 		return f[0]
 	}
 	return "unknown"
+}
+
+// ticks prints guestboot.ticks=N ticks, 50 ms apart (none without it).
+func ticks(cmdline string) {
+	for _, f := range strings.Fields(cmdline) {
+		v, ok := strings.CutPrefix(f, "guestboot.ticks=")
+		if !ok {
+			continue
+		}
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 || n > 100000 {
+			fmt.Println("testinit: bad", f)
+			return
+		}
+		for i := 1; i <= n; i++ {
+			time.Sleep(50 * time.Millisecond)
+			fmt.Printf("TESTINIT TICK %d uptime=%s\n", i, uptime())
+		}
+	}
 }

@@ -1,0 +1,133 @@
+package machine
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cowork-vmm/cowork-vmm/devices/rng"
+	"github.com/cowork-vmm/cowork-vmm/internal/nested"
+	"github.com/cowork-vmm/cowork-vmm/vmm"
+	"github.com/cowork-vmm/cowork-vmm/vmm/snapshot"
+)
+
+// waitConsole waits until console holds want.
+func waitConsole(t *testing.T, console *syncBuffer, want string, within time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for !strings.Contains(console.String(), want) {
+		if time.Now().After(deadline) {
+			t.Fatalf("no %q on the console within %v; it shows:\n%s", want, within, console.String())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// TestKVMSnapshotRestoresALinuxGuest boots our guest kernel with the test
+// init ticking on the console (a timer and the UART in use, a virtio-rng
+// device active), snapshots it mid-way, stops it, and restores a new
+// machine from the file: the restored guest goes on ticking from the next
+// tick, its clock running, and ends with its restart.
+func TestKVMSnapshotRestoresALinuxGuest(t *testing.T) {
+	nested.RequireLinuxBoot(t, "TestNestedKVM")
+	kernelPath, initrdPath := testBootImages(t)
+	const totalTicks = 40
+	cfg := Config{MemMiB: 256, CPUs: 1, Logger: quietLogger(), Cmdline: fmt.Sprintf("guestboot.ticks=%d", totalTicks)}
+	first := &syncBuffer{}
+	bootCfg := cfg
+	bootCfg.Kernel, bootCfg.Initrd, bootCfg.Console = kernelPath, initrdPath, io.MultiWriter(first, testLogWriter{t})
+	m, err := New(bootCfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.AddVirtioMMIO(rng.New(quietLogger())); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Start(); err != nil {
+		m.Stop()
+		t.Fatal(err)
+	}
+	waitConsole(t, first, "TESTINIT TICK 3 ", 4*time.Minute)
+	id := m.Identity("test-build", "test-kernel")
+	path := filepath.Join(t.TempDir(), "vm.snap")
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	began := time.Now()
+	snapErr := m.Snapshot(f, id)
+	took := time.Since(began)
+	if err := f.Close(); err != nil && snapErr == nil {
+		snapErr = err
+	}
+	if _, err := m.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	if snapErr != nil {
+		t.Fatal(snapErr)
+	}
+	last := lastTick(first.String())
+	t.Logf("snapshot of 256 MiB after tick %d in %v", last, took)
+
+	second := &syncBuffer{}
+	restoreCfg := cfg
+	restoreCfg.Console = io.MultiWriter(second, testLogWriter{t})
+	began = time.Now()
+	sf, err := snapshot.Open(path, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := Restore(restoreCfg, sf)
+	if err != nil {
+		sf.Close()
+		t.Fatal(err)
+	}
+	defer r.Stop()
+	if _, err := r.AddVirtioMMIO(rng.New(quietLogger())); err != nil {
+		t.Fatal(err)
+	}
+	err = r.StartRestored()
+	sf.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("restored and running in %v", time.Since(began))
+	next := fmt.Sprintf("TESTINIT TICK %d ", last+1)
+	waitConsole(t, second, next, 2*time.Minute)
+	if strings.Contains(second.String(), fmt.Sprintf("TESTINIT TICK %d ", last)) {
+		t.Errorf("the restored guest repeated tick %d", last)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	select {
+	case <-r.Done():
+	case <-ctx.Done():
+		t.Fatalf("the restored guest did not finish; its console:\n%s", second.String())
+	}
+	e, err := r.Stop()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(second.String(), fmt.Sprintf("TESTINIT TICK %d ", totalTicks)) || !strings.Contains(second.String(), "TESTINIT DONE") {
+		t.Errorf("the restored guest did not tick to the end; its console:\n%s", second.String())
+	}
+	if e.Kind != vmm.ExitReset && e.Kind != vmm.ExitTripleFault {
+		t.Errorf("exit %v, want the guest's restart", e)
+	}
+}
+
+// lastTick returns the number of the last "TESTINIT TICK n" in out.
+func lastTick(out string) int {
+	n := 0
+	for _, line := range strings.Split(out, "\n") {
+		if i := strings.Index(line, "TESTINIT TICK "); i >= 0 {
+			fmt.Sscanf(line[i:], "TESTINIT TICK %d", &n)
+		}
+	}
+	return n
+}
