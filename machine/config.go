@@ -72,6 +72,10 @@ type Config struct {
 	// (kvm.ProbeHost): for tiny guests that are not Linux, and for callers
 	// that probed already.
 	SkipBootProbe bool
+	// SnapshotPoint, when set, is the snapshot point device the guest
+	// agent talks to (platform.SnapshotPointPort); nil: none, and the
+	// agent goes on at once.
+	SnapshotPoint *platform.SnapshotPoint
 	// KVMDevice overrides /dev/kvm.
 	KVMDevice string
 }

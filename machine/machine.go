@@ -108,6 +108,11 @@ func assembleWith(cfg Config, newVM func(vmm.Config) (*vmm.VM, error)) (_ *Machi
 	if err := vm.PIO().Register(platform.I8042Port, platform.I8042PortCount, i8042); err != nil {
 		return nil, err
 	}
+	if cfg.SnapshotPoint != nil {
+		if err := vm.PIO().Register(platform.SnapshotPointPort, platform.SnapshotPointPortCount, cfg.SnapshotPoint); err != nil {
+			return nil, err
+		}
+	}
 	return m, nil
 }
 

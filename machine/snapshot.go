@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"time"
 
 	"github.com/cowork-vmm/cowork-vmm/devices/serial"
 	"github.com/cowork-vmm/cowork-vmm/devices/virtio"
@@ -40,7 +41,7 @@ func (m *Machine) Snapshot(w io.Writer, id snapshot.Identity) error {
 	m.mu.Unlock()
 	var extra []snapshot.Section
 	for i, t := range transports {
-		s, err := t.SaveState()
+		s, err := quietState(t)
 		if err != nil {
 			return fmt.Errorf("machine: virtio device %d (type %d): %w", i, t.Device().Type(), err)
 		}
@@ -56,6 +57,24 @@ func (m *Machine) Snapshot(w io.Writer, id snapshot.Identity) error {
 	}
 	return m.vm.WriteSnapshot(w, id, append(extra, sec)...)
 }
+
+// quietState saves t's state once the requests its device has in flight
+// are answered: devices keep running while the vCPUs are paused, so a
+// request taken just before the pause (the guest's entropy refill) ends in
+// a moment; one still open after quietWait fails the snapshot.
+func quietState(t *virtio.MMIO) (virtio.MMIOState, error) {
+	deadline := time.Now().Add(quietWait)
+	for {
+		s, err := t.SaveState()
+		if !errors.Is(err, virtio.ErrInFlight) || time.Now().After(deadline) {
+			return s, err
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// quietWait bounds quietState's wait for a device's requests in flight.
+const quietWait = 2 * time.Second
 
 // Resume lets a machine paused by Snapshot go on.
 func (m *Machine) Resume() { m.vm.Resume() }

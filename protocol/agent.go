@@ -149,6 +149,11 @@ type SetupParams struct {
 	System []Mount `json:"system"`
 	// Hostname for the guest's UTS namespace; empty leaves it alone.
 	Hostname string `json:"hostname,omitempty"`
+	// ClockUnixNano is the helper's wall clock when it sent the setup;
+	// the VM's agent steps its clock to it when off by more than a second
+	// (a VM restored from a snapshot wakes at the snapshot's time). 0:
+	// leave the clock alone (the process backend shares the host's).
+	ClockUnixNano int64 `json:"clockUnixNano,omitempty"`
 }
 
 // MountParams adds one mount (a session home, an additionalMounts entry, the SDK).

@@ -317,10 +317,14 @@ func (a *agent) handle(method string, raw json.RawMessage) (any, error) {
 	}
 }
 
-// setup lays out the root filesystem and sets the hostname.
+// setup lays out the root filesystem, sets the hostname and steps the
+// wall clock to the helper's.
 func (a *agent) setup(p protocol.SetupParams) error {
 	if err := a.mnt.setup(p); err != nil {
 		return err
+	}
+	if p.ClockUnixNano != 0 {
+		a.stepClock(time.Unix(0, p.ClockUnixNano))
 	}
 	if p.Hostname != "" {
 		if err := unix.Sethostname([]byte(p.Hostname)); err != nil {
@@ -448,4 +452,25 @@ func openNoMagic(path string, flags int) (int, error) {
 		return unix.Open(path, flags, 0)
 	}
 	return fd, err
+}
+
+// clockTolerance is how far the guest's wall clock may be from the
+// helper's before setup steps it.
+const clockTolerance = time.Second
+
+// stepClock sets the wall clock to host when it is off by more than
+// clockTolerance: a VM restored from a snapshot wakes at the snapshot's
+// time. A failure (no CAP_SYS_TIME) is logged: a wrong clock is no reason
+// to refuse the session.
+func (a *agent) stepClock(host time.Time) {
+	off := time.Until(host)
+	if off.Abs() <= clockTolerance {
+		return
+	}
+	ts := unix.NsecToTimespec(host.UnixNano())
+	if err := unix.ClockSettime(unix.CLOCK_REALTIME, &ts); err != nil {
+		a.log.Warn("cannot step the guest's wall clock to the helper's", "off", off, "err", err)
+		return
+	}
+	a.log.Info("stepped the guest's wall clock to the helper's", "by", off)
 }

@@ -101,6 +101,9 @@ func VMMain() {
 	notDumpable(log)
 	stop := absorbSignals(log)
 	defer stop()
+	if atSnapshotPoint(log) {
+		afterRestore(log)
+	}
 	conn, err := dialHost(log, 60*time.Second)
 	if err != nil {
 		log.Error("agent: cannot reach the helper over vsock; powering off", "err", err)

@@ -9,6 +9,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/cowork-vmm/cowork-vmm/devices/platform"
 	"github.com/cowork-vmm/cowork-vmm/guest/kernel"
 	"github.com/cowork-vmm/cowork-vmm/helper"
 	"github.com/cowork-vmm/cowork-vmm/machine"
@@ -93,6 +94,10 @@ type Options struct {
 	// Logger receives the backend's log and, at debug level, the guest's
 	// console; nil discards.
 	Logger *slog.Logger
+	// SnapshotDir, when set, is where the backend keeps the snapshot it
+	// restores for warm starts (snapshot.go; the helper uses
+	// DefaultSnapshotDir); empty: every start boots cold.
+	SnapshotDir string
 }
 
 // Backend starts micro-VM guests. It implements helper.Backend.
@@ -164,7 +169,7 @@ func (b *Backend) Start(ctx context.Context, cfg helper.GuestConfig) (helper.Gue
 	}
 	step(StepLoadKernel, protocol.StepStarted)
 	loadStart := time.Now()
-	if err := g.m.Start(); err != nil {
+	if err := g.start(); err != nil {
 		step(StepLoadKernel, protocol.StepFailed)
 		_ = g.Stop(context.Background())
 		return nil, fmt.Errorf("kvm backend: booting the guest kernel (%s): %w", g.kernelFrom, err)
@@ -190,8 +195,11 @@ func (b *Backend) preflight() error {
 	return nil
 }
 
-// create locates the kernel, builds the initramfs and assembles the VM
-// with its devices (file sharing of kind fsKind), not yet running.
+// create locates the kernel and assembles the VM with its devices (file
+// sharing of kind fsKind), not yet running: restored from the backend's
+// snapshot when it has a sound one for this VM (warm), else with the
+// initramfs built to boot cold, taking the snapshot on the way when
+// snapshots are on.
 func (b *Backend) create(memMiB, cpus int, fsKind string) (*guest, error) {
 	exe := b.opts.Executable
 	if exe == "" {
@@ -205,52 +213,80 @@ func (b *Backend) create(memMiB, cpus int, fsKind string) (*guest, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kvm backend: %w", err)
 	}
+	cmdline := b.opts.Cmdline
+	if b.opts.GuestDebug {
+		cmdline += " cowork.debug"
+	}
+	cfg := machine.Config{
+		Kernel: k.Path, KernelImage: k.Bytes, Cmdline: cmdline, PVH: b.opts.PVH,
+		MemMiB: memMiB, CPUs: cpus, Logger: b.log, KVMDevice: b.opts.KVMDevice,
+		// preflight probed this host already.
+		SkipBootProbe: true,
+	}
+	snap := b.snapshotPlan(exe, k, cfg, fsKind)
+	if g := b.createWarm(cfg, fsKind, snap); g != nil {
+		g.kernelFrom = k.From + ", restored from the snapshot " + snap.path
+		return g, nil
+	}
 	located := time.Now()
-	var initrd loader.InitrdSource
+	if cfg.InitrdSource, err = b.initramfs(exe); err != nil {
+		return nil, err
+	}
+	sized := time.Now()
+	if snap != nil {
+		cfg.SnapshotPoint = platform.NewSnapshotPoint(true)
+	}
+	con := newConsole(b.log, b.opts.Console)
+	cfg.Console = con
+	m, err := machine.New(cfg)
+	if err != nil {
+		return nil, machineError(err)
+	}
+	made := time.Now()
+	g, err := b.attach(m, con, fsKind)
+	if err != nil {
+		return nil, err
+	}
+	if snap != nil {
+		go snap.take(b.log, m, cfg.SnapshotPoint)
+	}
+	b.log.Debug("VM created", "locate_kernel", located.Sub(began), "initramfs", sized.Sub(located),
+		"vm", made.Sub(sized), "devices", time.Since(made))
+	g.kernelFrom = k.From
+	return g, nil
+}
+
+// initramfs returns the guest's initramfs: the executable as /init.
+func (b *Backend) initramfs(exe string) (loader.InitrdSource, error) {
 	if b.opts.CompressInitramfs {
 		gz, err := buildGzipInitramfs(exe)
 		if err != nil {
 			return nil, fmt.Errorf("kvm backend: %w", err)
 		}
-		initrd = loader.InitrdBytes(gz)
-	} else if initrd, err = newInitramfsSource(exe); err != nil {
+		return loader.InitrdBytes(gz), nil
+	}
+	src, err := newInitramfsSource(exe)
+	if err != nil {
 		return nil, fmt.Errorf("kvm backend: %w", err)
 	}
-	sized := time.Now()
-	cmdline := b.opts.Cmdline
-	if b.opts.GuestDebug {
-		cmdline += " cowork.debug"
-	}
-	con := newConsole(b.log, b.opts.Console)
-	m, err := machine.New(machine.Config{
-		Kernel:       k.Path,
-		KernelImage:  k.Bytes,
-		InitrdSource: initrd,
-		Cmdline:      cmdline,
-		PVH:          b.opts.PVH,
-		MemMiB:       memMiB,
-		CPUs:         cpus,
-		Console:      con,
-		Logger:       b.log,
-		KVMDevice:    b.opts.KVMDevice,
-		// preflight probed this host already.
-		SkipBootProbe: true,
-	})
-	if err != nil {
-		if errors.Is(err, hostkvm.ErrNoKVM) || errors.Is(err, hostkvm.ErrKVMPermission) {
-			return nil, fmt.Errorf("kvm backend: %w; or %s", err, fallbackHint)
-		}
-		return nil, fmt.Errorf("kvm backend: creating the VM: %w", err)
-	}
-	made := time.Now()
+	return src, nil
+}
+
+// attach gives the new machine m its guest and devices.
+func (b *Backend) attach(m *machine.Machine, con *console, fsKind string) (*guest, error) {
 	g := newGuestState(con, b.log, fsKind)
 	g.bootTimeout = b.opts.BootTimeout
 	if err := g.attachDevices(m); err != nil {
 		_ = g.Stop(context.Background())
 		return nil, fmt.Errorf("kvm backend: %w", err)
 	}
-	b.log.Debug("VM created", "locate_kernel", located.Sub(began), "initramfs", sized.Sub(located),
-		"vm", made.Sub(sized), "devices", time.Since(made))
-	g.kernelFrom = k.From
 	return g, nil
+}
+
+// machineError is machine.New's or Restore's error for the user.
+func machineError(err error) error {
+	if errors.Is(err, hostkvm.ErrNoKVM) || errors.Is(err, hostkvm.ErrKVMPermission) {
+		return fmt.Errorf("kvm backend: %w; or %s", err, fallbackHint)
+	}
+	return fmt.Errorf("kvm backend: creating the VM: %w", err)
 }

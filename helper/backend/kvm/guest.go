@@ -19,6 +19,7 @@ import (
 	"github.com/cowork-vmm/cowork-vmm/machine"
 	"github.com/cowork-vmm/cowork-vmm/protocol"
 	"github.com/cowork-vmm/cowork-vmm/vmm"
+	"github.com/cowork-vmm/cowork-vmm/vmm/snapshot"
 )
 
 // guest is one micro-VM. It implements helper.Guest.
@@ -43,6 +44,11 @@ type guest struct {
 	// sysFiles serves the read-only system directories on a device of
 	// their own (SystemMountTag), which the guest caches.
 	sysFiles *shareDevice
+
+	// restoreFrom is the snapshot a restored machine starts from (closed
+	// once started); nil for a cold boot.
+	restoreFrom *snapshot.File
+	restored    bool // started from a snapshot
 
 	accepted  chan acceptResult // the agent's connection (capacity 1)
 	connected chan struct{}     // closed when the agent has connected
@@ -121,6 +127,15 @@ func (g *guest) attachShareDevice(m *machine.Machine, tag string, cached bool) (
 		return nil, fmt.Errorf("attaching the %s device %q: %w", g.fsKind, tag, err)
 	}
 	return s, nil
+}
+
+// start runs the machine: boots the kernel, or goes on from the snapshot.
+func (g *guest) start() error {
+	if g.restoreFrom == nil {
+		return g.m.Start()
+	}
+	defer g.restoreFrom.Close()
+	return g.m.StartRestored()
 }
 
 // run starts the goroutines of a started VM: the agent's accept, the boot
@@ -338,6 +353,7 @@ func (g *guest) share(d *shareDevice, tag, hostPath string, readOnly bool) (prot
 // place instead of building a new root.
 func (g *guest) AdjustSetup(p *protocol.SetupParams) {
 	p.NewRoot = false
+	p.ClockUnixNano = time.Now().UnixNano()
 }
 
 // Egress implements helper.Guest.Egress: the listener for the guest proxy's

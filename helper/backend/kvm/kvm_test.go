@@ -129,7 +129,9 @@ func (a *agentConn) waitExit(id string) (string, protocol.Event) {
 // directories and a session directory are mounted over virtio-fs (round 0,
 // the default) or virtio-9p (round 1, COWORK_VMM_FS=9p), a spawned shell
 // reads and writes through the mount, and the agent's shutdown ends the VM
-// cleanly. Repeated to report the start-to-connected figure.
+// cleanly. Round 0 also takes the snapshot round 2 restores (a warm
+// start): the restored guest passes the same. Repeated to report the
+// start-to-connected figure.
 func TestKVMBootAgentMountsAndShutdown(t *testing.T) {
 	bin := requireKVMBoot(t)
 	log := slog.New(slog.NewTextHandler(&testLogWriter{t: t}, &slog.HandlerOptions{Level: slog.LevelInfo}))
@@ -137,9 +139,11 @@ func TestKVMBootAgentMountsAndShutdown(t *testing.T) {
 	// kernel parameters (e.g. loglevel=7 to see the boot).
 	opts := Options{Executable: bin, Logger: log, Console: &testLogWriter{t: t}, Cmdline: os.Getenv("COWORK_VMM_TEST_CMDLINE"),
 		PVH: os.Getenv("COWORK_VMM_TEST_PVH") == "1"}
+	b9opts := opts
+	b9opts.FileSharing = FileSharingNineP
+	b9 := New(b9opts)
+	opts.SnapshotDir = t.TempDir()
 	b := New(opts)
-	opts.FileSharing = FileSharingNineP
-	b9 := New(opts)
 	var connectTimes []time.Duration
 	for round := range 3 {
 		start := time.Now()
@@ -176,9 +180,10 @@ func TestKVMBootAgentMountsAndShutdown(t *testing.T) {
 		if round == 0 && g.Egress() == nil {
 			t.Error("the guest offers no egress listener (Guest.Egress): its processes would have no network")
 		}
-		if round < 2 {
-			exerciseGuest(t, g, a, kind)
+		if restored := g.(*guest).restored; restored != (round == 2) {
+			t.Errorf("round %d: restored from a snapshot %v, want %v", round, restored, round == 2)
 		}
+		exerciseGuest(t, g, a, kind)
 		if err := a.call(protocol.AgentMethodShutdown, protocol.ShutdownParams{GraceMillis: 1000}); err != nil {
 			t.Fatalf("shutdown: %v", err)
 		}

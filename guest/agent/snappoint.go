@@ -1,0 +1,104 @@
+package agent
+
+import (
+	"encoding/binary"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/cowork-vmm/cowork-vmm/devices/platform"
+)
+
+// snapshotPointTimeout bounds the wait at the snapshot point: the VMM
+// writes guest RAM to a file meanwhile (seconds on a slow disk).
+const snapshotPointTimeout = 2 * time.Minute
+
+// atSnapshotPoint tells the VMM that the agent has started and dialed
+// nothing yet (platform.SnapshotPointPort), waits while the VMM snapshots
+// the VM, and says whether this VM was restored from such a snapshot.
+// Without the device (another VMM) it goes on at once, as cold-booted.
+func atSnapshotPoint(log *slog.Logger) (restored bool) {
+	b, err := pollPort(platform.SnapshotPointPort, platform.SnapshotPointArrive, time.Millisecond, snapshotPointTimeout,
+		func(b uint8) bool { return b != platform.SnapshotPointWait })
+	switch {
+	case err != nil:
+		log.Debug("agent: no snapshot point", "err", err)
+	case b == platform.SnapshotPointWait:
+		log.Warn("agent: the VMM held the snapshot point too long; going on")
+	}
+	return b == platform.SnapshotPointRestored
+}
+
+// pollPort writes value to the I/O port, then reads it every interval
+// until done says stop or timeout passes, and returns the last byte read.
+// It goes through /dev/port (CONFIG_DEVPORT): the guest kernel has no
+// ioperm (CONFIG_X86_IOPL_IOPERM is off).
+func pollPort(port int64, value uint8, interval, timeout time.Duration, done func(uint8) bool) (uint8, error) {
+	f, err := os.OpenFile("/dev/port", os.O_RDWR, 0)
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	if _, err := f.WriteAt([]byte{value}, port); err != nil {
+		return 0, fmt.Errorf("writing port %#x: %w", port, err)
+	}
+	deadline := time.Now().Add(timeout)
+	b := make([]byte, 1)
+	for {
+		if _, err := f.ReadAt(b, port); err != nil {
+			return 0, fmt.Errorf("reading port %#x: %w", port, err)
+		}
+		if done(b[0]) || time.Now().After(deadline) {
+			return b[0], nil
+		}
+		time.Sleep(interval)
+	}
+}
+
+// afterRestore makes a guest restored from a snapshot its own: every
+// restore of one snapshot starts with the same random state, so the
+// kernel's generator is reseeded from the VMM's entropy device before
+// anything secret is made. (The wall clock is stepped at setup, from the
+// helper's; the kernel's boot id is made on first read, after this.)
+func afterRestore(log *slog.Logger) {
+	if err := reseedFrom("/dev/hwrng", 64); err != nil {
+		log.Warn("agent: restored from a snapshot, but the random generator could not be reseeded from the VMM", "err", err)
+		return
+	}
+	log.Info("agent: restored from a snapshot; random generator reseeded")
+}
+
+// reseedFrom credits n bytes read from src to the kernel's entropy pool
+// and has it reseed its generator at once (RNDADDENTROPY, RNDRESEEDCRNG).
+func reseedFrom(src string, n int) error {
+	f, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	// struct rand_pool_info: entropy_count (bits), buf_size (bytes), buf.
+	info := make([]byte, 8+n)
+	if _, err := io.ReadFull(f, info[8:]); err != nil {
+		return fmt.Errorf("reading %s: %w", src, err)
+	}
+	binary.NativeEndian.PutUint32(info[0:], uint32(8*n))
+	binary.NativeEndian.PutUint32(info[4:], uint32(n))
+	urandom, err := os.OpenFile("/dev/urandom", os.O_WRONLY, 0)
+	if err != nil {
+		return err
+	}
+	defer urandom.Close()
+	fd := urandom.Fd()
+	if _, _, errno := unix.Syscall(unix.SYS_IOCTL, fd, unix.RNDADDENTROPY, uintptr(unsafe.Pointer(&info[0]))); errno != 0 {
+		return fmt.Errorf("RNDADDENTROPY: %w", errno)
+	}
+	if _, _, errno := unix.Syscall(unix.SYS_IOCTL, fd, unix.RNDRESEEDCRNG, 0); errno != 0 {
+		return fmt.Errorf("RNDRESEEDCRNG: %w", errno)
+	}
+	return nil
+}
