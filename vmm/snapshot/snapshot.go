@@ -1,12 +1,10 @@
 package snapshot
 
 import (
-	"bufio"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"hash/crc32"
 	"io"
 	"os"
 )
@@ -26,8 +24,6 @@ const (
 	maxSections  = 64
 	checksumSize = 4
 )
-
-var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 // Identity is what a snapshot was taken of. A snapshot restores only into
 // a VM of the same identity: another build of the helper, another guest
@@ -73,8 +69,7 @@ func Write(w io.Writer, id Identity, sections []Section) error {
 	if err != nil {
 		return err
 	}
-	crc := crc32.New(castagnoli)
-	out := &countingWriter{w: io.MultiWriter(w, crc)}
+	out := newBlockWriter(w)
 	var pre [preambleSize]byte
 	copy(pre[:8], magic[:])
 	binary.LittleEndian.PutUint32(pre[8:], FormatVersion)
@@ -90,9 +85,13 @@ func Write(w io.Writer, id Identity, sections []Section) error {
 			return fmt.Errorf("snapshot: section %s: wrote %d of %d bytes: %w", s.Name, n, s.Size, err)
 		}
 	}
-	var sum [checksumSize]byte
-	binary.LittleEndian.PutUint32(sum[:], crc.Sum32())
-	if _, err := w.Write(sum[:]); err != nil {
+	sum, err := out.finish()
+	if err != nil {
+		return fmt.Errorf("snapshot: writing: %w", err)
+	}
+	var trailer [checksumSize]byte
+	binary.LittleEndian.PutUint32(trailer[:], sum)
+	if _, err := w.Write(trailer[:]); err != nil {
 		return fmt.Errorf("snapshot: writing the checksum: %w", err)
 	}
 	return nil
@@ -130,28 +129,6 @@ func layout(h *header, sections []Section) ([]byte, error) {
 }
 
 func alignUp(n int64) int64 { return (n + align - 1) &^ (align - 1) }
-
-// countingWriter counts what it writes, so sections can be padded to
-// their offsets.
-type countingWriter struct {
-	w io.Writer
-	n int64
-}
-
-func (c *countingWriter) Write(p []byte) (int, error) {
-	n, err := c.w.Write(p)
-	c.n += int64(n)
-	return n, err
-}
-
-// pad writes zeros up to offset.
-func (c *countingWriter) pad(offset int64) error {
-	if offset < c.n {
-		return fmt.Errorf("snapshot: section offset %d behind the %d bytes written", offset, c.n)
-	}
-	_, err := c.Write(make([]byte, offset-c.n))
-	return err
-}
 
 // File is an opened, checked snapshot.
 type File struct {
@@ -248,18 +225,18 @@ func checkSections(sections []sectionInfo, start, end int64) error {
 	return nil
 }
 
-// verifyChecksum compares the CRC-32C of all but the last four bytes of f
-// with those bytes.
+// verifyChecksum compares the checksum of f's bytes before its last four
+// (blockSum) with those four.
 func verifyChecksum(f *os.File, size int64) error {
-	crc := crc32.New(castagnoli)
-	if _, err := io.Copy(crc, bufio.NewReaderSize(io.NewSectionReader(f, 0, size-checksumSize), 1<<20)); err != nil {
+	got, err := fileSum(f, size-checksumSize)
+	if err != nil {
 		return fmt.Errorf("reading the snapshot: %w", err)
 	}
 	var sum [checksumSize]byte
 	if _, err := f.ReadAt(sum[:], size-checksumSize); err != nil {
 		return fmt.Errorf("reading the checksum: %w", err)
 	}
-	if got, want := crc.Sum32(), binary.LittleEndian.Uint32(sum[:]); got != want {
+	if want := binary.LittleEndian.Uint32(sum[:]); got != want {
 		return fmt.Errorf("checksum %08x, the file says %08x: the snapshot is damaged", got, want)
 	}
 	return nil

@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"syscall"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -121,4 +122,48 @@ func FuzzOpen(f *testing.F) {
 			}
 		}
 	})
+}
+
+// Guest RAM the guest never touched is a hole in the file: a 64 MiB
+// memory section with one non-zero page takes a few blocks on disk, reads
+// back whole, and a byte written into a hole is caught.
+func TestUntouchedMemoryIsAHole(t *testing.T) {
+	memory := make([]byte, 64<<20)
+	copy(memory[5<<20:], "the one page the guest wrote")
+	path := writeFile(t, testID, []string{"vm", "memory"}, [][]byte{[]byte("state"), memory})
+	st, err := os.Stat(path)
+	require.NoError(t, err)
+	if blocks := st.Sys().(*syscall.Stat_t).Blocks; blocks*512 > 1<<20 {
+		t.Errorf("a 64 MiB section of one written page takes %d bytes on disk", blocks*512)
+	}
+	f, err := Open(path, testID)
+	require.NoError(t, err)
+	r, _, _ := f.Section("memory")
+	got, err := io.ReadAll(r)
+	require.NoError(t, err)
+	require.True(t, bytes.Equal(memory, got))
+	_, off, _ := f.Section("memory")
+	require.NoError(t, f.Close())
+
+	w, err := os.OpenFile(path, os.O_WRONLY, 0)
+	require.NoError(t, err)
+	_, err = w.WriteAt([]byte{1}, off+40<<20)
+	require.NoError(t, err)
+	require.NoError(t, w.Close())
+	_, err = Open(path, testID)
+	require.ErrorContains(t, err, "damaged")
+}
+
+// A writer that cannot seek gets the zeros written out, and the same
+// checksum: the file opens.
+func TestWriteWithoutSeekingChecksTheSame(t *testing.T) {
+	memory := make([]byte, 3<<20)
+	memory[1<<20] = 9
+	var buf bytes.Buffer
+	require.NoError(t, Write(&buf, testID, []Section{{Name: "memory", Size: int64(len(memory)), Data: bytes.NewReader(memory)}}))
+	path := filepath.Join(t.TempDir(), "s")
+	require.NoError(t, os.WriteFile(path, buf.Bytes(), 0o600))
+	f, err := Open(path, testID)
+	require.NoError(t, err)
+	require.NoError(t, f.Close())
 }
