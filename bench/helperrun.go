@@ -44,6 +44,10 @@ type helperRun struct {
 	MemMiB  int
 	Dir     string        // private work directory of this run
 	Timeout time.Duration // bound on the boot (startVM → connected)
+	// SnapshotCache, when set, is the helper's XDG_CACHE_HOME, where the
+	// kvm backend keeps the snapshot of its warm starts; empty: warm
+	// starts are off (COWORK_VMM_SNAPSHOT=off), every start is cold.
+	SnapshotCache string
 	// Progress, when set, is told what the run is doing.
 	Progress func(step string)
 }
@@ -136,6 +140,11 @@ func (h helperRun) start() (*helperProcess, error) {
 	cmd.Env = append(os.Environ(), "COWORK_VMM_BACKEND="+h.Backend, "XDG_DATA_HOME="+data, "XDG_RUNTIME_DIR="+rt)
 	if h.Kernel != "" {
 		cmd.Env = append(cmd.Env, "COWORK_VMM_KERNEL="+h.Kernel)
+	}
+	if h.SnapshotCache != "" {
+		cmd.Env = append(cmd.Env, "XDG_CACHE_HOME="+h.SnapshotCache)
+	} else {
+		cmd.Env = append(cmd.Env, "COWORK_VMM_SNAPSHOT=off")
 	}
 	cmd.Stdout = logFile
 	cmd.Stderr = logFile

@@ -232,6 +232,9 @@ func Run(ctx context.Context, opts Options, progress io.Writer) (Report, error) 
 	b.kvmState, b.kvmWhy = hostKVM()
 	b.chooseBackend()
 	b.results.AddSystem(SystemOurs, "cowork-vmm ("+b.backend+" backend)", false)
+	if b.backend == "kvm" {
+		b.results.AddSystem(SystemOursWarm, "cowork-vmm, warm start (restored from its snapshot)", false)
+	}
 	if err := b.prepareSystems(); err != nil {
 		return Report{}, err
 	}
@@ -361,7 +364,10 @@ func (b *benchRun) status(run int, system, step string) {
 // recorded as a failure; only the end of ctx (or a work directory that
 // cannot be made) ends the bench.
 func (b *benchRun) measure(ctx context.Context, run int) error {
-	b.measureOurs(ctx, run)
+	b.measureOurs(ctx, run, SystemOurs)
+	if b.backend == "kvm" {
+		b.measureOurs(ctx, run, SystemOursWarm)
+	}
 	if ctx.Err() != nil {
 		return ctx.Err()
 	}
@@ -377,22 +383,34 @@ func (b *benchRun) measure(ctx context.Context, run int) error {
 	return nil
 }
 
-// measureOurs runs our helper once; a failed run still reports the phases
-// it completed.
-func (b *benchRun) measureOurs(ctx context.Context, run int) {
+// measureOurs runs our helper once as system (SystemOurs: warm starts
+// off, every start cold; SystemOursWarm: restored from the snapshot a
+// first, unmeasured start took); a failed run still reports the phases it
+// completed.
+func (b *benchRun) measureOurs(ctx context.Context, run int, system string) {
 	h := helperRun{
 		Binary: b.binary, Backend: b.backend, MemMiB: b.opts.MemMiB, Timeout: b.opts.Timeout,
-		Dir:      filepath.Join(b.work, fmt.Sprintf("ours-%d", run)),
-		Progress: func(step string) { b.status(run, SystemOurs, step) },
+		Dir:      filepath.Join(b.work, fmt.Sprintf("%s-%d", system, run)),
+		Progress: func(step string) { b.status(run, system, step) },
 	}
 	if b.backend == "kvm" {
 		h.Kernel = b.vmlinux
 	}
+	if system == SystemOursWarm {
+		h.SnapshotCache = filepath.Join(b.work, "snapshot-cache")
+		if run == 1 {
+			prime := h
+			prime.Dir += "-cold"
+			if _, err := prime.run(ctx); err != nil {
+				b.show.line("%s: the cold start that takes the snapshot failed: %v", system, err)
+			}
+		}
+	}
 	res, err := h.run(ctx)
-	b.results.AddRun(SystemOurs, res.Phases, res.Memory)
+	b.results.AddRun(system, res.Phases, res.Memory)
 	if err != nil {
-		b.results.AddFailure(SystemOurs, firstLine(err.Error()))
-		b.show.line("run %d %s failed: %v", run, SystemOurs, err)
+		b.results.AddFailure(system, firstLine(err.Error()))
+		b.show.line("run %d %s failed: %v", run, system, err)
 	}
 }
 

@@ -13,6 +13,7 @@ import (
 // System ids of the report.
 const (
 	SystemOurs      = "cowork-vmm"
+	SystemOursWarm  = "cowork-vmm-warm"
 	SystemQemuMicro = "qemu-microvm"
 	SystemQemuQ35   = "qemu-q35"
 	reportVersion   = 1
@@ -163,12 +164,16 @@ func (r *Results) Report(meta Report) Report {
 		}
 		rep.Systems = append(rep.Systems, sr)
 	}
+	var first string // our first system (cold): our others are compared to it too
 	for _, ours := range rep.Systems {
 		if ours.Peer {
 			continue
 		}
+		if first == "" {
+			first = ours.ID
+		}
 		for _, peer := range rep.Systems {
-			if !peer.Peer {
+			if !peer.Peer && (peer.ID != first || ours.ID == first) {
 				continue
 			}
 			for _, p := range Phases {
@@ -270,6 +275,10 @@ func WriteMarkdown(w io.Writer, rep Report) error {
 			header = append(header, o.ID+" / "+p.ID)
 		}
 	}
+	// Our other systems (the warm start) against our first (cold).
+	for _, o := range ours[min(1, len(ours)):] {
+		header = append(header, o.ID+" / "+ours[0].ID)
+	}
 	writeRow(&b, header)
 	sep := make([]string, len(header))
 	for i := range sep {
@@ -295,6 +304,9 @@ func WriteMarkdown(w io.Writer, rep Report) error {
 			for _, peer := range peers {
 				row = append(row, fmtRatio(rep.ratio(p.ID, o.ID, peer.ID)))
 			}
+		}
+		for _, o := range ours[min(1, len(ours)):] {
+			row = append(row, fmtRatio(rep.ratio(p.ID, o.ID, ours[0].ID)))
 		}
 		if any {
 			writeRow(&b, row)

@@ -203,3 +203,24 @@ func TestSVGWithoutData(t *testing.T) {
 	require.NoError(t, WriteSVG(&b, NewResults().Report(Report{})))
 	assert.Empty(t, svgBars(t, &b))
 }
+
+// A warm-start system is compared with the peers and with our cold start,
+// and the table has a column for that.
+func TestWarmStartIsComparedWithTheColdStart(t *testing.T) {
+	r := NewResults()
+	r.AddSystem(SystemOurs, "cold", false)
+	r.AddSystem(SystemOursWarm, "warm", false)
+	r.AddSystem(SystemQemuMicro, "qemu", true)
+	for i := range 3 {
+		r.AddRun(SystemOurs, map[string]time.Duration{"start_to_init": time.Duration(1000+i) * time.Millisecond}, nil)
+		r.AddRun(SystemOursWarm, map[string]time.Duration{"start_to_init": time.Duration(100+i) * time.Millisecond}, nil)
+		r.AddRun(SystemQemuMicro, map[string]time.Duration{"start_to_init": 2000 * time.Millisecond}, nil)
+	}
+	rep := r.Report(Report{Runs: 3, Backend: "kvm"})
+	assert.Contains(t, rep.Ratios, RatioReport{Phase: "start_to_init", System: SystemOursWarm, Peer: SystemOurs, Ratio: 0.101})
+	assert.Contains(t, rep.Ratios, RatioReport{Phase: "start_to_init", System: SystemOursWarm, Peer: SystemQemuMicro, Ratio: 0.051})
+	assert.NotContains(t, rep.Ratios, RatioReport{Phase: "start_to_init", System: SystemOurs, Peer: SystemOursWarm, Ratio: 10})
+	var md bytes.Buffer
+	require.NoError(t, WriteMarkdown(&md, rep))
+	assert.Contains(t, md.String(), SystemOursWarm+" / "+SystemOurs)
+}

@@ -134,7 +134,7 @@ func (a *agentConn) waitExit(id string) (string, protocol.Event) {
 // start-to-connected figure.
 func TestKVMBootAgentMountsAndShutdown(t *testing.T) {
 	bin := requireKVMBoot(t)
-	log := slog.New(slog.NewTextHandler(&testLogWriter{t: t}, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	log := slog.New(slog.NewTextHandler(&testLogWriter{t: t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	// The guest's console goes to the test log; COWORK_VMM_TEST_CMDLINE adds
 	// kernel parameters (e.g. loglevel=7 to see the boot).
 	opts := Options{Executable: bin, Logger: log, Console: &testLogWriter{t: t}, Cmdline: os.Getenv("COWORK_VMM_TEST_CMDLINE"),

@@ -14,6 +14,7 @@ import (
 	"runtime/debug"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/cowork-vmm/cowork-vmm/devices/platform"
 	"github.com/cowork-vmm/cowork-vmm/guest/kernel"
@@ -117,15 +118,17 @@ func (b *Backend) createWarm(cfg machine.Config, fsKind string, plan *snapshotPl
 	if plan == nil {
 		return nil
 	}
-	f, err := snapshot.Open(plan.path, plan.id)
+	began := time.Now()
+	f, err := snapshot.OpenVerified(plan.path, plan.id)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil
 	}
 	if err != nil {
 		b.log.Info("kvm backend: the snapshot does not fit this VM; booting cold and taking a new one", "reason", err)
-		_ = os.Remove(plan.path)
+		removeSnapshot(plan.path)
 		return nil
 	}
+	checked := time.Now()
 	con := newConsole(b.log, b.opts.Console)
 	cfg.Console, cfg.SnapshotPoint = con, platform.NewRestoredSnapshotPoint()
 	m, err := machine.Restore(cfg, f)
@@ -133,12 +136,13 @@ func (b *Backend) createWarm(cfg machine.Config, fsKind string, plan *snapshotPl
 		var g *guest
 		if g, err = b.attach(m, con, fsKind); err == nil {
 			g.restoreFrom, g.restored = f, true
+			b.log.Debug("VM restored", "check_snapshot", checked.Sub(began), "restore_and_devices", time.Since(checked))
 			return g
 		}
 	}
 	f.Close()
 	b.log.Warn("kvm backend: restoring the snapshot failed; booting cold", "snapshot", plan.path, "err", err)
-	_ = os.Remove(plan.path)
+	removeSnapshot(plan.path)
 	return nil
 }
 
@@ -159,6 +163,14 @@ func (p *snapshotPlan) take(log *slog.Logger, m *machine.Machine, point *platfor
 		return
 	}
 	log.Info("kvm backend: snapshot taken for warm starts", "path", p.path)
+	// Check it now, off the guest's path, so the first warm start need
+	// not (OpenVerified records the check).
+	if f, err := snapshot.OpenVerified(p.path, p.id); err != nil {
+		log.Warn("kvm backend: the snapshot just taken does not check out", "err", err)
+		removeSnapshot(p.path)
+	} else {
+		f.Close()
+	}
 }
 
 // write snapshots m into a temporary file renamed over plan's path (a
@@ -187,8 +199,14 @@ func (p *snapshotPlan) write(m *machine.Machine) error {
 	old, _ := filepath.Glob(filepath.Join(dir, "*.snap"))
 	for _, o := range old {
 		if o != p.path && strings.HasSuffix(o, ".snap") {
-			_ = os.Remove(o)
+			removeSnapshot(o)
 		}
 	}
 	return nil
+}
+
+// removeSnapshot removes a snapshot and what vmm/snapshot keeps beside it.
+func removeSnapshot(path string) {
+	_ = os.Remove(path)
+	_ = os.Remove(path + snapshot.VerifiedSuffix)
 }
