@@ -43,6 +43,7 @@ func Run(ctx context.Context, opts Options) Report {
 	kvmFacts := r.kvmChecks()
 	kernelOK := r.kernelCheck()
 	fileSharingOK := r.fileSharingCheck()
+	r.warmStartCheck()
 	serveOK := r.socketChecks()
 	usernsOK := r.userNSCheck()
 	r.diskCheck()

@@ -7,6 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -553,4 +555,26 @@ func TestFileSharing(t *testing.T) {
 	wantContains(t, "fix", c.Fix, "unset COWORK_VMM_FS")
 	wantStatus(t, r, CheckBootKVM, StatusSkip)
 	wantUsable(t, r, BackendProcess)
+}
+
+func TestWarmStart(t *testing.T) {
+	h := healthyHost()
+	cache := t.TempDir()
+	h.env["XDG_CACHE_HOME"] = cache
+	c := wantStatus(t, h.run(t, Options{}), CheckWarmStart, StatusOK)
+	wantContains(t, "detail", c.Detail, "on, no snapshot yet", filepath.Join(cache, "cowork-vmm", "snapshots"), "COWORK_VMM_SNAPSHOT=off")
+
+	dir := filepath.Join(cache, "cowork-vmm", "snapshots")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "abc.snap"), []byte("x"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c = wantStatus(t, h.run(t, Options{}), CheckWarmStart, StatusOK)
+	wantContains(t, "detail", c.Detail, "restores", "abc.snap")
+
+	h.env["COWORK_VMM_SNAPSHOT"] = "off"
+	c = wantStatus(t, h.run(t, Options{}), CheckWarmStart, StatusOK)
+	wantContains(t, "detail", c.Detail, "off: every start boots cold")
 }

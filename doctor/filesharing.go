@@ -1,6 +1,8 @@
 package doctor
 
 import (
+	"strings"
+
 	kvmbackend "github.com/cowork-vmm/cowork-vmm/helper/backend/kvm"
 	"github.com/cowork-vmm/cowork-vmm/protocol"
 )
@@ -26,4 +28,23 @@ func (r *runner) fileSharingCheck() bool {
 		c.Detail = "virtio-fs devices (the default; " + kvmbackend.FSEnv + "=" + kvmbackend.FileSharingNineP + " selects virtio-9p)"
 	}
 	return true
+}
+
+// warmStartCheck says whether the kvm backend starts VMs warm, from its
+// snapshot (COWORK_VMM_SNAPSHOT), and what snapshot it holds.
+func (r *runner) warmStartCheck() {
+	c := Check{ID: CheckWarmStart, Group: GroupCoworkVMM, Title: "Warm starts (kvm backend)", Status: StatusOK}
+	defer func() { r.add(c) }()
+	dir := kvmbackend.SnapshotDirFor(r.h.Getenv)
+	if dir == "" {
+		c.Detail = "off: every start boots cold (" + kvmbackend.SnapshotEnv + "=off, or no cache directory)"
+		return
+	}
+	snaps := kvmbackend.Snapshots(dir)
+	if len(snaps) == 0 {
+		c.Detail = "on, no snapshot yet in " + dir + ": the next start boots cold and takes one; " + kvmbackend.SnapshotEnv + "=off turns warm starts off"
+		return
+	}
+	c.Detail = "on: the next start of the same VM (this build, kernel, memory and vCPUs) restores " + strings.Join(snaps, ", ") +
+		"; remove it to boot cold once, or set " + kvmbackend.SnapshotEnv + "=off"
 }

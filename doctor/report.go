@@ -28,6 +28,7 @@ const (
 	CheckKVMLinux       = "kvm-linux-guests"
 	CheckKernel         = "guest-kernel"
 	CheckFileSharing    = "file-sharing"
+	CheckWarmStart      = "warm-start"
 	CheckRuntimeDir     = "runtime-dir"
 	CheckSocketPath     = "socket-path"
 	CheckUserNS         = "user-namespaces"

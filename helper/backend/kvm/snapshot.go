@@ -39,15 +39,29 @@ const SnapshotEnv = "COWORK_VMM_SNAPSHOT"
 // DefaultSnapshotDir is where the helper keeps its snapshot:
 // $XDG_CACHE_HOME/cowork-vmm/snapshots; "" when SnapshotEnv is "off" or
 // there is no cache directory.
-func DefaultSnapshotDir() string {
-	if os.Getenv(SnapshotEnv) == "off" {
+func DefaultSnapshotDir() string { return SnapshotDirFor(os.Getenv) }
+
+// SnapshotDirFor is DefaultSnapshotDir with the environment getenv reads
+// (doctor's view of the host).
+func SnapshotDirFor(getenv func(string) string) string {
+	if getenv(SnapshotEnv) == "off" {
 		return ""
 	}
-	base, err := os.UserCacheDir()
-	if err != nil {
-		return ""
+	base := getenv("XDG_CACHE_HOME")
+	if base == "" || !filepath.IsAbs(base) {
+		home := getenv("HOME")
+		if home == "" {
+			return ""
+		}
+		base = filepath.Join(home, ".cache")
 	}
 	return filepath.Join(base, "cowork-vmm", "snapshots")
+}
+
+// Snapshots lists the snapshots in dir (doctor shows them).
+func Snapshots(dir string) []string {
+	found, _ := filepath.Glob(filepath.Join(dir, "*.snap"))
+	return found
 }
 
 // snapshotPlan is where the snapshot of one VM identity lives.
