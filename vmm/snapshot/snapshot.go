@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"syscall"
 )
 
 // FormatVersion is the version of the layout this package writes; a file
@@ -141,11 +142,25 @@ type File struct {
 // (want), layout and checksum. The error wraps ErrMismatch for a sound
 // snapshot of another identity.
 func Open(path string, want Identity) (*File, error) {
+	return open(path, want, false)
+}
+
+// OpenVerified is Open that reads the whole file to check its checksum
+// only the first time: a file whose checksum matched is recorded in a
+// marker beside it (path + ".verified", naming the file's inode, size and
+// change time), and while the file is unchanged since, later opens trust
+// it. Any write to the file (or a replacement) changes what the marker
+// names, and the file is checked again.
+func OpenVerified(path string, want Identity) (*File, error) {
+	return open(path, want, true)
+}
+
+func open(path string, want Identity, trustMarker bool) (*File, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, err
 	}
-	sf, err := check(f, want)
+	sf, err := check(f, want, trustMarker, path+VerifiedSuffix)
 	if err != nil {
 		f.Close()
 		return nil, fmt.Errorf("snapshot %s: %w", path, err)
@@ -153,8 +168,13 @@ func Open(path string, want Identity) (*File, error) {
 	return sf, nil
 }
 
-// check reads and validates the whole of f.
-func check(f *os.File, want Identity) (*File, error) {
+// VerifiedSuffix names the marker OpenVerified keeps beside a snapshot
+// (remove it with the snapshot).
+const VerifiedSuffix = ".verified"
+
+// check reads and validates f; with trustMarker, the checksum pass is
+// skipped when marker names f as it is, and marker is written after one.
+func check(f *os.File, want Identity, trustMarker bool, marker string) (*File, error) {
 	st, err := f.Stat()
 	if err != nil {
 		return nil, err
@@ -167,14 +187,47 @@ func check(f *os.File, want Identity) (*File, error) {
 	if h.Identity != want { // before the checksum: no need to read it all
 		return nil, fmt.Errorf("%w: taken of %+v, this VM is %+v", ErrMismatch, h.Identity, want)
 	}
-	if err := verifyChecksum(f, size); err != nil {
-		return nil, err
+	stamp := fileStamp(st)
+	if !trustMarker || readMarker(marker) != stamp {
+		if err := verifyChecksum(f, size); err != nil {
+			return nil, err
+		}
+		if trustMarker {
+			writeMarker(marker, stamp)
+		}
 	}
 	sf := &File{f: f, Identity: h.Identity, sections: make(map[string]sectionInfo, len(h.Sections))}
 	for _, s := range h.Sections {
 		sf.sections[s.Name] = s
 	}
 	return sf, nil
+}
+
+// fileStamp names a file's version: device, inode, size, modification
+// and change times (the change time moves with any write or chmod).
+func fileStamp(st os.FileInfo) string {
+	stamp := fmt.Sprintf("size=%d mtime=%d", st.Size(), st.ModTime().UnixNano())
+	if sys, ok := st.Sys().(*syscall.Stat_t); ok {
+		stamp += fmt.Sprintf(" dev=%d ino=%d ctime=%d.%09d", sys.Dev, sys.Ino, sys.Ctim.Sec, sys.Ctim.Nsec)
+	}
+	return stamp
+}
+
+// readMarker returns the stamp a marker holds ("" when it cannot).
+func readMarker(path string) string {
+	b, err := os.ReadFile(path)
+	if err != nil || len(b) > 512 {
+		return ""
+	}
+	return string(b)
+}
+
+// writeMarker records stamp; a failure only costs a later check.
+func writeMarker(path, stamp string) {
+	tmp := path + ".tmp"
+	if os.WriteFile(tmp, []byte(stamp), 0o600) == nil {
+		_ = os.Rename(tmp, path)
+	}
 }
 
 // readHeader reads the preamble and header of a file of size bytes and

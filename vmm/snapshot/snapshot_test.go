@@ -167,3 +167,31 @@ func TestWriteWithoutSeekingChecksTheSame(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, f.Close())
 }
+
+// OpenVerified checks a file once and records it; a later write to the
+// file makes the next open check it again, and refuse it if damaged.
+func TestOpenVerifiedChecksAgainAfterAWrite(t *testing.T) {
+	path := writeFile(t, testID, []string{"vm", "memory"}, [][]byte{[]byte("state"), bytes.Repeat([]byte{3}, 10000)})
+	f, err := OpenVerified(path, testID)
+	require.NoError(t, err)
+	require.NoError(t, f.Close())
+	stamp, err := os.ReadFile(path + VerifiedSuffix)
+	require.NoError(t, err)
+	require.NotEmpty(t, stamp)
+	f, err = OpenVerified(path, testID)
+	require.NoError(t, err, "the recorded file opens again")
+	_, off, _ := f.Section("memory")
+	require.NoError(t, f.Close())
+
+	w, err := os.OpenFile(path, os.O_WRONLY, 0)
+	require.NoError(t, err)
+	_, err = w.WriteAt([]byte{4}, off+100)
+	require.NoError(t, err)
+	require.NoError(t, w.Close())
+	_, err = OpenVerified(path, testID)
+	require.ErrorContains(t, err, "damaged", "a write after the check is caught")
+
+	require.NoError(t, os.WriteFile(path+VerifiedSuffix, []byte("garbage"), 0o600))
+	_, err = OpenVerified(path, testID)
+	require.ErrorContains(t, err, "damaged", "a marker naming another file version is not trusted")
+}
