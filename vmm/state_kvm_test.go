@@ -45,23 +45,33 @@ func waitCounts(t *testing.T, p *guestPort, n int) {
 	}
 }
 
+// pausedCounter runs counterGuest in a VM of mem bytes until it has
+// written three counts, and pauses it.
+func pausedCounter(t *testing.T, mem uint64) *testVM {
+	t.Helper()
+	vm := newTestVM(t, 1, mem)
+	load(t, vm.Memory(), codeAddr, counterGuest)
+	realMode(t, vm.VCPU(0), codeAddr)
+	if err := vm.Start(); err != nil {
+		vm.Close()
+		t.Fatal(err)
+	}
+	waitCounts(t, vm.data, 3)
+	if err := vm.Pause(); err != nil {
+		vm.Close()
+		t.Fatal(err)
+	}
+	return vm
+}
+
 // A paused VM holds still, and goes on from the same count after Resume;
 // its state and memory, given to a fresh VM, make that VM go on from the
 // same count too: no count lost, none written twice (a vCPU paused right
 // after an exit must not be saved with that OUT half done).
 func TestKVMPauseSaveAndRestoreState(t *testing.T) {
 	const mem = 1 << 20
-	vm := newTestVM(t, 1, mem)
+	vm := pausedCounter(t, mem)
 	defer vm.Close()
-	load(t, vm.Memory(), codeAddr, counterGuest)
-	realMode(t, vm.VCPU(0), codeAddr)
-	if err := vm.Start(); err != nil {
-		t.Fatal(err)
-	}
-	waitCounts(t, vm.data, 3)
-	if err := vm.Pause(); err != nil {
-		t.Fatal(err)
-	}
 	n, last := lastCount(vm.data)
 	time.Sleep(20 * time.Millisecond)
 	if n2, _ := lastCount(vm.data); n2 != n {
@@ -108,17 +118,8 @@ func TestKVMPauseSaveAndRestoreState(t *testing.T) {
 // identity is refused.
 func TestKVMSnapshotFileRestores(t *testing.T) {
 	const mem = 2 << 20
-	vm := newTestVM(t, 1, mem)
+	vm := pausedCounter(t, mem)
 	defer vm.Close()
-	load(t, vm.Memory(), codeAddr, counterGuest)
-	realMode(t, vm.VCPU(0), codeAddr)
-	if err := vm.Start(); err != nil {
-		t.Fatal(err)
-	}
-	waitCounts(t, vm.data, 3)
-	if err := vm.Pause(); err != nil {
-		t.Fatal(err)
-	}
 	_, last := lastCount(vm.data)
 	id := snapshot.Identity{Build: "test", Kernel: "none", MemoryBytes: mem, CPUs: 1}
 	path := filepath.Join(t.TempDir(), "vm.snap")

@@ -524,51 +524,15 @@ func killPriv(fd int) error {
 	return errno(unix.Chmod(procPath(fd), st.Mode&0o7777&^kill))
 }
 
-// ReadAt implements p9.File.
+// ReadAt implements p9.File: ReadvAt over the one buffer.
 func (f *file) ReadAt(p []byte, offset int64) (int, error) {
-	if err := f.ex.enter(); err != nil {
-		return 0, err
-	}
-	defer f.ex.exit()
-	fd, err := f.openDescriptor()
-	if err != nil {
-		return 0, err
-	}
-	if offset < 0 {
-		return 0, linux.EINVAL
-	}
-	n, err := unix.Pread(fd, p, offset)
-	if n < 0 {
-		n = 0
-	}
-	return n, errno(err)
+	return f.ReadvAt([][]byte{p}, offset)
 }
 
-// WriteAt implements p9.File. A set-user-ID or set-group-ID bit of the
-// file is cleared first (killPriv).
+// WriteAt implements p9.File: WritevAt from the one buffer (a set-user-ID
+// or set-group-ID bit of the file is cleared first).
 func (f *file) WriteAt(p []byte, offset int64) (int, error) {
-	if err := f.ex.enter(); err != nil {
-		return 0, err
-	}
-	defer f.ex.exit()
-	if err := f.mutable(); err != nil {
-		return 0, err
-	}
-	fd, err := f.openDescriptor()
-	if err != nil {
-		return 0, err
-	}
-	if offset < 0 {
-		return 0, linux.EINVAL
-	}
-	if err := killPriv(fd); err != nil {
-		return 0, err
-	}
-	n, err := unix.Pwrite(fd, p, offset)
-	if n < 0 {
-		n = 0
-	}
-	return n, errno(err)
+	return f.WritevAt([][]byte{p}, offset)
 }
 
 // SetXattr implements p9.File: not supported.

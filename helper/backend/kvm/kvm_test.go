@@ -134,7 +134,7 @@ func (a *agentConn) waitExit(id string) (string, protocol.Event) {
 // start-to-connected figure.
 func TestKVMBootAgentMountsAndShutdown(t *testing.T) {
 	bin := requireKVMBoot(t)
-	log := slog.New(slog.NewTextHandler(&testLogWriter{t: t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	log := slog.New(slog.NewTextHandler(&testLogWriter{t: t}, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	// The guest's console goes to the test log; COWORK_VMM_TEST_CMDLINE adds
 	// kernel parameters (e.g. loglevel=7 to see the boot).
 	opts := Options{Executable: bin, Logger: log, Console: &testLogWriter{t: t}, Cmdline: os.Getenv("COWORK_VMM_TEST_CMDLINE"),
@@ -184,14 +184,7 @@ func TestKVMBootAgentMountsAndShutdown(t *testing.T) {
 			t.Errorf("round %d: restored from a snapshot %v, want %v", round, restored, round == 2)
 		}
 		exerciseGuest(t, g, a, kind)
-		if err := a.call(protocol.AgentMethodShutdown, protocol.ShutdownParams{GraceMillis: 1000}); err != nil {
-			t.Fatalf("shutdown: %v", err)
-		}
-		select {
-		case <-g.Done():
-		case <-time.After(time.Minute):
-			t.Fatal("the VM did not end after the agent's shutdown")
-		}
+		shutdownGuest(t, g, a)
 		if err := g.Err(); err != nil {
 			t.Errorf("round %d: the VM ended with %v, want a clean end", round, err)
 		}
@@ -214,11 +207,23 @@ func TestKVMBootAgentMountsAndShutdown(t *testing.T) {
 	}
 }
 
-// exerciseGuest sets the guest's root up over the file-sharing devices of
-// kind, a protocol.MountKind (the system directories on the cached system
-// device, as the helper does), and runs a shell that reads and writes a
-// shared directory, which stays uncached: a host edit is seen.
-func exerciseGuest(t *testing.T, g helper.Guest, a *agentConn, kind string) {
+// shutdownGuest has the agent shut the guest down and waits for its end.
+func shutdownGuest(t *testing.T, g helper.Guest, a *agentConn) {
+	t.Helper()
+	if err := a.call(protocol.AgentMethodShutdown, protocol.ShutdownParams{GraceMillis: 1000}); err != nil {
+		t.Fatalf("shutdown: %v", err)
+	}
+	select {
+	case <-g.Done():
+	case <-time.After(time.Minute):
+		t.Fatal("the VM did not end after the agent's shutdown")
+	}
+}
+
+// setupGuestRoot sets the guest's root up as the helper does: the system
+// directories on the cached system device, whose sources must be of kind
+// (a protocol.MountKind).
+func setupGuestRoot(t *testing.T, g helper.Guest, a *agentConn, kind string) {
 	t.Helper()
 	setup := protocol.SetupParams{Hostname: "cowork"}
 	sharer, ok := g.(helper.SystemSharer)
@@ -242,6 +247,15 @@ func exerciseGuest(t *testing.T, g helper.Guest, a *agentConn, kind string) {
 	if err := a.call(protocol.AgentMethodSetup, setup); err != nil {
 		t.Fatalf("setup: %v", err)
 	}
+}
+
+// exerciseGuest sets the guest's root up over the file-sharing devices of
+// kind, a protocol.MountKind (the system directories on the cached system
+// device, as the helper does), and runs a shell that reads and writes a
+// shared directory, which stays uncached: a host edit is seen.
+func exerciseGuest(t *testing.T, g helper.Guest, a *agentConn, kind string) {
+	t.Helper()
+	setupGuestRoot(t, g, a, kind)
 	host := t.TempDir()
 	if err := os.WriteFile(filepath.Join(host, "in.txt"), []byte("from the host\n"), 0o644); err != nil {
 		t.Fatal(err)

@@ -81,21 +81,7 @@ func runGuestScript(t *testing.T, b *Backend, script string) (string, bool) {
 	if hello := a.read(); hello.Kind != protocol.AgentKindHello {
 		t.Fatalf("first frame %+v: want the agent's hello", hello)
 	}
-	setup := protocol.SetupParams{Hostname: "cowork"}
-	for _, dir := range helper.DefaultSystemDirs {
-		if _, err := os.Stat(dir); err != nil {
-			continue
-		}
-		src, err := g.(helper.SystemSharer).ShareSystem(dir)
-		if err != nil {
-			t.Fatal(err)
-		}
-		setup.System = append(setup.System, protocol.Mount{Source: src, Target: dir, ReadOnly: true})
-	}
-	g.(helper.SetupAdjuster).AdjustSetup(&setup)
-	if err := a.call(protocol.AgentMethodSetup, setup); err != nil {
-		t.Fatalf("setup: %v", err)
-	}
+	setupGuestRoot(t, g, a, protocol.MountKindVirtioFS)
 	spawn := protocol.SpawnParams{ID: "p", Session: "t", Command: "/bin/sh", Args: []string{"-c", script}, Cwd: "/",
 		Env: []string{"PATH=/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin"}}
 	if err := a.call(protocol.AgentMethodSpawn, spawn); err != nil {
@@ -105,13 +91,6 @@ func runGuestScript(t *testing.T, b *Backend, script string) (string, bool) {
 	if exit.ExitCode == nil || *exit.ExitCode != 0 {
 		t.Errorf("shell exit %+v, output %q", exit, out)
 	}
-	if err := a.call(protocol.AgentMethodShutdown, protocol.ShutdownParams{GraceMillis: 1000}); err != nil {
-		t.Fatalf("shutdown: %v", err)
-	}
-	select {
-	case <-g.Done():
-	case <-time.After(time.Minute):
-		t.Fatal("the VM did not end after the agent's shutdown")
-	}
+	shutdownGuest(t, g, a)
 	return out, g.(*guest).restored
 }
