@@ -8,7 +8,8 @@
 //   - platform: the i8042 reset path and the boot timer port.
 //   - virtio: split virtqueues, descriptor chains, the Device interface and
 //     the virtio-mmio transport; virtio/virtiotest plays the guest in tests.
-//   - rng, vsock, p9: virtio devices built on package virtio.
+//   - rng, vsock, p9, virtiofs, blk: virtio devices built on package virtio
+//     (blk: the profile's writable root disk, a sparse raw image).
 //
 // A device is a bus device: it has Read(offset, data) and Write(offset, data)
 // methods with offsets relative to its base, called concurrently from

@@ -76,11 +76,8 @@ type Device struct {
 	fids  map[uint32]struct{}
 	msize uint32
 
+	worker  virtio.Worker
 	mu      sync.Mutex
-	wake    chan struct{}
-	stop    chan struct{}
-	done    chan struct{}
-	active  bool
 	cleanup chan struct{} // closed when the last reset's clunks are answered
 }
 
@@ -161,29 +158,12 @@ func (d *Device) Activate(_ virtio.GuestMemory, irq virtio.Interrupt, queues []*
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if d.active {
-		return errors.New("virtio-9p: activated twice without a reset")
-	}
-	d.wake = make(chan struct{}, 1)
-	d.stop = make(chan struct{})
-	d.done = make(chan struct{})
-	d.active = true
-	go d.serve(queues[0], irq, d.wake, d.stop, d.done, d.cleanup)
-	return nil
+	cleanup := d.cleanup
+	return d.worker.Start(func(wake, stop <-chan struct{}) { d.serve(queues[0], irq, wake, stop, cleanup) })
 }
 
 // Notify implements virtio.Device: it wakes the worker.
-func (d *Device) Notify(int) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if !d.active {
-		return
-	}
-	select {
-	case d.wake <- struct{}{}:
-	default:
-	}
-}
+func (d *Device) Notify(int) { d.worker.Wake() }
 
 // Reset implements virtio.Device. It stops the worker, disowns the
 // requests in flight (their replies are dropped, their chains never
@@ -194,12 +174,9 @@ func (d *Device) Notify(int) {
 func (d *Device) Reset() {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if !d.active {
+	if !d.worker.Stop() {
 		return
 	}
-	close(d.stop)
-	<-d.done
-	d.active = false
 	d.bridge.orphanAll()
 
 	d.fidMu.Lock()
@@ -235,8 +212,7 @@ func (d *Device) Close() {
 	<-cleanup
 }
 
-func (d *Device) serve(q *virtio.Queue, irq virtio.Interrupt, wake, stop, done, cleanup chan struct{}) {
-	defer close(done)
+func (d *Device) serve(q *virtio.Queue, irq virtio.Interrupt, wake, stop, cleanup <-chan struct{}) {
 	select {
 	case <-cleanup:
 	case <-stop:
@@ -256,7 +232,7 @@ func (d *Device) serve(q *virtio.Queue, irq virtio.Interrupt, wake, stop, done, 
 
 // drain serves every available chain; false means stop (queue broken or
 // reset).
-func (d *Device) drain(q *virtio.Queue, irq virtio.Interrupt, stop chan struct{}) bool {
+func (d *Device) drain(q *virtio.Queue, irq virtio.Interrupt, stop <-chan struct{}) bool {
 	for {
 		chain, err := q.Pop()
 		var chainErr *virtio.ChainError
@@ -323,7 +299,7 @@ type tmessage struct {
 func (m *tmessage) body() []byte { return m.msg[headerSize:] }
 
 // handle validates one chain's T-message and answers it or passes it on.
-func (d *Device) handle(q *virtio.Queue, irq virtio.Interrupt, chain *virtio.Chain, stop chan struct{}) bool {
+func (d *Device) handle(q *virtio.Queue, irq virtio.Interrupt, chain *virtio.Chain, stop <-chan struct{}) bool {
 	m, reply, ok := d.readMessage(chain)
 	// A large message is in a pooled buffer, which the bridge recycles
 	// once the server has read it; otherwise it goes back here.
@@ -448,7 +424,7 @@ func (d *Device) intercept(m *tmessage) (reply []byte, answered bool) {
 // forward passes m to the server under a bridge tag; the bridge completes
 // the chain with the reply. Once the server is dead, the chain is answered
 // with EIO instead.
-func (d *Device) forward(q *virtio.Queue, irq virtio.Interrupt, chain *virtio.Chain, m *tmessage, stop chan struct{}) bool {
+func (d *Device) forward(q *virtio.Queue, irq virtio.Interrupt, chain *virtio.Chain, m *tmessage, stop <-chan struct{}) bool {
 	var tag uint16
 	select {
 	case tag = <-d.bridge.freeTags:

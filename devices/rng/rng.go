@@ -5,7 +5,6 @@ import (
 	"errors"
 	"io"
 	"log/slog"
-	"sync"
 
 	"github.com/cowork-vmm/cowork-vmm/devices/virtio"
 	"github.com/cowork-vmm/cowork-vmm/internal/ratelog"
@@ -23,12 +22,7 @@ const QueueSize = 256
 type Device struct {
 	log    *ratelog.Logger // guest errors, rate-limited
 	source io.Reader
-
-	mu     sync.Mutex
-	wake   chan struct{}
-	stop   chan struct{}
-	done   chan struct{}
-	active bool
+	worker virtio.Worker
 }
 
 // New returns an inactive device that logs guest errors to logger (nil:
@@ -60,46 +54,16 @@ func (d *Device) Activate(mem virtio.GuestMemory, irq virtio.Interrupt, queues [
 	if len(queues) != 1 || queues[0] == nil {
 		return errors.New("virtio-rng: the driver did not enable the request queue")
 	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.active {
-		return errors.New("virtio-rng: activated twice without a reset")
-	}
-	d.wake = make(chan struct{}, 1)
-	d.stop = make(chan struct{})
-	d.done = make(chan struct{})
-	d.active = true
-	go d.serve(queues[0], irq, d.wake, d.stop, d.done)
-	return nil
+	return d.worker.Start(func(wake, stop <-chan struct{}) { d.serve(queues[0], irq, wake, stop) })
 }
 
 // Notify implements virtio.Device: it wakes the worker.
-func (d *Device) Notify(queue int) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if !d.active {
-		return
-	}
-	select {
-	case d.wake <- struct{}{}:
-	default:
-	}
-}
+func (d *Device) Notify(queue int) { d.worker.Wake() }
 
 // Reset implements virtio.Device: it stops the worker and waits for it.
-func (d *Device) Reset() {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if !d.active {
-		return
-	}
-	close(d.stop)
-	<-d.done
-	d.active = false
-}
+func (d *Device) Reset() { d.worker.Stop() }
 
-func (d *Device) serve(q *virtio.Queue, irq virtio.Interrupt, wake, stop, done chan struct{}) {
-	defer close(done)
+func (d *Device) serve(q *virtio.Queue, irq virtio.Interrupt, wake, stop <-chan struct{}) {
 	buf := make([]byte, 4096)
 	for {
 		if !d.drain(q, irq, buf) {
