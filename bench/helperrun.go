@@ -44,6 +44,10 @@ type helperRun struct {
 	MemMiB  int
 	Dir     string        // private work directory of this run
 	Timeout time.Duration // bound on the boot (startVM → connected)
+	// DataDir, when set, is the helper's XDG_DATA_HOME, shared by the runs
+	// of one system so that the profile's root disk is formatted once, at
+	// the first, as a user's is; empty: a fresh one below Dir.
+	DataDir string
 	// SnapshotCache, when set, is the helper's XDG_CACHE_HOME, where the
 	// kvm backend keeps the snapshot of its warm starts; empty: warm
 	// starts are off (COWORK_VMM_SNAPSHOT=off), every start is cold.
@@ -122,7 +126,10 @@ type helperProcess struct {
 // start makes the run's directories and starts the helper binary on a
 // socket of its own, its output going to helper.log in h.Dir.
 func (h helperRun) start() (*helperProcess, error) {
-	data := filepath.Join(h.Dir, "data")
+	data := h.DataDir
+	if data == "" {
+		data = filepath.Join(h.Dir, "data")
+	}
 	rt := filepath.Join(h.Dir, "rt")
 	for _, d := range []string{data, rt} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
@@ -406,4 +413,23 @@ func logTail(path string) string {
 		lines = lines[len(lines)-15:]
 	}
 	return "\nlast lines of " + path + ":\n  " + strings.Join(lines, "\n  ")
+}
+
+// setupBreakdownMsg is the helper's log record timing the guest's set-up
+// step by step (helper/lifecycle.go setUpRoot).
+const setupBreakdownMsg = `msg="guest root set up"`
+
+// setupBreakdown returns the attributes of the helper log's set-up record
+// (share=… setup=… agent.mount:/usr=… …), or "" when it has none.
+func setupBreakdown(path string) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return ""
+	}
+	for line := range strings.Lines(string(b)) {
+		if _, attrs, ok := strings.Cut(line, setupBreakdownMsg); ok {
+			return strings.TrimSpace(attrs)
+		}
+	}
+	return ""
 }

@@ -391,6 +391,7 @@ func (b *benchRun) measureOurs(ctx context.Context, run int, system string) {
 	h := helperRun{
 		Binary: b.binary, Backend: b.backend, MemMiB: b.opts.MemMiB, Timeout: b.opts.Timeout,
 		Dir:      filepath.Join(b.work, fmt.Sprintf("%s-%d", system, run)),
+		DataDir:  filepath.Join(b.work, system+"-data"),
 		Progress: func(step string) { b.status(run, system, step) },
 	}
 	if b.backend == "kvm" {
@@ -407,6 +408,9 @@ func (b *benchRun) measureOurs(ctx context.Context, run int, system string) {
 		}
 	}
 	res, err := h.run(ctx)
+	if steps := setupBreakdown(filepath.Join(h.Dir, "helper.log")); steps != "" {
+		b.show.line("run %d %s: guest set-up steps: %s", run, system, steps)
+	}
 	b.results.AddRun(system, res.Phases, res.Memory)
 	if err != nil {
 		b.results.AddFailure(system, firstLine(err.Error()))

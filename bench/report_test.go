@@ -49,7 +49,7 @@ func sampleResults() *Results {
 		d := time.Duration(i) * ms
 		r.AddRun(SystemOurs, map[string]time.Duration{
 			"helper_start": 20*ms + d, "vm_create": 30*ms + d, "vcpu_start": 2*ms + d, "kernel_boot": 100*ms + d,
-			"start_to_init": 132*ms + d, "start_reply": 35*ms + d, "agent_dial": 4*ms + d, "agent_setup": 6*ms + d, "agent_connect": 10*ms + d, "start_to_connected": 142*ms + d,
+			"start_to_init": 132*ms + d, "start_reply": 35*ms + d, "agent_dial": 4*ms + d, "agent_setup": 6*ms + d, "agent_hello": 1*ms + d, "guest_setup": 4*ms + d, "connected_poll": 1*ms + d, "agent_connect": 10*ms + d, "start_to_connected": 142*ms + d,
 			"spawn_exit": 3*ms + d, "echo_first_byte": 4*ms + d, "stop": 6*ms + d,
 		}, &Memory{RSSKiB: 30000 + int64(i), HWMKiB: 31000, GuestKiB: 20000, VMMKiB: 10000 + int64(i), Separated: true})
 		r.AddRun(SystemQemuMicro, map[string]time.Duration{"start_to_init": 264*ms + 2*d}, &Memory{RSSKiB: 60000, HWMKiB: 61000, GuestKiB: 20000, VMMKiB: 40000, Separated: true})

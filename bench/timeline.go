@@ -3,6 +3,7 @@ package bench
 import (
 	"time"
 
+	"github.com/cowork-vmm/cowork-vmm/helper"
 	"github.com/cowork-vmm/cowork-vmm/protocol"
 )
 
@@ -17,6 +18,8 @@ const (
 	MarkVCPUStarted = "vcpu_started" // step kernel_load completed: vCPUs run the kernel's first instruction
 	MarkInit        = "init"         // the boot timer fired: the guest's /init runs (step guest_boot completed)
 	MarkAgentDialed = "agent_dialed" // step agent_connect completed: the agent's vsock connection was accepted
+	MarkHello       = "hello"        // step agent_hello completed: the helper read the agent's hello
+	MarkRootSetUp   = "root_set_up"  // step guest_setup completed: the system directories are shared and mounted
 	MarkConnected   = "connected"    // isGuestConnected first answered true (hello and setup done)
 	MarkSpawnSent   = "spawn_sent"   // spawn /bin/true was sent
 	MarkExit        = "exit"         // its exit event arrived
@@ -35,12 +38,15 @@ const (
 	stepAgentDial  = "agent_connect"
 )
 
-// stepMarks maps a completed startup step to its mark.
+// stepMarks maps a completed startup step to its mark: the kvm backend's,
+// then the helper's own inside connect_agent.
 var stepMarks = map[string]string{
-	stepVMCreate:   MarkVMCreated,
-	stepKernelLoad: MarkVCPUStarted,
-	stepGuestBoot:  MarkInit,
-	stepAgentDial:  MarkAgentDialed,
+	stepVMCreate:          MarkVMCreated,
+	stepKernelLoad:        MarkVCPUStarted,
+	stepGuestBoot:         MarkInit,
+	stepAgentDial:         MarkAgentDialed,
+	helper.StepAgentHello: MarkHello,
+	helper.StepGuestSetup: MarkRootSetUp,
 }
 
 // Phase is a span between two marks.
@@ -65,6 +71,9 @@ var Phases = []Phase{
 	{ID: "start_reply", Label: "startVM → reply (launched)", From: MarkStartSent, To: MarkStartReply},
 	{ID: "agent_dial", Label: "/init → agent dialed over vsock", From: MarkInit, To: MarkAgentDialed},
 	{ID: "agent_setup", Label: "agent dialed → set up (hello, mounts)", From: MarkAgentDialed, To: MarkConnected},
+	{ID: "agent_hello", Label: "agent dialed → hello read", From: MarkAgentDialed, To: MarkHello},
+	{ID: "guest_setup", Label: "hello → root set up (share, mount)", From: MarkHello, To: MarkRootSetUp},
+	{ID: "connected_poll", Label: "root set up → isGuestConnected true", From: MarkRootSetUp, To: MarkConnected},
 	{ID: "agent_connect", Label: "/init → agent connected", From: MarkInit, To: MarkConnected},
 	{ID: "start_to_connected", Label: "startVM → agent connected (total)", From: MarkStartSent, To: MarkConnected},
 	{ID: "spawn_exit", Label: "spawn /bin/true → exit event", From: MarkSpawnSent, To: MarkExit},

@@ -1,12 +1,14 @@
 package bench
 
 import (
+	"os"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/cowork-vmm/cowork-vmm/helper"
 	"github.com/cowork-vmm/cowork-vmm/protocol"
 )
 
@@ -36,6 +38,8 @@ func TestTimelineFromEventStream(t *testing.T) {
 		{step(stepGuestBoot, protocol.StepCompleted), 999}, // a repeat does not move the mark
 		{step(stepAgentDial, protocol.StepStarted), 160},
 		{step(stepAgentDial, protocol.StepCompleted), 172},
+		{step(helper.StepAgentHello, protocol.StepCompleted), 173},
+		{step(helper.StepGuestSetup, protocol.StepCompleted), 179},
 		{protocol.Event{Type: protocol.EventExit, ID: "other"}, 170},
 		{protocol.Event{Type: protocol.EventExit, ID: trueID}, 205},
 		{protocol.Event{Type: protocol.EventStdout, ID: echoID, Data: ""}, 208},
@@ -62,6 +66,9 @@ func TestTimelineFromEventStream(t *testing.T) {
 		"start_reply":        32 * ms,
 		"agent_dial":         12 * ms,
 		"agent_setup":        8 * ms,
+		"agent_hello":        1 * ms,
+		"guest_setup":        6 * ms,
+		"connected_poll":     1 * ms,
 		"agent_connect":      20 * ms,
 		"start_to_connected": 150 * ms,
 		"spawn_exit":         5 * ms,
@@ -98,4 +105,15 @@ func TestPhasesAreWellFormed(t *testing.T) {
 		assert.NotEqual(t, p.From, p.To)
 	}
 	assert.True(t, seen["start_to_init"], "the phase qemu is compared on")
+}
+
+func TestSetupBreakdownFromTheHelperLog(t *testing.T) {
+	path := t.TempDir() + "/helper.log"
+	log := `time=x level=INFO msg="guest agent dialed"
+time=x level=INFO msg="guest root set up" share=120µs setup=80ms agent.mount:/usr=30ms
+time=x level=INFO msg="guest agent connected"
+`
+	require.NoError(t, os.WriteFile(path, []byte(log), 0o644))
+	assert.Equal(t, "share=120µs setup=80ms agent.mount:/usr=30ms", setupBreakdown(path))
+	assert.Empty(t, setupBreakdown(t.TempDir()+"/missing.log"))
 }

@@ -15,6 +15,11 @@ type GuestConfig struct {
 	// StepFunc reports boot progress as startupStep events (status "started"
 	// then "completed"); backends call it for their own phases. May be nil.
 	StepFunc func(step, status string)
+	// RootDisk is the profile's root disk image (rootdisk.go), which a VM
+	// attaches as a writable virtio-blk disk and the agent keeps the
+	// guest's changes to its root on; "" for none. Backends without
+	// disks ignore it.
+	RootDisk string
 }
 
 // Backend starts guests. The helper never knows whether a guest is a VM or a

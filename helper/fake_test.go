@@ -276,6 +276,7 @@ func (a *fakeAgent) handle(f protocol.AgentFrame) {
 		var p protocol.SetupParams
 		_ = json.Unmarshal(f.Params, &p)
 		a.setup = &p
+		reply.Result = json.RawMessage(`{"steps":[{"name":"mount:/usr","us":1}]}`)
 	case protocol.AgentMethodMount:
 		var p protocol.MountParams
 		_ = json.Unmarshal(f.Params, &p)

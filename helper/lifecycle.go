@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"os"
+	"path/filepath"
 	"slices"
 	"sort"
 	"strings"
@@ -21,6 +22,11 @@ import (
 const (
 	StepLaunchGuest  = "launch_guest"
 	StepConnectAgent = "connect_agent"
+	// Inside connect_agent: the agent's hello read, its root set up (the
+	// system directories shared and mounted), the SDK mounted.
+	StepAgentHello = "agent_hello"
+	StepGuestSetup = "guest_setup"
+	StepSDKMount   = "sdk_mount"
 )
 
 const (
@@ -126,7 +132,7 @@ func (s *Service) startVM(ctx context.Context, p protocol.StartVMParams) (empty,
 	inst.backend = backend
 	s.log.Info("starting guest", "backend", backend.Name(), "memoryMB", mem, "cpus", cpus)
 	s.step(StepLaunchGuest, protocol.StepStarted)
-	guest, err := backend.Start(vmCtx, GuestConfig{MemoryMiB: mem, CPUCount: cpus, StepFunc: s.step})
+	guest, err := backend.Start(vmCtx, GuestConfig{MemoryMiB: mem, CPUCount: cpus, StepFunc: s.step, RootDisk: s.rootDiskFor(backend)})
 	if err != nil {
 		s.step(StepLaunchGuest, protocol.StepFailed)
 		return fail(fmt.Errorf("starting the guest (%s backend): %w%s", backend.Name(), err, s.fallbackHint(err)))
@@ -237,20 +243,56 @@ func (inst *guestInstance) connect() error {
 	if err != nil {
 		return fmt.Errorf("waiting for the guest agent: %w", err)
 	}
+	s.step(StepAgentHello, protocol.StepStarted)
 	agent, err := dialAgent(inst.ctx, conn, s.log, func(ev protocol.Event) { s.onAgentEvent(inst, ev) })
 	if err != nil {
 		return err
 	}
+	s.step(StepAgentHello, protocol.StepCompleted)
 	inst.mu.Lock()
 	inst.agent = agent
 	inst.mu.Unlock()
 
+	s.step(StepGuestSetup, protocol.StepStarted)
+	if err := inst.setUpRoot(); err != nil {
+		return err
+	}
+	s.step(StepGuestSetup, protocol.StepCompleted)
+	s.mu.Lock()
+	sdk := s.sdk
+	s.mu.Unlock()
+	if sdk != nil {
+		s.step(StepSDKMount, protocol.StepStarted)
+		if err := inst.mountSDK(sdk); err != nil {
+			if _, statErr := os.Stat(sdk.file); statErr == nil {
+				return err
+			}
+			// Gone from the host since installSdk (the client replaced
+			// its version): boot without it until installSdk again.
+			s.log.Warn("the installed SDK is gone from the host; the guest starts without it", "path", sdk.file, "err", err)
+			s.forgetSDK(sdk)
+		}
+		s.step(StepSDKMount, protocol.StepCompleted)
+	}
+	inst.connected.Store(true)
+	return nil
+}
+
+// setUpRoot shares the system directories and has the agent mount them;
+// it logs how long each of the agent's steps took.
+func (inst *guestInstance) setUpRoot() error {
+	s := inst.s
+	began := time.Now()
 	setup := protocol.SetupParams{NewRoot: inst.backend.Name() == BackendProcess, Hostname: "cowork"}
 	shareSystem := func(dir string) (protocol.MountSource, error) { return inst.guest.Share(dir, true) }
 	if ss, ok := inst.guest.(SystemSharer); ok {
 		shareSystem = ss.ShareSystem
 	}
 	for _, dir := range s.opts.SystemDirs {
+		if link, ok := systemLink(dir, s.opts.SystemDirs); ok {
+			setup.System = append(setup.System, protocol.Mount{Source: protocol.MountSource{Kind: protocol.MountKindSymlink, Path: link}, Target: dir, ReadOnly: true})
+			continue
+		}
 		if _, err := os.Stat(dir); err != nil {
 			continue
 		}
@@ -263,25 +305,49 @@ func (inst *guestInstance) connect() error {
 	if a, ok := inst.guest.(SetupAdjuster); ok {
 		a.AdjustSetup(&setup)
 	}
-	if err := inst.call(protocol.AgentMethodSetup, setup, nil); err != nil {
+	shared := time.Now()
+	var result protocol.SetupResult
+	if err := inst.call(protocol.AgentMethodSetup, setup, &result); err != nil {
 		return fmt.Errorf("setting up the guest's root filesystem: %w", err)
 	}
-	s.mu.Lock()
-	sdk := s.sdk
-	s.mu.Unlock()
-	if sdk != nil {
-		if err := inst.mountSDK(sdk); err != nil {
-			if _, statErr := os.Stat(sdk.file); statErr == nil {
-				return err
-			}
-			// Gone from the host since installSdk (the client replaced
-			// its version): boot without it until installSdk again.
-			s.log.Warn("the installed SDK is gone from the host; the guest starts without it", "path", sdk.file, "err", err)
-			s.forgetSDK(sdk)
+	attrs := []any{"share", shared.Sub(began).Round(time.Microsecond), "setup", time.Since(shared).Round(time.Microsecond)}
+	for _, step := range result.Steps {
+		attrs = append(attrs, "agent."+step.Name, time.Duration(step.Micros)*time.Microsecond)
+	}
+	if result.RootDisk != "" {
+		attrs = append(attrs, "rootDisk", result.RootDisk)
+	}
+	s.log.Info("guest root set up", attrs...)
+	return nil
+}
+
+// systemLink returns the target of dir when dir is a symlink into another
+// of the system directories dirs, itself a real directory (merged /usr:
+// /bin -> usr/bin): the guest gets the same symlink, which costs nothing,
+// rather than the directory shared and mounted a second time.
+func systemLink(dir string, dirs []string) (string, bool) {
+	fi, err := os.Lstat(dir)
+	if err != nil || fi.Mode()&os.ModeSymlink == 0 {
+		return "", false
+	}
+	link, err := os.Readlink(dir)
+	if err != nil {
+		return "", false
+	}
+	resolved := link
+	if !filepath.IsAbs(link) {
+		resolved = filepath.Join(filepath.Dir(dir), link)
+	}
+	resolved = filepath.Clean(resolved)
+	for _, other := range dirs {
+		if other == dir || (resolved != other && !strings.HasPrefix(resolved, other+"/")) {
+			continue
+		}
+		if st, err := os.Lstat(other); err == nil && st.IsDir() {
+			return link, true
 		}
 	}
-	inst.connected.Store(true)
-	return nil
+	return "", false
 }
 
 // call sends one request to the agent with the ordinary timeout.

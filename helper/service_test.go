@@ -304,6 +304,8 @@ func TestStartVMEvents(t *testing.T) {
 	}
 	assert.Equal(t, []string{"started", "completed"}, steps[StepLaunchGuest])
 	assert.Equal(t, []string{"started", "completed"}, steps[StepConnectAgent])
+	assert.Equal(t, []string{"started", "completed"}, steps[StepAgentHello], "connect_agent's sub-steps are published")
+	assert.Equal(t, []string{"started", "completed"}, steps[StepGuestSetup])
 	assert.Equal(t, protocol.ReachabilityUnknown, reach, "no apiProbeURL: unknown")
 	assert.Equal(t, protocol.NetworkConnected, netStatus)
 

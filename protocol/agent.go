@@ -47,7 +47,7 @@ const (
 
 // Methods the helper calls on the agent.
 const (
-	AgentMethodSetup    = "setup"    // SetupParams → no result
+	AgentMethodSetup    = "setup"    // SetupParams → SetupResult
 	AgentMethodMount    = "mount"    // MountParams → no result
 	AgentMethodSpawn    = "spawn"    // SpawnParams → no result
 	AgentMethodStdin    = "stdin"    // StdinParams → no result
@@ -89,8 +89,8 @@ type MountSource struct {
 	// Kind is MountKindBind (Path is a path the agent can see: the process
 	// backend, where the agent runs on the host), MountKindVirtioFS (Tag
 	// and Aname select a virtio-fs export: the VM backend), MountKindNineP
-	// (the same over virtio-9p: the VM backend with COWORK_VMM_FS=9p) or
-	// MountKindTmpfs.
+	// (the same over virtio-9p: the VM backend with COWORK_VMM_FS=9p),
+	// MountKindTmpfs or MountKindSymlink (system mounts only).
 	Kind  string `json:"kind"`
 	Path  string `json:"path,omitempty"`
 	Tag   string `json:"tag,omitempty"`
@@ -118,6 +118,11 @@ const (
 	// the guest's FUSE driver with every reply).
 	MountKindVirtioFS = "virtiofs"
 	MountKindTmpfs    = "tmpfs"
+	// MountKindSymlink makes Target a symlink to Path instead of a mount:
+	// a system directory that is a symlink on the host into another one
+	// (merged /usr: /bin -> usr/bin) stays one, rather than the same
+	// directory being shared and mounted twice. Setup's system mounts only.
+	MountKindSymlink = "symlink"
 )
 
 // DefaultPath is the PATH a spawned process starts with when the client
@@ -154,6 +159,35 @@ type SetupParams struct {
 	// (a VM restored from a snapshot wakes at the snapshot's time). 0:
 	// leave the clock alone (the process backend shares the host's).
 	ClockUnixNano int64 `json:"clockUnixNano,omitempty"`
+	// RootDisk, when set, is a virtio-blk disk the guest keeps its changes
+	// to the root on (the VM): the agent formats it (ext4) when it holds
+	// no file system, mounts it out of sight, and lays a writable overlay
+	// over each system directory with its upper layer on the disk, so what
+	// sessions install there survives the VM.
+	RootDisk *RootDisk `json:"rootDisk,omitempty"`
+}
+
+// RootDisk names the guest's writable root disk.
+type RootDisk struct {
+	// Serial is the disk's virtio-blk serial, by which the agent finds it
+	// among the guest's disks.
+	Serial string `json:"serial"`
+}
+
+// SetupResult is the agent's answer to setup: how long each of its steps
+// took, in order, for the helper's log and the boot breakdown.
+type SetupResult struct {
+	Steps []TimedStep `json:"steps,omitempty"`
+	// RootDisk says what became of SetupParams.RootDisk: "" when none was
+	// asked for, otherwise what the agent did ("mounted", "formatted and
+	// mounted") or why the root stays read-only.
+	RootDisk string `json:"rootDisk,omitempty"`
+}
+
+// TimedStep is one step of the agent's work and its duration.
+type TimedStep struct {
+	Name   string `json:"name"`
+	Micros int64  `json:"us"`
 }
 
 // MountParams adds one mount (a session home, an additionalMounts entry, the SDK).

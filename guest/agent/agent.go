@@ -65,6 +65,10 @@ type Options struct {
 	// CgroupRoot is a cgroup2 mount below which each spawn gets a cgroup of
 	// its own, for its exit's oomKillCount (see cgroup.go); "" gives none.
 	CgroupRoot string
+	// cgroups, when set, are the spawn cgroups prepared ahead below
+	// CgroupRoot (VMMain starts them before the snapshot point, so that a
+	// restored guest finds them made).
+	cgroups *cgroups
 	// SessionsDir is where the session homes readFile reads in are
 	// (default /sessions; the agent's tests point it elsewhere).
 	SessionsDir string
@@ -88,6 +92,10 @@ type agent struct {
 
 	shutdownOnce sync.Once
 	shutdownDone chan struct{} // closed after a shutdown request is served
+
+	// helloTook is how long Run took to send its hello, reported as
+	// setup's first step.
+	helloTook time.Duration
 }
 
 // Run serves the agent channel on conn until the helper sends shutdown (Run
@@ -118,6 +126,7 @@ func Run(ctx context.Context, conn io.ReadWriteCloser, opts Options) error {
 			opts.Logger.Warn("cannot become child subreaper; orphans will not be reaped by the agent", "err", err)
 		}
 	}
+	began := time.Now()
 	a := &agent{
 		opts:         opts,
 		log:          opts.Logger,
@@ -129,7 +138,10 @@ func Run(ctx context.Context, conn io.ReadWriteCloser, opts Options) error {
 	defer a.mnt.close()
 	a.requests = newGuestRequests(a)
 	defer a.requests.closeAll()
-	a.cgroups = newCgroups(a.log, opts.CgroupRoot)
+	a.cgroups = opts.cgroups
+	if a.cgroups == nil {
+		a.cgroups = newCgroups(a.log, opts.CgroupRoot)
+	}
 
 	stopReaper := a.procs.startReaper()
 	defer stopReaper()
@@ -149,6 +161,7 @@ func Run(ctx context.Context, conn io.ReadWriteCloser, opts Options) error {
 		a.procs.terminateAll(opts.ShutdownGrace)
 		return fmt.Errorf("agent: sending hello: %w", err)
 	}
+	a.helloTook = time.Since(began)
 	a.log.Info("agent connected to the helper", "pid", os.Getpid())
 
 	readErr := a.serve(ctx)
@@ -250,6 +263,9 @@ func (a *agent) handleShutdown(f protocol.AgentFrame) bool {
 	}
 	a.log.Info("shutting down: ending every process", "grace", grace)
 	a.procs.terminateAll(grace)
+	if err := a.mnt.syncRootDisk(); err != nil {
+		a.log.Warn("shutting down: the root disk's last writes may be lost", "err", err)
+	}
 	a.reply(f.ID, nil, nil)
 	a.shutdownOnce.Do(func() { close(a.shutdownDone) })
 	return true
@@ -265,7 +281,7 @@ func (a *agent) handle(method string, raw json.RawMessage) (any, error) {
 		if err := decodeParams(raw, &p); err != nil {
 			return nil, err
 		}
-		return nil, a.setup(p)
+		return a.setup(p)
 	case protocol.AgentMethodMount:
 		var p protocol.MountParams
 		if err := decodeParams(raw, &p); err != nil {
@@ -319,19 +335,33 @@ func (a *agent) handle(method string, raw json.RawMessage) (any, error) {
 
 // setup lays out the root filesystem, sets the hostname and steps the
 // wall clock to the helper's.
-func (a *agent) setup(p protocol.SetupParams) error {
-	if err := a.mnt.setup(p); err != nil {
-		return err
+func (a *agent) setup(p protocol.SetupParams) (*protocol.SetupResult, error) {
+	timer := newStepTimer()
+	timer.steps = append(timer.steps, protocol.TimedStep{Name: "hello", Micros: a.helloTook.Microseconds()})
+	if err := a.mnt.setup(p, timer); err != nil {
+		return nil, err
 	}
 	if p.ClockUnixNano != 0 {
 		a.stepClock(time.Unix(0, p.ClockUnixNano))
+		timer.done("clock")
 	}
 	if p.Hostname != "" {
 		if err := unix.Sethostname([]byte(p.Hostname)); err != nil {
-			return fmt.Errorf("setting the guest hostname to %q: %w", p.Hostname, err)
+			return nil, fmt.Errorf("setting the guest hostname to %q: %w", p.Hostname, err)
 		}
 	}
-	return nil
+	result := &protocol.SetupResult{}
+	if p.RootDisk != nil {
+		did, err := a.setUpRootDisk(*p.RootDisk)
+		if err != nil {
+			a.log.Warn("the guest's root stays read-only", "err", err)
+			did = "none: " + err.Error()
+		}
+		result.RootDisk = did
+		timer.done("root_disk")
+	}
+	result.Steps = timer.steps
+	return result, nil
 }
 
 func decodeParams(raw json.RawMessage, v any) error {

@@ -56,7 +56,10 @@ const (
 
 // cgroups hands out spawn cgroups; the zero value (and nil) gives none.
 type cgroups struct {
-	log    *slog.Logger
+	log *slog.Logger
+	// ready, when not nil, is closed once parent is set: the parent is
+	// prepared in the background (newCgroups).
+	ready  chan struct{}
 	parent string // <root>/cowork; "" when unavailable
 	next   atomic.Uint64
 
@@ -64,21 +67,39 @@ type cgroups struct {
 	lingering []string // exited spawns' cgroups that still held processes
 }
 
-// newCgroups prepares the spawns' parent cgroup below root (a cgroup2
-// mount); without cgroup v2 and the memory controller there, it logs why
-// and gives no cgroups.
+// newCgroups starts preparing the spawns' parent cgroup below root (a
+// cgroup2 mount) in the background — enabling the memory controller takes
+// the guest tens of milliseconds, which the agent spends dialing and
+// setting up meanwhile; the first spawn waits for it. Without cgroup v2
+// and the memory controller there, it logs why and gives no cgroups.
 func newCgroups(log *slog.Logger, root string) *cgroups {
 	c := &cgroups{log: log}
 	if root == "" {
 		return c
 	}
-	parent, err := setupCgroupParent(root, readMemTotal())
-	if err != nil {
-		log.Warn("spawns get no cgroup of their own; exits carry no oomKillCount", "err", err)
-		return c
-	}
-	c.parent = parent
+	c.ready = make(chan struct{})
+	go func() {
+		defer close(c.ready)
+		parent, err := setupCgroupParent(root, readMemTotal())
+		if err != nil {
+			log.Warn("spawns get no cgroup of their own; exits carry no oomKillCount", "err", err)
+			return
+		}
+		c.parent = parent
+	}()
 	return c
+}
+
+// parentDir waits until the parent cgroup is prepared and returns it
+// ("" when spawns get no cgroup).
+func (c *cgroups) parentDir() string {
+	if c == nil {
+		return ""
+	}
+	if c.ready != nil {
+		<-c.ready
+	}
+	return c.parent
 }
 
 // setupCgroupParent enables the memory controller below root, makes the
@@ -162,11 +183,12 @@ type spawnCgroup struct {
 // create makes the next spawn's cgroup; nil (no error) when spawns get
 // none.
 func (c *cgroups) create() (*spawnCgroup, error) {
-	if c == nil || c.parent == "" {
+	parent := c.parentDir()
+	if parent == "" {
 		return nil, nil
 	}
 	c.retryLingering()
-	dir := filepath.Join(c.parent, strconv.FormatUint(c.next.Add(1), 10))
+	dir := filepath.Join(parent, strconv.FormatUint(c.next.Add(1), 10))
 	if err := os.Mkdir(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("creating the process's cgroup: %w", err)
 	}

@@ -49,17 +49,24 @@ func fakeCgroupRoot(t *testing.T, controllers string) string {
 	return root
 }
 
+// fakeCgroupParent makes the spawns' parent below a fake root with the
+// files the kernel would give it.
+func fakeCgroupParent(t *testing.T, root string) string {
+	t.Helper()
+	parent := filepath.Join(root, spawnCgroupParent)
+	require.NoError(t, os.Mkdir(parent, 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(parent, "cgroup.subtree_control"), nil, 0o644))
+	require.NoError(t, os.WriteFile(filepath.Join(parent, "memory.max"), nil, 0o644))
+	return parent
+}
+
 // TestCgroupLayout: the spawns' parent enables the memory controller and
 // has the memory limit; each spawn gets the next cgroup below it, whose
 // oom_kill count is read at the exit; a cgroup that still holds processes
 // at its release is removed at a later spawn.
 func TestCgroupLayout(t *testing.T) {
 	root := fakeCgroupRoot(t, "cpuset cpu io memory pids\n")
-	// The kernel makes a cgroup's files; a fake parent needs its own.
-	parent := filepath.Join(root, spawnCgroupParent)
-	require.NoError(t, os.Mkdir(parent, 0o755))
-	require.NoError(t, os.WriteFile(filepath.Join(parent, "cgroup.subtree_control"), nil, 0o644))
-	require.NoError(t, os.WriteFile(filepath.Join(parent, "memory.max"), nil, 0o644))
+	parent := fakeCgroupParent(t, root)
 	got, err := setupCgroupParent(root, 1<<30)
 	require.NoError(t, err)
 	assert.Equal(t, parent, got)
@@ -109,4 +116,17 @@ func TestNoCgroups(t *testing.T) {
 	g, err := none.create()
 	require.NoError(t, err)
 	assert.Nil(t, g)
+}
+
+// TestCgroupsPreparedInTheBackground: newCgroups returns before the parent
+// is made, and the first spawn's cgroup waits for it and lands below it.
+func TestCgroupsPreparedInTheBackground(t *testing.T) {
+	root := fakeCgroupRoot(t, "memory\n")
+	parent := fakeCgroupParent(t, root)
+	c := newCgroups(slog.New(slog.DiscardHandler), root)
+	g, err := c.create()
+	require.NoError(t, err)
+	require.NotNil(t, g, "the first spawn waited for the parent")
+	assert.Equal(t, filepath.Join(parent, "1"), g.dir)
+	c.release(g)
 }

@@ -64,6 +64,14 @@ package agent
 //     nested user namespace (bubblewrap's sandbox) write the session, which
 //     with this design see the session's files as "other" (as root's
 //     bubblewrap children already did when H is not 0).
+//   - The writable root (rootdisk.go): with a root disk the system
+//     directories are overlays a session may change (pip, npm -g, /opt), so
+//     the spawn's user namespace also maps root's ids, dormant like the
+//     owners': its capabilities then reach the root-owned files of the
+//     overlays (what it creates there is its uid's). Changes to the shared
+//     root are seen by every session of the profile: that is what the disk
+//     is for. Still not root: no setuid, nothing of the agent in reach, and
+//     a program that insists on uid 0 (apt-get, dpkg) refuses.
 //   - Egress: unchanged, a network namespace of its own with only loopback
 //     and its proxy in it; the proxy, in the agent, holds the spawn's egress
 //     token, which never enters the spawn's environment or files.

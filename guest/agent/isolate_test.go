@@ -204,6 +204,14 @@ func TestChildAgentIsolatesSessions(t *testing.T) {
 	p = c.waitExit("again")
 	assert.Equal(t, strconv.Itoa(uid)+"\n", p.stdout.String())
 
+	// A system directory that is a symlink on the host is one in the
+	// spawn's root too (setup's symlink mounts, copied into each root).
+	if link, err := os.Readlink("/bin"); err == nil {
+		spawnIn("binlink", "a", "/usr/bin/readlink", "/bin")
+		p = c.waitExit("binlink")
+		assert.Equal(t, link+"\n", p.stdout.String(), p.stderr.String())
+	}
+
 	require.NoError(t, c.call(protocol.AgentMethodKill, protocol.KillParams{ID: "victim", Signal: "SIGKILL"}, nil))
 	c.waitExit("victim")
 	assert.True(t, slices.Contains([]string{"ENOENT", "EACCES", "EPERM"}, r["agentMem"].(string)), "agentMem %v", r["agentMem"])
@@ -215,7 +223,9 @@ func (c *testClient) setupHostSystem() {
 	c.t.Helper()
 	var system []protocol.Mount
 	for _, d := range []string{"/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/etc"} {
-		if _, err := os.Lstat(d); err == nil {
+		if link, err := os.Readlink(d); err == nil { // merged /usr: the helper sends a symlink
+			system = append(system, protocol.Mount{Source: protocol.MountSource{Kind: protocol.MountKindSymlink, Path: link}, Target: d, ReadOnly: true})
+		} else if _, err := os.Lstat(d); err == nil {
 			system = append(system, protocol.Mount{Source: protocol.MountSource{Kind: protocol.MountKindBind, Path: d}, Target: d, ReadOnly: true})
 		}
 	}

@@ -101,6 +101,10 @@ func VMMain() {
 	notDumpable(log)
 	stop := absorbSignals(log)
 	defer stop()
+	// The spawns' cgroups are made before the snapshot point, so that a
+	// guest restored from the snapshot finds them made.
+	cgroups := newCgroups(log, vmCgroupRoot)
+	cgroups.parentDir()
 	if atSnapshotPoint(log) {
 		afterRestore(log)
 	}
@@ -108,7 +112,7 @@ func VMMain() {
 	if err != nil {
 		log.Error("agent: cannot reach the helper over vsock; powering off", "err", err)
 	} else {
-		err = Run(context.Background(), conn, Options{Logger: log, Egress: proxy.VSockDialer{}, IsolateSessions: true, CgroupRoot: vmCgroupRoot})
+		err = Run(context.Background(), conn, Options{Logger: log, Egress: proxy.VSockDialer{}, IsolateSessions: true, CgroupRoot: vmCgroupRoot, cgroups: cgroups})
 		if !errors.Is(err, ErrShutdown) {
 			log.Error("agent ended", "err", err)
 		}

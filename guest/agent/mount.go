@@ -129,6 +129,11 @@ type mounter struct {
 	mounts   map[string]protocol.Mount // by target
 	system   []string                  // the system mounts' targets, after setup
 	setupRan bool
+	// overlaid: the system mounts are overlays onto the root disk
+	// (rootdisk.go), which isolated spawns may write: their user
+	// namespaces map root's ids, so that their capabilities reach the
+	// root-owned files there.
+	overlaid bool
 	// isolate: spawns get their session's view only (Options.IsolateSessions;
 	// see isolate.go). Fixed at creation.
 	isolate bool
@@ -287,6 +292,7 @@ func (m *mounter) spawnView(session string) (binds []string, owners []owner, err
 	for target := range m.mounts {
 		mounted = append(mounted, target)
 	}
+	overlaid := m.overlaid
 	m.mu.Unlock()
 	binds = planRoot(system, mounted, session)
 	var own []string
@@ -299,6 +305,9 @@ func (m *mounter) spawnView(session string) (binds []string, owners []owner, err
 		if !underSystem && slices.ContainsFunc(binds, func(b string) bool { return beneath(t, b) }) {
 			own = append(own, t)
 		}
+	}
+	if overlaid {
+		owners = append(owners, owner{0, 0}) // first: never left unmapped
 	}
 	for _, p := range own {
 		st, err := statTarget(p) // no symlink followed: the session may have planted one
@@ -318,6 +327,9 @@ func (m *mounter) spawnView(session string) (binds []string, owners []owner, err
 func (m *mounter) mount(mt protocol.Mount) error {
 	if err := validateMount(mt); err != nil {
 		return err
+	}
+	if mt.Source.Kind == protocol.MountKindSymlink {
+		return errors.New("a symlink is made only among setup's system mounts")
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -386,6 +398,8 @@ func (m *mounter) mountAt(mt protocol.Mount, root int, target string) error {
 		}
 		defer dst.close()
 		return mountTmpfs(dst, mt.ReadOnly)
+	case protocol.MountKindSymlink:
+		return makeSymlink(root, target, mt.Source.Path)
 	case protocol.MountKindBind:
 		fd, err := m.resolveSource(mt.Source.Path)
 		if err != nil {
@@ -408,6 +422,23 @@ func (m *mounter) mountAt(mt protocol.Mount, root int, target string) error {
 	}
 	defer dst.close()
 	return bindFrom(src, dst, mt.ReadOnly, name)
+}
+
+// maxLinkTarget bounds a symlink mount's target (PATH_MAX less its NUL).
+const maxLinkTarget = unix.PathMax - 1
+
+// makeSymlink makes target (beneath root, its parent directories made as
+// needed) a symlink to link.
+func makeSymlink(root int, target, link string) error {
+	dir, err := walkDir(root, path.Dir(target), 0o755)
+	if err != nil {
+		return err
+	}
+	defer dir.close()
+	if err := unix.Symlinkat(link, dir.fd, path.Base(target)); err != nil {
+		return fmt.Errorf("making %s a symlink to %s: %w", target, link, err)
+	}
+	return nil
 }
 
 // mountFile binds the single file Source/SourceFile onto target (beneath
@@ -731,8 +762,12 @@ func validateMount(mt protocol.Mount) error {
 		if mt.SourceFile != "" {
 			return errors.New("a tmpfs mount cannot be a single-file mount")
 		}
+	case protocol.MountKindSymlink:
+		if mt.SourceFile != "" || mt.Source.Path == "" || len(mt.Source.Path) > maxLinkTarget || strings.ContainsRune(mt.Source.Path, 0) {
+			return fmt.Errorf("a symlink at %s needs a target of 1 to %d bytes without NUL and no sourceFile", mt.Target, maxLinkTarget)
+		}
 	default:
-		return fmt.Errorf("unknown mount kind %q (want bind, virtiofs, 9p or tmpfs)", mt.Source.Kind)
+		return fmt.Errorf("unknown mount kind %q (want bind, virtiofs, 9p, tmpfs or symlink)", mt.Source.Kind)
 	}
 	return nil
 }

@@ -165,7 +165,7 @@ func TestSetupRefusesMixedCacheModesOnOneTag(t *testing.T) {
 		return protocol.Mount{Source: protocol.MountSource{Kind: "9p", Tag: tag, Aname: "e" + filepath.Base(target), Cache: cache}, Target: target, ReadOnly: true}
 	}
 	mixed := []protocol.Mount{sys("/usr", "cowork-sys", protocol.NinePCacheLoose), sys("/etc", "cowork-sys", protocol.NinePCacheNone)}
-	err := m.setup(protocol.SetupParams{System: mixed})
+	err := m.setup(protocol.SetupParams{System: mixed}, nil)
 	if err == nil || !strings.Contains(err.Error(), "/etc") || !strings.Contains(err.Error(), "cache mode") {
 		t.Fatalf("setup error %v, want the /etc mount's cache mode conflict", err)
 	}

@@ -18,7 +18,7 @@ import (
 var devNodes = []string{"null", "zero", "full", "random", "urandom", "tty"}
 
 // setup lays out the guest root once. See the mounter comment for the design.
-func (m *mounter) setup(p protocol.SetupParams) error {
+func (m *mounter) setup(p protocol.SetupParams, timer *stepTimer) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.setupRan {
@@ -35,8 +35,9 @@ func (m *mounter) setup(p protocol.SetupParams) error {
 	var err error
 	if p.NewRoot {
 		err = m.setupNewRoot(p.System)
+		timer.done("new_root")
 	} else {
-		err = m.setupInPlace(p.System)
+		err = m.setupInPlace(p.System, timer)
 	}
 	if err != nil {
 		return err
@@ -49,6 +50,7 @@ func (m *mounter) setup(p protocol.SetupParams) error {
 	} else {
 		m.system = append(m.system, protocol.GuestToolPath)
 	}
+	timer.done("bind_tool")
 	m.setupRan = true
 	return nil
 }
@@ -78,7 +80,7 @@ func bindTool() error {
 // whose copies are its slaves; and the staging directory gets a private
 // tmpfs, so that what is mounted there (the roots of the file-sharing
 // devices, with every export) is not shared with anything.
-func (m *mounter) setupInPlace(system []protocol.Mount) error {
+func (m *mounter) setupInPlace(system []protocol.Mount, timer *stepTimer) error {
 	if m.isolate {
 		if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_SHARED, ""); err != nil {
 			return fmt.Errorf("sharing the guest root's mounts: %w", err)
@@ -92,13 +94,17 @@ func (m *mounter) setupInPlace(system []protocol.Mount) error {
 		if err := unix.Mount("", stagingDir, "", unix.MS_PRIVATE, ""); err != nil {
 			return fmt.Errorf("making the agent's staging directory private: %w", err)
 		}
+		timer.done("shared_root")
 	}
 	return withRoot(func(root int) error {
 		for _, mt := range system {
 			if err := m.mountAt(mt, root, mt.Target); err != nil {
 				return fmt.Errorf("system mount %s: %w", mt.Target, err)
 			}
-			m.mounts[mt.Target] = mt
+			if mt.Source.Kind != protocol.MountKindSymlink {
+				m.mounts[mt.Target] = mt
+			}
+			timer.done("mount:" + mt.Target)
 		}
 		sessions, err := walkDir(root, sessionsDir, 0o755)
 		if err != nil {

@@ -157,7 +157,7 @@ func (b *Backend) Start(ctx context.Context, cfg helper.GuestConfig) (helper.Gue
 		return nil, err
 	}
 	step(StepCreateVM, protocol.StepStarted)
-	g, err := b.create(memMiB, cpus, fsKind)
+	g, err := b.create(memMiB, cpus, devices{fsKind: fsKind, rootDisk: cfg.RootDisk})
 	if err != nil {
 		step(StepCreateVM, protocol.StepFailed)
 		return nil, err
@@ -200,7 +200,7 @@ func (b *Backend) preflight() error {
 // snapshot when it has a sound one for this VM (warm), else with the
 // initramfs built to boot cold, taking the snapshot on the way when
 // snapshots are on.
-func (b *Backend) create(memMiB, cpus int, fsKind string) (*guest, error) {
+func (b *Backend) create(memMiB, cpus int, devs devices) (*guest, error) {
 	exe := b.opts.Executable
 	if exe == "" {
 		var err error
@@ -223,8 +223,8 @@ func (b *Backend) create(memMiB, cpus int, fsKind string) (*guest, error) {
 		// preflight probed this host already.
 		SkipBootProbe: true,
 	}
-	snap := b.snapshotPlan(exe, k, cfg, fsKind)
-	if g := b.createWarm(cfg, fsKind, snap); g != nil {
+	snap := b.snapshotPlan(exe, k, cfg, devs)
+	if g := b.createWarm(cfg, devs, snap); g != nil {
 		g.kernelFrom = k.From + ", restored from the snapshot " + snap.path
 		return g, nil
 	}
@@ -243,7 +243,7 @@ func (b *Backend) create(memMiB, cpus int, fsKind string) (*guest, error) {
 		return nil, machineError(err)
 	}
 	made := time.Now()
-	g, err := b.attach(m, con, fsKind)
+	g, err := b.attach(m, con, devs)
 	if err != nil {
 		return nil, err
 	}
@@ -272,11 +272,19 @@ func (b *Backend) initramfs(exe string) (loader.InitrdSource, error) {
 	return src, nil
 }
 
+// devices are what a VM has attached besides its fixed set: the kind of
+// its file-sharing devices and its root disk ("" for none). A snapshot is
+// of one such set (snapshotIdentity).
+type devices struct {
+	fsKind   string
+	rootDisk string
+}
+
 // attach gives the new machine m its guest and devices.
-func (b *Backend) attach(m *machine.Machine, con *console, fsKind string) (*guest, error) {
-	g := newGuestState(con, b.log, fsKind)
+func (b *Backend) attach(m *machine.Machine, con *console, devs devices) (*guest, error) {
+	g := newGuestState(con, b.log, devs.fsKind)
 	g.bootTimeout = b.opts.BootTimeout
-	if err := g.attachDevices(m); err != nil {
+	if err := g.attachDevices(m, devs.rootDisk); err != nil {
 		_ = g.Stop(context.Background())
 		return nil, fmt.Errorf("kvm backend: %w", err)
 	}

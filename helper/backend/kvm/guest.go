@@ -13,6 +13,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/cowork-vmm/cowork-vmm/devices/blk"
 	"github.com/cowork-vmm/cowork-vmm/devices/rng"
 	"github.com/cowork-vmm/cowork-vmm/devices/vsock"
 	"github.com/cowork-vmm/cowork-vmm/helper"
@@ -44,6 +45,8 @@ type guest struct {
 	// sysFiles serves the read-only system directories on a device of
 	// their own (SystemMountTag), which the guest caches.
 	sysFiles *shareDevice
+	// disk is the profile's root disk (nil: none; rootdisk.go).
+	disk *rootDisk
 
 	// restoreFrom is the snapshot a restored machine starts from (closed
 	// once started); nil for a cold boot.
@@ -86,8 +89,9 @@ func newGuestState(con *console, log *slog.Logger, fsKind string) *guest {
 // attachDevices attaches virtio-vsock (listening on the agent's port), two
 // file-sharing devices of kind g.fsKind, virtio-fs or virtio-9p (MountTag
 // serving the exports Share registers, SystemMountTag those ShareSystem
-// registers, cached) and virtio-rng to m.
-func (g *guest) attachDevices(m *machine.Machine) (err error) {
+// registers, cached), virtio-rng and, when rootDisk names one, the root
+// disk (virtio-blk) to m.
+func (g *guest) attachDevices(m *machine.Machine, rootDisk string) (err error) {
 	g.m = m
 	vs, err := vsock.New(vsock.Config{GuestCID: GuestCID, Logger: g.log})
 	if err != nil {
@@ -110,6 +114,9 @@ func (g *guest) attachDevices(m *machine.Machine) (err error) {
 	}
 	if _, err := m.AddVirtioMMIO(rng.New(g.log)); err != nil {
 		return fmt.Errorf("attaching the rng device: %w", err)
+	}
+	if rootDisk != "" {
+		return g.attachRootDisk(m, rootDisk)
 	}
 	return nil
 }
@@ -135,7 +142,13 @@ func (g *guest) start() error {
 		return g.m.Start()
 	}
 	defer g.restoreFrom.Close()
-	return g.m.StartRestored()
+	if err := g.m.StartRestored(); err != nil {
+		return err
+	}
+	if g.disk != nil {
+		g.disk.dev.SignalResized() // the snapshot's guest saw the disk's old size
+	}
+	return nil
 }
 
 // run starts the goroutines of a started VM: the agent's accept, the boot
@@ -354,6 +367,9 @@ func (g *guest) share(d *shareDevice, tag, hostPath string, readOnly bool) (prot
 func (g *guest) AdjustSetup(p *protocol.SetupParams) {
 	p.NewRoot = false
 	p.ClockUnixNano = time.Now().UnixNano()
+	if g.disk != nil {
+		p.RootDisk = &protocol.RootDisk{Serial: blk.DefaultSerial}
+	}
 }
 
 // Egress implements helper.Guest.Egress: the listener for the guest proxy's
@@ -393,6 +409,11 @@ func (g *guest) Stop(ctx context.Context) error {
 			for _, d := range []*shareDevice{g.files, g.sysFiles} {
 				if d != nil {
 					d.close() // after the machine's reset
+				}
+			}
+			if g.disk != nil {
+				if err := g.disk.close(); err != nil {
+					errs = append(errs, err)
 				}
 			}
 			stopped <- errors.Join(errs...)

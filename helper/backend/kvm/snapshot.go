@@ -72,11 +72,11 @@ type snapshotPlan struct {
 
 // snapshotPlan returns the plan for a VM of cfg run by exe on k; nil when
 // snapshots are off or the identity cannot be made (logged).
-func (b *Backend) snapshotPlan(exe string, k kernel.Image, cfg machine.Config, fsKind string) *snapshotPlan {
+func (b *Backend) snapshotPlan(exe string, k kernel.Image, cfg machine.Config, devs devices) *snapshotPlan {
 	if b.opts.SnapshotDir == "" {
 		return nil
 	}
-	id, err := snapshotIdentity(exe, k, cfg, fsKind)
+	id, err := snapshotIdentity(exe, k, cfg, devs)
 	if err != nil {
 		b.log.Warn("kvm backend: no warm start (cannot identify this VM)", "err", err)
 		return nil
@@ -89,8 +89,10 @@ func (b *Backend) snapshotPlan(exe string, k kernel.Image, cfg machine.Config, f
 // snapshotIdentity names what a VM's snapshot depends on: the executable
 // (the guest's /init) and kernel, by file identity (path, inode, size,
 // modification time) or, for a kernel held in memory, its checksum; the
-// command line, boot protocol and file-sharing kind; memory and vCPUs.
-func snapshotIdentity(exe string, k kernel.Image, cfg machine.Config, fsKind string) (snapshot.Identity, error) {
+// command line, boot protocol, file-sharing kind and whether a root disk
+// is attached (not which: the guest reads none at the snapshot point);
+// memory and vCPUs.
+func snapshotIdentity(exe string, k kernel.Image, cfg machine.Config, devs devices) (snapshot.Identity, error) {
 	build, err := fileIdentity(exe)
 	if err != nil {
 		return snapshot.Identity{}, err
@@ -106,7 +108,7 @@ func snapshotIdentity(exe string, k kernel.Image, cfg machine.Config, fsKind str
 	}
 	return snapshot.Identity{
 		Build:       build,
-		Kernel:      fmt.Sprintf("%s cmdline=%q pvh=%v fs=%s", kid, cfg.Cmdline, cfg.PVH, fsKind),
+		Kernel:      fmt.Sprintf("%s cmdline=%q pvh=%v fs=%s disk=%v", kid, cfg.Cmdline, cfg.PVH, devs.fsKind, devs.rootDisk != ""),
 		MemoryBytes: uint64(cfg.MemMiB) << 20,
 		CPUs:        cfg.CPUs,
 	}, nil
@@ -128,7 +130,7 @@ func fileIdentity(path string) (string, error) {
 // createWarm restores a VM of cfg from plan's snapshot, its devices
 // attached; nil (boot cold) when there is none or it is unusable (then
 // removed, with the reason logged).
-func (b *Backend) createWarm(cfg machine.Config, fsKind string, plan *snapshotPlan) *guest {
+func (b *Backend) createWarm(cfg machine.Config, devs devices, plan *snapshotPlan) *guest {
 	if plan == nil {
 		return nil
 	}
@@ -148,7 +150,7 @@ func (b *Backend) createWarm(cfg machine.Config, fsKind string, plan *snapshotPl
 	m, err := machine.Restore(cfg, f)
 	if err == nil {
 		var g *guest
-		if g, err = b.attach(m, con, fsKind); err == nil {
+		if g, err = b.attach(m, con, devs); err == nil {
 			g.restoreFrom, g.restored = f, true
 			b.log.Debug("VM restored", "check_snapshot", checked.Sub(began), "restore_and_devices", time.Since(checked))
 			return g

@@ -1,0 +1,109 @@
+package e2e
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/cowork-vmm/cowork-vmm/protocol"
+)
+
+// makeWheel is a shell command that writes a minimal pure-Python wheel
+// (package coworkroot, VALUE = 42) to /sessions/<session>/, with the
+// guest's python3.
+const makeWheel = `python3 - <<'PY'
+import zipfile
+files = {
+    "coworkroot/__init__.py": "VALUE = 42\n",
+    "coworkroot-1.0.dist-info/METADATA": "Metadata-Version: 2.1\nName: coworkroot\nVersion: 1.0\n",
+    "coworkroot-1.0.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: cowork-e2e\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+}
+files["coworkroot-1.0.dist-info/RECORD"] = "".join(n + ",,\n" for n in list(files) + ["coworkroot-1.0.dist-info/RECORD"])
+with zipfile.ZipFile("coworkroot-1.0-py3-none-any.whl", "w") as z:
+    for name, body in files.items():
+        z.writestr(name, body)
+PY`
+
+// TestKVMContractWritableRoot: a session changes the guest's root — a
+// file in /opt and in /usr/local, and a wheel installed with pip from a
+// local file into the system's site-packages (--target: left to itself pip asks access(2),
+// which answers for the spawn's uid without its capabilities, finds the
+// root-owned site-packages unwritable and installs into the session's home
+// instead) — and the changes are there after stopVM and startVM, kept on
+// the profile's root disk; a second profile's guest does not see them
+// (issue #19). TestNestedKVMContract runs it where this KVM cannot boot
+// Linux.
+func TestKVMContractWritableRoot(t *testing.T) {
+	backend := kvmBackend(t, "TestNestedKVMContract")
+	if _, err := os.Stat("/opt"); err != nil {
+		t.Skip("the host has no /opt to overlay")
+	}
+	h := startHelper(t, backend)
+	a := profilePipe(t, h.socket, "root-A")
+	evA := subscribeProfile(t, h.socket, "root-A")
+	a.call("createVM", map[string]any{"bundlePath": filepath.Join(t.TempDir(), "bundle"), "diskSizeGB": 1}, nil)
+	bootProfile(t, a, "root-A")
+	disks, err := filepath.Glob(filepath.Join(h.dataDir, "cowork-vmm", "profiles", "root-A-*", "root.img"))
+	require.NoError(t, err)
+	require.Len(t, disks, 1, "the profile's root disk")
+	st, err := os.Stat(disks[0])
+	require.NoError(t, err)
+	assert.Equal(t, int64(1<<30), st.Size(), "sized by createVM's diskSizeGB")
+
+	a.call("spawn", map[string]any{"id": "change", "name": "w", "command": "/bin/sh", "args": sh(`set -e
+cd /sessions/w
+echo writing-opt
+echo kept > /opt/cowork-root-test
+echo writing-usr
+mkdir -p /usr/local/share/cowork-root-test && echo usr > /usr/local/share/cowork-root-test/f
+echo pip?
+if python3 -m pip --version >/dev/null 2>&1; then
+` + makeWheel + `
+PIP_DISABLE_PIP_VERSION_CHECK=1 python3 -m pip install --target "$(python3 -c 'import sysconfig; print(sysconfig.get_path("purelib"))')" --no-index --no-cache-dir --break-system-packages ./coworkroot-1.0-py3-none-any.whl > pip.log 2>&1 && echo pip-installed
+cd / && python3 -c 'import coworkroot; print("installed in", coworkroot.__file__)' >&2
+else echo pip-absent; fi
+echo changed`)}, nil)
+	// pip takes its time under emulation (the nested harness).
+	exit, err := evA.tryWait("exit of change", 8*time.Minute, func(ev protocol.Event) bool { return ev.Type == protocol.EventExit && ev.ID == "change" })
+	require.NoError(t, err)
+	out := evA.output("stdout", "change")
+	require.Contains(t, out, "changed", "the session changed the root: exit %+v, stderr %q", exit, evA.output("stderr", "change"))
+	withPip := strings.Contains(out, "pip-installed")
+	t.Logf("the change's stderr: %s", evA.output("stderr", "change"))
+	if !withPip {
+		t.Log("no pip on this host (python3-pip): the wheel part is not checked")
+	}
+
+	a.call("stopVM", nil, nil)
+	a.call("startVM", map[string]any{"bundlePath": filepath.Join(t.TempDir(), "bundle"), "memoryGB": 1.0, "cpuCount": 1}, nil)
+	waitConnected(t, a)
+	check := `cat /opt/cowork-root-test /usr/local/share/cowork-root-test/f`
+	if withPip {
+		check += `; python3 -c 'import coworkroot; print("wheel", coworkroot.VALUE)'`
+	}
+	a.call("spawn", map[string]any{"id": "after", "name": "other", "command": "/bin/sh", "args": sh(check)}, nil)
+	_, err = evA.tryWait("exit of after", 4*time.Minute, func(ev protocol.Event) bool { return ev.Type == protocol.EventExit && ev.ID == "after" })
+	require.NoError(t, err)
+	want := "kept\nusr\n"
+	if withPip {
+		want += "wheel 42\n"
+	}
+	assert.Equal(t, want, evA.output("stdout", "after"), "after stopVM/startVM, in another session; stderr %q", evA.output("stderr", "after"))
+
+	a.call("stopVM", nil, nil)
+	b := profilePipe(t, h.socket, "root-B")
+	evB := subscribeProfile(t, h.socket, "root-B")
+	bootProfile(t, b, "root-B")
+	b.call("spawn", map[string]any{"id": "look", "name": "w", "command": "/bin/sh",
+		"args": sh(`test -e /opt/cowork-root-test && echo seen || echo absent; test -e /usr/local/share/cowork-root-test && echo seen || echo absent`)}, nil)
+	evB.exit("look")
+	assert.Equal(t, "absent\nabsent\n", evB.output("stdout", "look"), "another profile's root is its own")
+	b.call("stopVM", nil, nil)
+	_, err = os.Stat("/opt/cowork-root-test")
+	assert.ErrorIs(t, err, os.ErrNotExist, "the host's /opt was never written")
+}
