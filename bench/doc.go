@@ -14,8 +14,11 @@
 // style tree walk, git status, python3's start) over our virtio-fs and
 // virtio-9p devices and qemu microvm's virtio-9p and vhost-user-fs with
 // virtiofsd, interleaved, each sharing the same directory; the report's
-// "fs" section has their medians and virtio-fs's speed-up over each
-// (--fs-runs, --fs-sizes; 0 runs leaves it out).
+// "fs" section has their medians and virtio-fs's speed-up over each. The
+// same runs measure the block device: the sequential write + fsync and
+// read and the random reads on a raw disk image, our virtio-blk beside
+// qemu's on the same file; the "blk" section has their MB/s and the ratio
+// ours/qemu (--fs-runs, --fs-sizes; 0 runs leaves both out).
 //
 // Main is `cowork-vmm bench`; the report is a Markdown table on the
 // terminal plus report.json and report.svg in the output directory.

@@ -6,6 +6,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -16,10 +17,18 @@ import (
 
 // The file-sharing benchmark is guestboot/fsrun's (FSBench): the same test guest
 // and workloads as internal/nested's TestNestedFSBench, its figures
-// summarised here as the report's "fs" section.
+// summarised here as the report's "fs" section and, for the block-device
+// systems (the same workloads on a raw disk), its "blk" section.
 
-// FSReport is the file-sharing section of the report.
+// FSReport is a section of the report for one of guestboot.FSSuites: file
+// sharing, or the block device.
 type FSReport struct {
+	ID    string `json:"id"`
+	Title string `json:"title"`
+	// Ours is the system the others are compared with, Short its name in
+	// the comparisons.
+	Ours     string             `json:"ours"`
+	Short    string             `json:"short"`
 	Sizes    string             `json:"sizes"`
 	Runs     int                `json:"runs"`
 	Systems  []FSSystemReport   `json:"systems"`
@@ -60,9 +69,9 @@ type FSMetricReport struct {
 	MedianMBs float64   `json:"median_mb_per_s,omitempty"`
 }
 
-// FSSpeedupReport is how many times faster our virtio-fs is than Versus
-// on Metric (median times, the other's over ours: above 1, virtio-fs is
-// faster).
+// FSSpeedupReport is how many times faster our System is than Versus on
+// Metric (median times, the other's over ours: above 1, ours is faster;
+// for a throughput, ours in MB/s over the other's).
 type FSSpeedupReport struct {
 	Metric  string  `json:"metric"`
 	System  string  `json:"system"`
@@ -81,27 +90,29 @@ type FSTargetReport struct {
 	Measured bool `json:"measured"`
 }
 
-// fsResults accumulates the file-sharing runs.
+// fsResults accumulates the runs of every suite.
 type fsResults struct {
 	sizes    guestboot.FSSizes
 	figures  []guestboot.FSFigure
 	failures map[string][]string
 	skipped  map[string]string
-	notes    []string
+	notes    map[string][]string // by suite id
 }
 
 func newFSResults(sizes guestboot.FSSizes) *fsResults {
-	return &fsResults{sizes: sizes, failures: map[string][]string{}, skipped: map[string]string{}}
+	return &fsResults{sizes: sizes, failures: map[string][]string{}, skipped: map[string]string{}, notes: map[string][]string{}}
 }
 
-// report summarises the runs.
-func (r *fsResults) report() *FSReport {
+// report summarises the runs of suite's systems; nil when none ran or
+// was skipped.
+func (r *fsResults) report(suite guestboot.FSSuite) *FSReport {
 	samples := guestboot.CollectFS(r.figures)
-	rep := &FSReport{Sizes: r.sizes.String(), Runs: r.sizes.Runs, Notes: r.notes}
+	rep := &FSReport{ID: suite.ID, Title: suite.Title, Ours: suite.Ours, Short: suite.Short,
+		Sizes: suite.Sizes(r.sizes), Runs: r.sizes.Runs, Notes: r.notes[suite.ID]}
 	for _, m := range fsbench.Metrics {
 		rep.Metrics = append(rep.Metrics, FSMetricOverview{ID: m.ID, Label: m.Label})
 	}
-	for _, id := range guestboot.FSSystems {
+	for _, id := range suite.Systems {
 		sr := FSSystemReport{ID: id, Label: guestboot.FSSystemLabel(id), Failures: r.failures[id], Skipped: r.skipped[id]}
 		for _, m := range fsbench.Metrics {
 			times := samples.Times(id, m.ID)
@@ -123,10 +134,18 @@ func (r *fsResults) report() *FSReport {
 			rep.Systems = append(rep.Systems, sr)
 		}
 	}
+	if len(rep.Systems) == 0 {
+		return nil
+	}
 	for _, s := range samples.Speedups() {
-		rep.Speedups = append(rep.Speedups, FSSpeedupReport{Metric: s.Metric, System: guestboot.FSOursVirtioFS, Versus: s.Versus, Speedup: math.Round(s.Speedup*1000) / 1000})
+		if s.System == suite.Ours {
+			rep.Speedups = append(rep.Speedups, FSSpeedupReport{Metric: s.Metric, System: s.System, Versus: s.Versus, Speedup: math.Round(s.Speedup*1000) / 1000})
+		}
 	}
 	for _, t := range guestboot.FSTargets {
+		if !slices.Contains(suite.Systems, t.Versus) {
+			continue
+		}
 		tr := FSTargetReport{Metric: t.Metric, Versus: t.Versus, Min: t.Min}
 		if v, ok := rep.speedup(t.Metric, t.Versus); ok {
 			tr.Measured, tr.Speedup, tr.Met = true, v, v >= t.Min
@@ -167,12 +186,13 @@ func fsCell(m FSMetricReport) string {
 	return fmt.Sprintf("%s (%s)", fmtMS(m.MedianMS), spread)
 }
 
-// writeFSMarkdown writes the file-sharing table: a row per metric, a
-// column per system, then virtio-fs's speed-up over each other system;
-// then the targets, failures, skips and notes.
+// writeFSMarkdown writes a section's table: a row per metric, a column
+// per system, then our speed-up over each other system; then the targets,
+// failures, skips and notes.
 func writeFSMarkdown(b *strings.Builder, r *FSReport) {
-	fmt.Fprintf(b, "### File sharing: %s\n\n", r.Sizes)
-	b.WriteString("Each cell: median (min–max). Speed-up: the other system's median time over cowork-vmm virtio-fs's (above 1: virtio-fs is faster).\n\n")
+	fmt.Fprintf(b, "### %s: %s\n\n", r.Title, r.Sizes)
+	fmt.Fprintf(b, "Each cell: median (min–max). Speed-up: the other system's median time over %s's, for a throughput %s's MB/s over the other's (above 1: %s is faster).\n\n",
+		guestboot.FSSystemLabel(r.Ours), r.Short, r.Short)
 	var measured []FSSystemReport
 	for _, s := range r.Systems {
 		if len(s.Metrics) > 0 {
@@ -185,9 +205,9 @@ func writeFSMarkdown(b *strings.Builder, r *FSReport) {
 	}
 	var versus []string
 	for _, s := range measured {
-		if s.ID != guestboot.FSOursVirtioFS {
+		if s.ID != r.Ours {
 			versus = append(versus, s.ID)
-			header = append(header, "virtio-fs speed-up vs "+s.ID)
+			header = append(header, r.Short+" speed-up vs "+s.ID)
 		}
 	}
 	writeRow(b, header)
@@ -225,11 +245,11 @@ func writeFSMarkdown(b *strings.Builder, r *FSReport) {
 		}
 		switch {
 		case !t.Measured:
-			fmt.Fprintf(b, "- target: %s, virtio-fs ≥ %g× %s: not measured\n", label, t.Min, t.Versus)
+			fmt.Fprintf(b, "- target: %s, %s ≥ %g× %s: not measured\n", label, r.Short, t.Min, t.Versus)
 		case t.Met:
-			fmt.Fprintf(b, "- target: %s, virtio-fs ≥ %g× %s: %.2f×, met\n", label, t.Min, t.Versus, t.Speedup)
+			fmt.Fprintf(b, "- target: %s, %s ≥ %g× %s: %.2f×, met\n", label, r.Short, t.Min, t.Versus, t.Speedup)
 		default:
-			fmt.Fprintf(b, "- target: %s, virtio-fs ≥ %g× %s: %.2f×, not met\n", label, t.Min, t.Versus, t.Speedup)
+			fmt.Fprintf(b, "- target: %s, %s ≥ %g× %s: %.2f×, not met\n", label, r.Short, t.Min, t.Versus, t.Speedup)
 		}
 	}
 	for _, s := range r.Systems {
@@ -261,9 +281,10 @@ func fsSizes(opts Options) (guestboot.FSSizes, error) {
 	return s, nil
 }
 
-// measureFS runs the file-sharing benchmark: FSRuns runs of every system,
-// interleaved. It needs our VMM (the kvm backend) and the test guest's
-// initramfs (--fs-initrd, else built here with the go tool).
+// measureFS runs the file-sharing and block-device benchmarks: FSRuns
+// runs of every system, interleaved. It needs our VMM (the kvm backend)
+// and the test guest's initramfs (--fs-initrd, else built here with the go
+// tool).
 func (b *benchRun) measureFS(ctx context.Context) error {
 	if b.opts.FSRuns <= 0 {
 		return nil
@@ -273,7 +294,7 @@ func (b *benchRun) measureFS(ctx context.Context) error {
 		return err
 	}
 	if b.backend != "kvm" {
-		b.note("no file-sharing bench: it boots the test guest on our VMM, which the " + b.backend + " backend does not use")
+		b.note("no file-sharing or block-device bench: it boots the test guest on our VMM, which the " + b.backend + " backend does not use")
 		return nil
 	}
 	initrd := b.opts.FSInitrd
@@ -281,7 +302,7 @@ func (b *benchRun) measureFS(ctx context.Context) error {
 		initrd = filepath.Join(b.work, "fs-initrd.cpio.gz")
 		b.show.status("file sharing: building the test guest's initramfs")
 		if err := guestboot.BuildInitramfs(ctx, initrd); err != nil {
-			b.note("no file-sharing bench: give --fs-initrd (the test guest's initramfs, built from the source tree): " + firstLine(err.Error()))
+			b.note("no file-sharing or block-device bench: give --fs-initrd (the test guest's initramfs, built from the source tree): " + firstLine(err.Error()))
 			return nil
 		}
 	}
@@ -296,8 +317,9 @@ func (b *benchRun) measureFS(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("file-sharing bench: %w", err)
 	}
-	b.fs.notes = append(b.fs.notes, notes...)
-	b.fs.notes = append(b.fs.notes, "the shared directory is uncached (a session's mounts: cowork-vmm's devices uncached, 9p cache=none, virtiofsd cache=auto); the host root for git and python is cached (virtio-fs cached, 9p cache=loose, virtiofsd cache=always)")
+	b.fs.notes["fs"] = append(notes, "the shared directory is uncached (a session's mounts: cowork-vmm's devices uncached, 9p cache=none, virtiofsd cache=auto); the host root for git and python is cached (virtio-fs cached, 9p cache=loose, virtiofsd cache=always)")
+	b.fs.notes["blk"] = []string{"both devices serve the same sparse raw image file, made afresh for each run; the guest writes the whole disk through /dev/vda's page cache and fsyncs (timed together), drops its caches and reads it back, checking every block. " +
+		"qemu runs with cache=writeback,aio=threads, the like of our device: both pread/pwrite the file through the host's page cache (no O_DIRECT) and a flush is fdatasync"}
 	var systems []string
 	for _, s := range guestboot.FSSystems {
 		if why := fb.Unavailable(s); why != "" {
@@ -311,7 +333,7 @@ func (b *benchRun) measureFS(ctx context.Context) error {
 			if b.fs.skipped[system] != "" {
 				continue
 			}
-			b.show.status("run %d/%d file sharing, %s: workloads", run, sizes.Runs, system)
+			b.show.status("run %d/%d guest I/O, %s: workloads", run, sizes.Runs, system)
 			start := time.Now()
 			res, err := fb.Run(ctx, system, run)
 			if ctx.Err() != nil {
@@ -323,7 +345,7 @@ func (b *benchRun) measureFS(ctx context.Context) error {
 				continue
 			case err != nil:
 				b.fs.failures[system] = append(b.fs.failures[system], fmt.Sprintf("run %d: %s", run, firstLine(err.Error())))
-				b.show.line("run %d file sharing %s failed: %v", run, system, err)
+				b.show.line("run %d guest I/O %s failed: %v", run, system, err)
 				continue
 			}
 			for _, f := range res.Figures() {
@@ -332,7 +354,7 @@ func (b *benchRun) measureFS(ctx context.Context) error {
 					b.fs.failures[system] = append(b.fs.failures[system], fmt.Sprintf("run %d, %s: %s", run, f.Result.Workload, f.Result.Err))
 				}
 			}
-			b.show.line("run %d file sharing %s: %v", run, system, time.Since(start).Round(time.Second))
+			b.show.line("run %d guest I/O %s: %v", run, system, time.Since(start).Round(time.Second))
 		}
 	}
 	return nil

@@ -14,7 +14,8 @@ import (
 )
 
 // sampleFS is a file-sharing bench of three systems, 3 runs each, the
-// fourth skipped, with one failed workload.
+// fourth skipped, with one failed workload; and the block-device systems,
+// ours twice as fast as qemu's.
 func sampleFS() *fsResults {
 	r := newFSResults(guestboot.FSSizes{Runs: 3, MiB: 1, RandReads: 100, Dirs: 2, FilesPerDir: 50})
 	scale := map[string]int64{guestboot.FSOursVirtioFS: 1, guestboot.FSOursNineP: 6, guestboot.FSQemuNineP: 3}
@@ -31,20 +32,29 @@ func sampleFS() *fsResults {
 			}
 		}
 	}
+	for run := 1; run <= 3; run++ {
+		for system, k := range map[string]int64{guestboot.FSOursBlk: 10, guestboot.FSQemuBlk: 20} {
+			k += int64(run) // 11, 12, 13 ms; 21, 22, 23 ms
+			r.figures = append(r.figures, guestboot.FSFigure{System: system, Run: run, Result: fsbench.Result{Workload: fsbench.WorkloadSeq,
+				Values: map[string]int64{"bytes": 1 << 20, "write_ns": 2 * k * 1e6, "read_ns": k * 1e6}}})
+		}
+	}
 	r.failures[guestboot.FSOursNineP] = []string{"run 2, python: no python3"}
 	r.skipped[guestboot.FSQemuVirtiofsd] = "no virtiofsd"
-	r.notes = []string{"no git workload: no git"}
+	r.notes["fs"] = []string{"no git workload: no git"}
+	r.notes["blk"] = []string{"qemu cache=writeback"}
 	return r
 }
 
 func sampleReportWithFS() Report {
 	rep := sampleReport()
-	rep.FS = sampleFS().report()
+	r := sampleFS()
+	rep.FS, rep.Blk = r.report(guestboot.FSSuiteFS), r.report(guestboot.FSSuiteBlk)
 	return rep
 }
 
 func TestFSReportSummaries(t *testing.T) {
-	fs := sampleFS().report()
+	fs := sampleFS().report(guestboot.FSSuiteFS)
 	require.Len(t, fs.Systems, 4, "three measured, one skipped")
 	ours := fs.Systems[0]
 	assert.Equal(t, guestboot.FSOursVirtioFS, ours.ID)
@@ -92,6 +102,7 @@ func TestFSReportJSONAndMarkdown(t *testing.T) {
 	assert.Contains(t, md, "- cowork-vmm virtio-9p failed: run 2, python: no python3")
 	assert.Contains(t, md, "- no git workload: no git")
 	assert.Less(t, strings.Index(md, "| phase |"), strings.Index(md, "### File sharing"), "after the boot table")
+	blkReportJSONAndMarkdown(t, j.String(), md)
 }
 
 func TestSVGHasTheFSPanel(t *testing.T) {
@@ -107,10 +118,12 @@ func TestSVGHasTheFSPanel(t *testing.T) {
 			}
 		}
 	}
-	for _, m := range rep.FS.Metrics {
-		for _, s := range rep.FS.Systems {
-			if s.metric(m.ID) != nil {
-				want = append(want, [2]string{m.ID, s.ID})
+	for _, section := range []*FSReport{rep.FS, rep.Blk} {
+		for _, m := range section.Metrics {
+			for _, s := range section.Systems {
+				if s.metric(m.ID) != nil {
+					want = append(want, [2]string{m.ID, s.ID})
+				}
 			}
 		}
 	}
@@ -120,6 +133,49 @@ func TestSVGHasTheFSPanel(t *testing.T) {
 	assert.Contains(t, svg, ">cowork-vmm virtio-fs</text>", "legend entry")
 	assert.NotContains(t, svg, ">qemu microvm vhost-user-fs + virtiofsd</text>", "no legend entry for a system without figures")
 	assert.Contains(t, svg, ">95.3 MB/s</text>")
+	assert.Contains(t, svg, ">Block device: 3 run(s), 1 MiB written and read on a raw 1 MiB disk image")
+	assert.Contains(t, svg, ">cowork-vmm virtio-blk</text>", "legend entry")
+	assert.Less(t, strings.Index(svg, ">File sharing: "), strings.Index(svg, ">Block device: "))
+}
+
+func TestBlkReport(t *testing.T) {
+	r := sampleFS()
+	blk := r.report(guestboot.FSSuiteBlk)
+	require.NotNil(t, blk)
+	assert.Equal(t, "blk", blk.ID)
+	assert.Equal(t, guestboot.FSOursBlk, blk.Ours)
+	require.Len(t, blk.Systems, 2, "only the block-device systems")
+	assert.Equal(t, guestboot.FSOursBlk, blk.Systems[0].ID)
+	assert.InDelta(t, 87.4, blk.Systems[0].metric("seq_read").MedianMBs, 0.05) // 1 MiB in 12 ms
+	assert.Empty(t, blk.Targets, "issue #16's targets are file sharing's")
+	assert.Equal(t, []string{"qemu cache=writeback"}, blk.Notes)
+	for _, s := range blk.Speedups {
+		assert.Equal(t, guestboot.FSOursBlk, s.System)
+		assert.Equal(t, guestboot.FSQemuBlk, s.Versus)
+	}
+	v, ok := blk.speedup("seq_write", guestboot.FSQemuBlk)
+	require.True(t, ok)
+	assert.Equal(t, 1.833, v) // 44 ms over 24 ms
+	fs := r.report(guestboot.FSSuiteFS)
+	for _, s := range fs.Speedups {
+		assert.Equal(t, guestboot.FSOursVirtioFS, s.System, "no comparison across suites")
+	}
+
+	assert.Nil(t, newFSResults(guestboot.FSSizesCI).report(guestboot.FSSuiteBlk), "no section without a system")
+}
+
+// blkReportJSONAndMarkdown checks the block-device section of
+// TestFSReportJSONAndMarkdown's report.
+func blkReportJSONAndMarkdown(t *testing.T, report, md string) {
+	t.Helper()
+	assert.Contains(t, report, `"blk": {`)
+	assert.Contains(t, report, `"ours": "ours-blk"`)
+	assert.Contains(t, md, "### Block device: 3 run(s), 1 MiB written and read on a raw 1 MiB disk image, 100 random 4 KiB reads")
+	assert.Contains(t, md, "| workload | cowork-vmm virtio-blk | qemu microvm virtio-blk | virtio-blk speed-up vs qemu-blk |")
+	assert.Contains(t, md, "| sequential write + fsync | 43.7 MB/s (24.0 ms; 22.0 ms–26.0 ms) | 23.8 MB/s (44.0 ms; 42.0 ms–46.0 ms) | 1.83× |")
+	assert.Contains(t, md, "- qemu cache=writeback")
+	assert.NotContains(t, md, "virtio-blk speed-up vs ours-9p")
+	assert.Less(t, strings.Index(md, "### File sharing"), strings.Index(md, "### Block device"))
 }
 
 func TestFSSizesAndFlags(t *testing.T) {

@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/cowork-vmm/cowork-vmm/guest/kernel"
+	"github.com/cowork-vmm/cowork-vmm/internal/nested/guestboot"
 	"github.com/cowork-vmm/cowork-vmm/vmm/kvm"
 )
 
@@ -114,8 +115,8 @@ func parseFlags(args []string, stderr io.Writer) (Options, error) {
 	fs.StringVar(&o.Qemu, "qemu", "", `qemu-system-x86_64 for the peers ("none": no peers)`)
 	fs.StringVar(&o.Peers, "peers", "", `peers to run: "microvm", "q35" or both, comma-separated (default both)`)
 	fs.DurationVar(&o.Timeout, "timeout", defaultTimeout, "bound on one boot")
-	fs.IntVar(&o.FSRuns, "fs-runs", DefaultFSRuns, "runs per system of the file-sharing benchmark (0: none)")
-	fs.StringVar(&o.FSSizes, "fs-sizes", "full", `file-sharing benchmark sizes: "full" (64 MiB, 2000 random reads, 10 000 files) or "ci"`)
+	fs.IntVar(&o.FSRuns, "fs-runs", DefaultFSRuns, "runs per system of the file-sharing and block-device benchmarks (0: none)")
+	fs.StringVar(&o.FSSizes, "fs-sizes", "full", `file-sharing and block-device benchmark sizes: "full" (64 MiB, 2000 random reads, 10 000 files) or "ci"`)
 	fs.StringVar(&o.FSInitrd, "fs-initrd", "", "the file-sharing test guest's initramfs (default: built with the go tool, from the source tree)")
 	fs.Usage = func() {
 		fmt.Fprint(stderr, `Usage: cowork-vmm bench [--runs N] [--out DIR] [flags]
@@ -126,7 +127,9 @@ stop), the helper's memory and the binary's size, beside qemu booting the
 same kernel and initramfs (-M microvm, -M q35), runs interleaved; then file
 sharing (sequential and random I/O, a tree walk, git status, python3's
 start in a test guest) over our virtio-fs and virtio-9p and qemu's
-virtio-9p and virtiofsd. Writes report.md, report.json and report.svg to DIR.
+virtio-9p and virtiofsd; then the block device (sequential and random I/O
+on a raw disk image) over our virtio-blk and qemu's. Writes report.md,
+report.json and report.svg to DIR.
 
 `)
 		fs.PrintDefaults()
@@ -463,7 +466,7 @@ func (b *benchRun) writeReport() (Report, error) {
 	}
 	rep := b.results.Report(meta)
 	if b.fs != nil {
-		rep.FS = b.fs.report()
+		rep.FS, rep.Blk = b.fs.report(guestboot.FSSuiteFS), b.fs.report(guestboot.FSSuiteBlk)
 	}
 	if err := writeReports(b.opts.Out, rep); err != nil {
 		return rep, err

@@ -80,8 +80,22 @@ type Report struct {
 	Systems     []SystemReport `json:"systems"`
 	Ratios      []RatioReport  `json:"ratios,omitempty"`
 	Notes       []string       `json:"notes,omitempty"`
-	// FS is the file-sharing benchmark (fs.go), when it ran.
-	FS *FSReport `json:"fs,omitempty"`
+	// FS is the file-sharing benchmark (fs.go) and Blk the block-device
+	// one, when they ran.
+	FS  *FSReport `json:"fs,omitempty"`
+	Blk *FSReport `json:"blk,omitempty"`
+}
+
+// ioSections are the report's file-sharing and block-device sections
+// that ran.
+func (rep Report) ioSections() []*FSReport {
+	var out []*FSReport
+	for _, s := range []*FSReport{rep.FS, rep.Blk} {
+		if s != nil {
+			out = append(out, s)
+		}
+	}
+	return out
 }
 
 // Host describes where the figures were measured.
@@ -341,8 +355,8 @@ func WriteMarkdown(w io.Writer, rep Report) error {
 	if rep.BinaryBytes > 0 {
 		fmt.Fprintf(&b, "Binary: %.1f MiB (%d bytes).\n\n", float64(rep.BinaryBytes)/(1<<20), rep.BinaryBytes)
 	}
-	if rep.FS != nil {
-		writeFSMarkdown(&b, rep.FS)
+	for _, s := range rep.ioSections() {
+		writeFSMarkdown(&b, s)
 	}
 	for _, s := range rep.Systems {
 		for _, f := range s.Failures {

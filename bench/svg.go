@@ -200,7 +200,7 @@ func legendRow(labels, colours []string) []svgLegend {
 // WriteSVG draws the report as horizontal bars: a group per phase, a bar
 // per system (median) with a min–max line, on a log time axis so that
 // milliseconds and seconds both stay readable; then, when the file-sharing
-// benchmark ran, a second chart of its metrics the same way.
+// and block-device benchmarks ran, a chart of each's metrics the same way.
 func WriteSVG(w io.Writer, rep Report) error {
 	c := svgChart{
 		Width:     svgWidth,
@@ -227,8 +227,8 @@ func WriteSVG(w io.Writer, rep Report) error {
 		rows = append(rows, row)
 	}
 	y := c.addPanel(svgTop-22, "", legendRow(labels, colours), rows) // legend at 48, bars from svgTop+10
-	if rep.FS != nil {
-		y = c.addFSPanel(y, rep.FS)
+	for _, s := range rep.ioSections() {
+		y = c.addFSPanel(y, s)
 	}
 	c.Height = y
 	if err := svgTemplate.Execute(w, c); err != nil {
@@ -237,7 +237,8 @@ func WriteSVG(w io.Writer, rep Report) error {
 	return nil
 }
 
-// addFSPanel draws the file-sharing metrics below y.
+// addFSPanel draws a file-sharing or block-device section's metrics
+// below y.
 func (c *svgChart) addFSPanel(y int, fs *FSReport) int {
 	var labels, colours []string
 	colour := map[string]string{}
@@ -262,7 +263,7 @@ func (c *svgChart) addFSPanel(y int, fs *FSReport) int {
 		}
 		rows = append(rows, row)
 	}
-	return c.addPanel(y, "File sharing: "+fs.Sizes, legendRow(labels, colours), rows)
+	return c.addPanel(y, fs.Title+": "+fs.Sizes, legendRow(labels, colours), rows)
 }
 
 func fmtTick(v float64) string {

@@ -22,13 +22,17 @@ import (
 // read, random reads, a tree walk, git status, python3's start) on our VMM
 // with our virtio-fs and our virtio-9p devices, on qemu microvm with its
 // virtio-9p and with vhost-user-fs and virtiofsd, all sharing the same
-// directory of the outer guest, interleaved. It logs every figure, the
-// medians, virtio-fs's speed-ups over the others and the issue's targets.
-// Figures are reported, not asserted: it fails only when our VMM's or
-// qemu's virtio-9p's guest reports an error or no figure.
+// directory of the outer guest, and the sequential and random I/O on a raw
+// disk image with our virtio-blk device and qemu's, interleaved. It logs
+// every figure, the medians, our speed-ups over the others (virtio-fs's in
+// file sharing, virtio-blk's over qemu's) and the issue's targets. Figures
+// are reported, not asserted: it fails only when a guest other than qemu +
+// virtiofsd's reports an error or no figure.
 //
 // COWORK_VMM_FS_BENCH=full (make fs-bench) takes the full sizes; `make
-// test` runs the small ones (guestboot.FSSizesCI).
+// test` runs the small ones (guestboot.FSSizesCI). GUESTBOOT_FS_SYSTEMS
+// (fsrun.EnvFSSystems) selects systems: ours-blk,qemu-blk for the block
+// device alone (make blk-bench).
 func TestNestedFSBench(t *testing.T) {
 	sizes, err := guestboot.FSSizesFromEnv()
 	require.NoError(t, err)
@@ -53,7 +57,7 @@ func TestNestedFSBench(t *testing.T) {
 		}
 	}
 	samples := guestboot.CollectFS(figs)
-	for _, system := range []string{guestboot.FSOursVirtioFS, guestboot.FSOursNineP, guestboot.FSQemuNineP} {
+	for _, system := range []string{guestboot.FSOursVirtioFS, guestboot.FSOursNineP, guestboot.FSQemuNineP, guestboot.FSOursBlk, guestboot.FSQemuBlk} {
 		if !fsrun.Selected(system) {
 			continue
 		}
@@ -64,33 +68,35 @@ func TestNestedFSBench(t *testing.T) {
 	}
 }
 
-// FSSummary formats the medians of samples, a line per metric, then
-// virtio-fs's speed-ups and the issue's targets.
+// FSSummary formats the medians of samples, suite by suite a line per
+// metric, then our speed-ups, then the issue's targets.
 func FSSummary(samples guestboot.FSSamples) []string {
 	var lines []string
-	for _, m := range fsbench.Metrics {
-		var cells []string
-		for _, system := range guestboot.FSSystems {
-			desc, ok := samples.DescribeMedian(system, m.ID)
-			if !ok {
-				continue
-			}
-			cells = append(cells, system+" "+desc)
-		}
-		if len(cells) > 0 {
-			lines = append(lines, fmt.Sprintf("fs median %s: %s", m.Label, strings.Join(cells, "; ")))
-		}
-	}
 	speedups := samples.Speedups()
-	for _, m := range fsbench.Metrics {
-		var cells []string
-		for _, s := range speedups {
-			if s.Metric == m.ID {
-				cells = append(cells, fmt.Sprintf("%.2f× vs %s", s.Speedup, s.Versus))
+	for _, suite := range guestboot.FSSuites {
+		for _, m := range fsbench.Metrics {
+			var cells []string
+			for _, system := range suite.Systems {
+				desc, ok := samples.DescribeMedian(system, m.ID)
+				if !ok {
+					continue
+				}
+				cells = append(cells, system+" "+desc)
+			}
+			if len(cells) > 0 {
+				lines = append(lines, fmt.Sprintf("%s median %s: %s", suite.ID, m.Label, strings.Join(cells, "; ")))
 			}
 		}
-		if len(cells) > 0 {
-			lines = append(lines, fmt.Sprintf("fs virtio-fs speed-up, %s: %s", m.Label, strings.Join(cells, ", ")))
+		for _, m := range fsbench.Metrics {
+			var cells []string
+			for _, s := range speedups {
+				if s.Metric == m.ID && s.System == suite.Ours {
+					cells = append(cells, fmt.Sprintf("%.2f× vs %s", s.Speedup, s.Versus))
+				}
+			}
+			if len(cells) > 0 {
+				lines = append(lines, fmt.Sprintf("%s %s speed-up, %s: %s", suite.ID, suite.Short, m.Label, strings.Join(cells, ", ")))
+			}
 		}
 	}
 	for _, target := range guestboot.FSTargets {

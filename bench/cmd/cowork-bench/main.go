@@ -1,10 +1,10 @@
 // Command cowork-bench is `make bench`'s driver: it runs the cowork-vmm
-// boot and file-sharing benchmarks (package bench, the same code as
-// `cowork-vmm bench`)
-// directly on a host whose KVM can boot Linux, and otherwise inside the
-// nested harness (internal/nested: qemu's emulator with nested SVM gives
-// the outer guest a real /dev/kvm; the host's root, qemu included, is
-// shared into it read-only), then copies the reports to --out. The
+// boot, file-sharing and block-device benchmarks (package bench, the same
+// code as `cowork-vmm bench`) directly on a host whose KVM can boot Linux,
+// and otherwise inside the nested harness (internal/nested: qemu's
+// emulator with nested SVM gives the outer guest a real /dev/kvm; the
+// host's root, qemu included, is shared into it read-only), then copies
+// the reports to --out. The
 // file-sharing test guest's initramfs is built here, outside the harness.
 //
 //	cowork-bench --binary bin/cowork-vmm [--runs N] [--fs-runs N] [--out DIR] [--kernel vmlinux]
@@ -49,8 +49,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	outerCPUs := fs.Int("nested-cpus", 1, "vCPUs of the nested harness's outer guest")
 	timeout := fs.Duration("nested-timeout", 0, "bound on the whole nested run (default: 4 min per run, at least 10 min)")
 	console := fs.Bool("console", false, "show the nested harness's serial console (the bench's progress inside) on stderr")
-	fsRuns := fs.Int("fs-runs", bench.DefaultFSRuns, "runs per system of the file-sharing benchmark (0: none)")
-	fsSizes := fs.String("fs-sizes", "full", `file-sharing benchmark sizes: "full" or "ci"`)
+	fsRuns := fs.Int("fs-runs", bench.DefaultFSRuns, "runs per system of the file-sharing and block-device benchmarks (0: none)")
+	fsSizes := fs.String("fs-sizes", "full", `file-sharing and block-device benchmark sizes: "full" or "ci"`)
 	fsInitrd := fs.String("fs-initrd", "", "the file-sharing test guest's initramfs (default: built here)")
 	if err := fs.Parse(args); err != nil {
 		return 2

@@ -14,18 +14,49 @@ import (
 	"github.com/cowork-vmm/cowork-vmm/internal/nested/guestboot/fsbench"
 )
 
-// The file-sharing systems the benchmark compares: the test guest on our
+// The systems the benchmark compares. File sharing: the test guest on our
 // VMM with our virtio-fs device and with our virtio-9p device, and on qemu
-// microvm with qemu's virtio-9p and with vhost-user-fs and virtiofsd.
+// microvm with qemu's virtio-9p and with vhost-user-fs and virtiofsd. Block
+// device: the test guest's seq and rand workloads on a raw disk (the same
+// image file) with our virtio-blk device and with qemu's.
 const (
 	FSOursVirtioFS  = "ours-virtiofs"
 	FSOursNineP     = "ours-9p"
 	FSQemuNineP     = "qemu-9p"
 	FSQemuVirtiofsd = "qemu-virtiofsd"
+	FSOursBlk       = "ours-blk"
+	FSQemuBlk       = "qemu-blk"
+)
+
+// FSSuite is a group of systems measured against one of ours: a section
+// of the report.
+type FSSuite struct {
+	ID, Title string
+	// Ours is the system the others are compared with; Short its name in
+	// the comparisons ("virtio-fs speed-up").
+	Ours, Short string
+	// Systems, Ours first, in the order of a run.
+	Systems []string
+	// Sizes describes what the suite measures at s.
+	Sizes func(s FSSizes) string
+}
+
+// The suites: file sharing, and the block device.
+var (
+	FSSuiteFS = FSSuite{ID: "fs", Title: "File sharing", Ours: FSOursVirtioFS, Short: "virtio-fs",
+		Systems: []string{FSOursVirtioFS, FSOursNineP, FSQemuNineP, FSQemuVirtiofsd}, Sizes: FSSizes.String}
+	FSSuiteBlk = FSSuite{ID: "blk", Title: "Block device", Ours: FSOursBlk, Short: "virtio-blk",
+		Systems: []string{FSOursBlk, FSQemuBlk}, Sizes: func(s FSSizes) string {
+			return fmt.Sprintf("%d run(s), %d MiB written and read on a raw %d MiB disk image, %d random 4 KiB reads", s.Runs, s.MiB, s.MiB, s.RandReads)
+		}}
+	FSSuites = []FSSuite{FSSuiteFS, FSSuiteBlk}
 )
 
 // FSSystems is every system, in the order of a run.
-var FSSystems = []string{FSOursVirtioFS, FSOursNineP, FSQemuNineP, FSQemuVirtiofsd}
+var FSSystems = slices.Concat(FSSuiteFS.Systems, FSSuiteBlk.Systems)
+
+// IsBlk says whether system is one of the block-device suite's.
+func IsBlk(system string) bool { return slices.Contains(FSSuiteBlk.Systems, system) }
 
 // FSSystemLabel is a system's name for people.
 func FSSystemLabel(id string) string {
@@ -38,6 +69,10 @@ func FSSystemLabel(id string) string {
 		return "qemu microvm virtio-9p"
 	case FSQemuVirtiofsd:
 		return "qemu microvm vhost-user-fs + virtiofsd"
+	case FSOursBlk:
+		return "cowork-vmm virtio-blk"
+	case FSQemuBlk:
+		return "qemu microvm virtio-blk"
 	}
 	return id
 }
@@ -350,27 +385,29 @@ func (s FSSamples) DescribeMedian(system, metric string) (string, bool) {
 	return fmt.Sprintf("%s [%d run(s)]", m.Describe(d, s.Count(system, metric)), len(s.Times(system, metric))), true
 }
 
-// FSSpeedup is how many times faster our virtio-fs is than another
-// system on one metric: the other's median time over ours (above 1:
-// virtio-fs is faster). For a throughput it is the ratio of throughputs,
-// virtio-fs over the other.
+// FSSpeedup is how many times faster a suite's system of ours (System) is
+// than another of the suite on one metric: the other's median time over
+// ours (above 1: ours is faster). For a throughput it is the ratio of
+// throughputs, ours over the other.
 type FSSpeedup struct {
-	Metric, Versus string
-	Speedup        float64
+	Metric, System, Versus string
+	Speedup                float64
 }
 
-// Speedups returns virtio-fs's speed-up over every other system on every
-// metric both measured.
+// Speedups returns, suite by suite, its system of ours' speed-up over
+// every other system of the suite on every metric both measured.
 func (s FSSamples) Speedups() []FSSpeedup {
 	var out []FSSpeedup
-	for _, m := range fsbench.Metrics {
-		ours, ok := s.Median(FSOursVirtioFS, m.ID)
-		if !ok || ours <= 0 {
-			continue
-		}
-		for _, other := range FSSystems[1:] {
-			if d, ok := s.Median(other, m.ID); ok && d > 0 {
-				out = append(out, FSSpeedup{Metric: m.ID, Versus: other, Speedup: float64(d) / float64(ours)})
+	for _, suite := range FSSuites {
+		for _, m := range fsbench.Metrics {
+			ours, ok := s.Median(suite.Ours, m.ID)
+			if !ok || ours <= 0 {
+				continue
+			}
+			for _, other := range suite.Systems[1:] {
+				if d, ok := s.Median(other, m.ID); ok && d > 0 {
+					out = append(out, FSSpeedup{Metric: m.ID, System: suite.Ours, Versus: other, Speedup: float64(d) / float64(ours)})
+				}
 			}
 		}
 	}
@@ -411,4 +448,18 @@ func QemuNinePArgs(hostDir, tag string, readOnly bool) ([]string, error) {
 		fsdev += ",readonly=on"
 	}
 	return []string{"-fsdev", fsdev, "-device", "virtio-9p-device,fsdev=" + tag + ",mount_tag=" + tag}, nil
+}
+
+// QemuBlkArgs are the qemu arguments attaching the raw image as a
+// virtio-blk device (virtio-mmio on microvm) whose -drive is id. The cache
+// mode is our device's: it reads and writes the file through the host's
+// page cache (no O_DIRECT) and a flush is fdatasync, which is qemu's
+// cache=writeback; aio=threads is qemu's thread pool of preadv/pwritev, as
+// ours are, where io_uring or native AIO would measure another I/O path.
+func QemuBlkArgs(image, id string) ([]string, error) {
+	if strings.Contains(image, ",") || strings.ContainsAny(id, ",=") {
+		return nil, fmt.Errorf("qemu -drive cannot take %q / %q: commas separate its options", image, id)
+	}
+	return []string{"-drive", "file=" + image + ",if=none,format=raw,id=" + id + ",cache=writeback,aio=threads",
+		"-device", "virtio-blk-device,drive=" + id}, nil
 }

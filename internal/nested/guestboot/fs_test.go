@@ -99,6 +99,26 @@ func TestCollectFSMediansAndSpeedups(t *testing.T) {
 	require.InDelta(t, 10, speed[[2]string{"walk_cold", FSOursNineP}], 1e-9)
 	require.InDelta(t, 1, speed[[2]string{"seq_write", FSOursNineP}], 1e-9)
 	require.NotContains(t, speed, [2]string{"seq_read", FSQemuVirtiofsd})
+	for _, sp := range s.Speedups() {
+		require.Equal(t, FSOursVirtioFS, sp.System)
+	}
+
+	// The block-device systems are compared with each other only.
+	for run, v := range []int64{100, 300, 200} {
+		figs = append(figs, fig(FSOursBlk, run+1, v, v)[0], fig(FSQemuBlk, run+1, 3*v, v)[0])
+	}
+	s = CollectFS(figs)
+	require.Equal(t, []string{FSOursVirtioFS, FSOursNineP, FSQemuNineP, FSOursBlk, FSQemuBlk}, s.Systems())
+	var blk []FSSpeedup
+	for _, sp := range s.Speedups() {
+		if sp.System == FSOursBlk || sp.Versus == FSOursBlk || sp.Versus == FSQemuBlk {
+			blk = append(blk, sp)
+		}
+	}
+	require.Equal(t, []FSSpeedup{
+		{Metric: "seq_write", System: FSOursBlk, Versus: FSQemuBlk, Speedup: 1},
+		{Metric: "seq_read", System: FSOursBlk, Versus: FSQemuBlk, Speedup: 3},
+	}, blk)
 	for _, target := range FSTargets {
 		_, ok := fsbench.MetricByID(target.Metric)
 		require.True(t, ok, target.Metric)
@@ -134,6 +154,29 @@ func TestQemuNinePArgs(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "local,id=root,path=/,security_model=none,readonly=on", args[1])
 	_, err = QemuNinePArgs("/tmp/a,b", "tag", false)
+	require.Error(t, err)
+}
+
+func TestSuites(t *testing.T) {
+	var all []string
+	for _, suite := range FSSuites {
+		require.Equal(t, suite.Ours, suite.Systems[0], suite.ID)
+		all = append(all, suite.Systems...)
+	}
+	require.Equal(t, FSSystems, all, "every system in one suite, in run order")
+	require.True(t, IsBlk(FSQemuBlk))
+	require.False(t, IsBlk(FSQemuNineP))
+	require.Equal(t, "cowork-vmm virtio-blk", FSSystemLabel(FSOursBlk))
+	require.Equal(t, "2 run(s), 16 MiB written and read on a raw 16 MiB disk image, 5 random 4 KiB reads", FSSuiteBlk.Sizes(FSSizes{Runs: 2, MiB: 16, RandReads: 5}))
+}
+
+func TestQemuBlkArgs(t *testing.T) {
+	args, err := QemuBlkArgs("/tmp/d/disk.img", "d")
+	require.NoError(t, err)
+	require.Equal(t, []string{"-drive", "file=/tmp/d/disk.img,if=none,format=raw,id=d,cache=writeback,aio=threads", "-device", "virtio-blk-device,drive=d"}, args)
+	_, err = QemuBlkArgs("/tmp/a,b", "d")
+	require.Error(t, err)
+	_, err = QemuBlkArgs("/tmp/a", "d,x=y")
 	require.Error(t, err)
 }
 

@@ -23,4 +23,8 @@
 //     cold (page cache dropped) and warm (median of three).
 //
 // Each workload prints one Result line; the last line is EndMarker.
+//
+// The data device may also be a raw virtio-blk disk (TypeBlock): then seq
+// and rand run on the device itself (/dev/vda), with no file system, and
+// the seq "file" is the whole disk.
 package fsbench

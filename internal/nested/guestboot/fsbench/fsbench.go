@@ -101,16 +101,25 @@ func TreeFileName(j int) string { return fmt.Sprintf("f%04d", j) }
 // TreeFileContent is the content of one tree file.
 func TreeFileContent(i, j int) []byte { return fmt.Appendf(nil, "file %d of directory %d\n", j, i) }
 
-// Mount types.
+// Mount types. A TypeBlock "mount" is a raw virtio-blk disk, /dev/TAG,
+// that the guest does not mount: the seq and rand workloads (BlockWorkloads)
+// write and read the device itself, no file system between. The host makes
+// the disk exactly MiB MiB, so the seq workload's read also checks that the
+// device ends where the data does.
 const (
 	TypeNineP    = "9p"
 	TypeVirtioFS = "virtiofs"
+	TypeBlock    = "blk"
 )
 
-// Mount is one shared-file-system device as the guest mounts it.
+// BlockWorkloads are the workloads a TypeBlock disk runs.
+var BlockWorkloads = []string{WorkloadSeq, WorkloadRand}
+
+// Mount is one shared-file-system device as the guest mounts it, or a raw
+// disk (TypeBlock).
 type Mount struct {
-	Type string // TypeNineP or TypeVirtioFS
-	Tag  string
+	Type string // TypeNineP, TypeVirtioFS or TypeBlock
+	Tag  string // for TypeBlock, the disk's name in /dev (vda)
 	// Aname is 9p's attach name (our device's export name); empty: the
 	// attach root (qemu's device ignores it).
 	Aname string
@@ -140,8 +149,8 @@ func ParseMount(s string) (Mount, error) {
 // Validate checks m's fields: a known type, a tag, and words that cannot
 // add mount options (no commas) or leave the mount (no slashes, no dots).
 func (m Mount) Validate() error {
-	if m.Type != TypeNineP && m.Type != TypeVirtioFS {
-		return fmt.Errorf("mount type %q: want %q or %q", m.Type, TypeNineP, TypeVirtioFS)
+	if m.Type != TypeNineP && m.Type != TypeVirtioFS && m.Type != TypeBlock {
+		return fmt.Errorf("mount type %q: want %q, %q or %q", m.Type, TypeNineP, TypeVirtioFS, TypeBlock)
 	}
 	for _, w := range []struct{ name, v string }{{"tag", m.Tag}, {"aname", m.Aname}, {"sub", m.Sub}, {"cache", m.Cache}} {
 		if strings.ContainsAny(w.v, " ,:=/\t\n\"\\") || w.v == "." || w.v == ".." {
@@ -153,6 +162,9 @@ func (m Mount) Validate() error {
 	}
 	if m.Type == TypeVirtioFS && (m.Aname != "" || m.Cache != "") {
 		return errors.New("mount: virtio-fs takes no attach name or 9p cache mode")
+	}
+	if m.Type == TypeBlock && (m.Aname != "" || m.Sub != "" || m.Cache != "") {
+		return errors.New("mount: a raw disk takes no attach name, sub-directory or cache mode")
 	}
 	return nil
 }
@@ -201,8 +213,9 @@ func (c Config) Cmdline() string {
 	return strings.Join(words, " ")
 }
 
-// Validate checks c: known workloads, each once; rand with seq; git and
-// python with a root; sizes within bounds.
+// Validate checks c: known workloads, each once; on a raw disk only
+// BlockWorkloads; rand with seq; git and python with a root; sizes within
+// bounds.
 func (c Config) Validate() error {
 	if len(c.Workloads) == 0 {
 		return errors.New("fs bench: no workload")
@@ -217,6 +230,13 @@ func (c Config) Validate() error {
 	}
 	if err := c.Data.Validate(); err != nil {
 		return fmt.Errorf("fs bench: data %w", err)
+	}
+	if c.Data.Type == TypeBlock {
+		for _, w := range c.Workloads {
+			if !slices.Contains(BlockWorkloads, w) {
+				return fmt.Errorf("fs bench: workload %q needs a file system; a raw disk runs %s", w, strings.Join(BlockWorkloads, ","))
+			}
+		}
 	}
 	if c.Root.Type != "" {
 		if err := c.Root.Validate(); err != nil {

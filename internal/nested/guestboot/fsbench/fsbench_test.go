@@ -35,6 +35,27 @@ func TestCmdlineRoundTrip(t *testing.T) {
 	require.NotContains(t, c.Cmdline(), KeyRoot)
 }
 
+func TestRawDiskConfig(t *testing.T) {
+	c := Config{Workloads: BlockWorkloads, Data: Mount{Type: TypeBlock, Tag: "vda"}, MiB: 8, RandReads: 10, Dirs: 1, FilesPerDir: 1}
+	require.NoError(t, c.Validate())
+	got, ok, err := ParseCmdline(c.Cmdline())
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.Equal(t, c, got)
+	require.Contains(t, c.Cmdline(), KeyData+"=blk:vda:::")
+	require.Empty(t, c.Data.Options())
+
+	for _, w := range []string{WorkloadWalk, WorkloadGit, WorkloadPython} {
+		bad := c
+		bad.Workloads = []string{WorkloadSeq, w}
+		bad.Root = Mount{Type: TypeNineP, Tag: "fsroot"}
+		require.ErrorContains(t, bad.Validate(), "needs a file system", w)
+	}
+	for _, m := range []Mount{{Type: TypeBlock, Tag: "vda", Sub: "x"}, {Type: TypeBlock, Tag: "vda", Cache: "loose"}, {Type: TypeBlock, Tag: "../sda"}, {Type: TypeBlock}} {
+		require.Error(t, m.Validate(), "%+v", m)
+	}
+}
+
 func TestParseCmdlineModeOffAndBadValues(t *testing.T) {
 	_, ok, err := ParseCmdline("console=ttyS0 " + KeyMiB + "=8")
 	require.NoError(t, err)

@@ -3,10 +3,13 @@
 // boots the test guest once per system and run — our VMM with our
 // virtio-fs or virtio-9p device, qemu microvm with its virtio-9p or with
 // vhost-user-fs and virtiofsd — every system sharing the same directory
-// and the same host root, and returns what testinit reported. TestFSBench
-// (run nested by internal/nested's TestNestedFSBench) and package bench
-// (`make bench`) both measure through it. It is a package of its own
-// because it boots our VMM (package machine), whose tests use guestboot.
+// and the same host root, and returns what testinit reported. The
+// block-device systems boot it the same way with a raw disk image instead,
+// a new sparse file each run in that directory, on our virtio-blk device or
+// on qemu's. TestFSBench (run nested by internal/nested's
+// TestNestedFSBench) and package bench (`make bench`) both measure through
+// it. It is a package of its own because it boots our VMM (package
+// machine), whose tests use guestboot.
 package fsrun
 
 import (
@@ -26,6 +29,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/cowork-vmm/cowork-vmm/devices/blk"
 	"github.com/cowork-vmm/cowork-vmm/devices/p9"
 	"github.com/cowork-vmm/cowork-vmm/devices/p9/fs"
 	"github.com/cowork-vmm/cowork-vmm/devices/virtio"
@@ -42,16 +46,21 @@ const (
 	fsRootTag    = "fsroot"
 	fsDataExport = "bench"
 	fsRootExport = "root"
+	// blkDisk is the raw disk's name in the guest's /dev (the first
+	// virtio-blk device) and blkDrive qemu's -drive id for it.
+	blkDisk  = "vda"
+	blkDrive = "fsbenchdisk"
 )
 
 // FSBench runs the file-system benchmark: it boots the test guest, whose
 // testinit runs the workloads (package fsbench), once per Run, on one
 // system, every system sharing the same directory (Dir) and the same host
-// root (Root).
+// root (Root); a block-device system gets the disk image in Dir instead.
 type FSBench struct {
 	// Kernel and Initrd are the test guest's (BuildInitramfs).
 	Kernel, Initrd string
-	// Dir is the shared directory, read-write; Prepare fills it.
+	// Dir is the shared directory, read-write; Prepare fills it. The
+	// block-device systems' disk image is made there for each run.
 	Dir string
 	// Root is shared read-only for the git and python workloads (the
 	// host's root, "/"); empty: they are left out.
@@ -146,8 +155,12 @@ func (b *FSBench) Prepare(ctx context.Context) (notes []string, err error) {
 	} else if !isFile(filepath.Join(b.Root, fsbench.PythonPath)) {
 		drop(fsbench.WorkloadPython, "the host has no "+fsbench.PythonPath)
 	}
+	// (The block-device systems run a subset of these workloads.)
 	if err := b.config(guestboot.FSOursVirtioFS).Validate(); err != nil {
 		return notes, err
+	}
+	if !slices.Contains(b.Workloads, fsbench.WorkloadWalk) && !slices.Contains(b.Workloads, fsbench.WorkloadGit) {
+		return notes, nil // no tree to make
 	}
 	if err := guestboot.MakeTree(filepath.Join(b.Dir, fsbench.TreeDir), b.Sizes.Dirs, b.Sizes.FilesPerDir); err != nil {
 		return notes, err
@@ -202,10 +215,13 @@ func commitTree(ctx context.Context, dir string) error {
 // need a KVM that boots Linux, which the caller has checked.)
 func (b *FSBench) Unavailable(system string) string {
 	b.withDefaults()
+	if guestboot.IsBlk(system) && len(b.config(system).Workloads) == 0 {
+		return "none of the workloads selected (" + strings.Join(b.Workloads, ",") + ") runs on a raw disk"
+	}
 	switch system {
-	case guestboot.FSOursVirtioFS, guestboot.FSOursNineP:
+	case guestboot.FSOursVirtioFS, guestboot.FSOursNineP, guestboot.FSOursBlk:
 		return ""
-	case guestboot.FSQemuNineP:
+	case guestboot.FSQemuNineP, guestboot.FSQemuBlk:
 		return b.noQemu()
 	case guestboot.FSQemuVirtiofsd:
 		if why := b.noQemu(); why != "" {
@@ -249,6 +265,11 @@ func FindVirtiofsd() string {
 // config is the guest's configuration on system.
 func (b *FSBench) config(system string) fsbench.Config {
 	c := fsbench.Config{Workloads: b.Workloads, MiB: b.Sizes.MiB, RandReads: b.Sizes.RandReads, Dirs: b.Sizes.Dirs, FilesPerDir: b.Sizes.FilesPerDir}
+	if guestboot.IsBlk(system) {
+		c.Workloads = slices.DeleteFunc(slices.Clone(c.Workloads), func(w string) bool { return !slices.Contains(fsbench.BlockWorkloads, w) })
+		c.Data = fsbench.Mount{Type: fsbench.TypeBlock, Tag: blkDisk}
+		return c
+	}
 	// The data share is uncached (what the helper's session mounts are);
 	// the root is cached (the helper's read-only system directories).
 	switch system {
@@ -274,7 +295,8 @@ func (b *FSBench) config(system string) fsbench.Config {
 // Run boots the test guest once on system, lets it run the workloads and
 // returns what it reported. An error means no results (the guest did not
 // boot or finish); a workload that failed is a Result with Err. It checks
-// the seq file the guest wrote and removes it.
+// the seq file the guest wrote and removes it; for a block-device system
+// that file is the disk image, made here, sparse, of the seq file's size.
 func (b *FSBench) Run(ctx context.Context, system string, run int) (FSRun, error) {
 	b.withDefaults()
 	if why := b.Unavailable(system); why != "" {
@@ -283,11 +305,18 @@ func (b *FSBench) Run(ctx context.Context, system string, run int) (FSRun, error
 	ctx, cancel := context.WithTimeout(ctx, b.RunTimeout)
 	defer cancel()
 	cfg := b.config(system)
+	seqFile := filepath.Join(b.Dir, fsbench.FileName)
+	defer os.Remove(seqFile)
+	if guestboot.IsBlk(system) {
+		if err := makeImage(seqFile, b.Sizes.MiB); err != nil {
+			return FSRun{}, err
+		}
+	}
 	window := &busyWindow{end: fsbench.EndMarker}
 	var console string
 	var err error
 	switch system {
-	case guestboot.FSOursVirtioFS, guestboot.FSOursNineP:
+	case guestboot.FSOursVirtioFS, guestboot.FSOursNineP, guestboot.FSOursBlk:
 		if prev := runtime.GOMAXPROCS(0); b.GoMaxProcs > prev {
 			runtime.GOMAXPROCS(b.GoMaxProcs)
 			defer runtime.GOMAXPROCS(prev)
@@ -296,8 +325,6 @@ func (b *FSBench) Run(ctx context.Context, system string, run int) (FSRun, error
 	default:
 		console, err = b.runQemu(ctx, system, cfg, window)
 	}
-	seqFile := filepath.Join(b.Dir, fsbench.FileName)
-	defer os.Remove(seqFile)
 	res := FSRun{System: system, Run: run}
 	res.Window, res.Busy = window.result()
 	res.Exits = window.exits()
@@ -319,20 +346,51 @@ func (b *FSBench) Run(ctx context.Context, system string, run int) (FSRun, error
 	return res, nil
 }
 
+// makeImage creates path afresh as a sparse file of mib MiB.
+func makeImage(path string, mib int) error {
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o644)
+	if err != nil {
+		return fmt.Errorf("the disk image: %w", err)
+	}
+	err = f.Truncate(int64(mib) * fsbench.BlockSize)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("the disk image: %w", err)
+	}
+	return nil
+}
+
 // runOurs boots the test guest on our VMM with the data and root devices
-// of system and returns its console.
+// of system, or its disk, and returns its console.
 func (b *FSBench) runOurs(ctx context.Context, system string, cfg fsbench.Config, window *busyWindow) (string, error) {
+	var devices []virtio.Device
+	if system == guestboot.FSOursBlk {
+		f, err := os.OpenFile(filepath.Join(b.Dir, fsbench.FileName), os.O_RDWR, 0)
+		if err != nil {
+			return "", fmt.Errorf("the disk image: %w", err)
+		}
+		defer f.Close() // after the machine's Stop, whose reset is the device's last
+		dev, err := blk.New(f, blk.Options{Serial: "fsbench", Logger: b.Logger})
+		if err != nil {
+			return "", err
+		}
+		devices = append(devices, dev)
+	}
 	type share struct {
 		export, dir string
 		readOnly    bool
 		tag         string
 		cached      bool
 	}
-	shares := []share{{fsDataExport, b.Dir, false, fsDataTag, false}}
-	if b.Root != "" {
-		shares = append(shares, share{fsRootExport, b.Root, true, fsRootTag, true})
+	var shares []share
+	if !guestboot.IsBlk(system) {
+		shares = append(shares, share{fsDataExport, b.Dir, false, fsDataTag, false})
+		if b.Root != "" {
+			shares = append(shares, share{fsRootExport, b.Root, true, fsRootTag, true})
+		}
 	}
-	var devices []virtio.Device
 	for _, s := range shares {
 		exports := fs.NewExports(b.Logger)
 		defer exports.Close() // last: after the devices' Close
@@ -405,6 +463,12 @@ func (b *FSBench) runQemu(ctx context.Context, system string, cfg fsbench.Config
 	}
 	var daemons []*virtiofsd
 	switch system {
+	case guestboot.FSQemuBlk:
+		args, err := guestboot.QemuBlkArgs(filepath.Join(b.Dir, fsbench.FileName), blkDrive)
+		if err != nil {
+			return "", err
+		}
+		o.Args = append(o.Args, args...)
 	case guestboot.FSQemuNineP:
 		for i, s := range shares {
 			args, err := guestboot.QemuNinePArgs(s[1], s[0], i > 0)

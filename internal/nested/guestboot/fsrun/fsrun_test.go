@@ -52,6 +52,36 @@ func guestFiles(t *testing.T) (kernelPath, initrd string) {
 	return kernelPath, initrd
 }
 
+func TestBlockSystems(t *testing.T) {
+	b := FSBench{Dir: t.TempDir(), Root: "/", Sizes: guestboot.FSSizesCI, NoQemu: true}
+	b.withDefaults()
+	c := b.config(guestboot.FSQemuBlk)
+	require.Equal(t, fsbench.BlockWorkloads, c.Workloads, "only the raw-disk workloads")
+	require.Equal(t, fsbench.Mount{Type: fsbench.TypeBlock, Tag: "vda"}, c.Data)
+	require.Empty(t, c.Root.Type)
+	require.Empty(t, b.Unavailable(guestboot.FSOursBlk))
+	require.Equal(t, "no qemu peer here", b.Unavailable(guestboot.FSQemuBlk))
+
+	b.Workloads = []string{fsbench.WorkloadWalk}
+	require.Contains(t, b.Unavailable(guestboot.FSOursBlk), "runs on a raw disk")
+	require.Len(t, b.Workloads, 1, "config leaves the fs systems' workloads alone")
+
+	b = FSBench{Dir: t.TempDir(), Sizes: guestboot.FSSizesCI, Workloads: fsbench.BlockWorkloads}
+	_, err := b.Prepare(context.Background())
+	require.NoError(t, err)
+	require.NoDirExists(t, filepath.Join(b.Dir, fsbench.TreeDir), "no tree without walk or git")
+
+	image := filepath.Join(b.Dir, fsbench.FileName)
+	require.NoError(t, os.WriteFile(image, []byte("old"), 0o644))
+	require.NoError(t, makeImage(image, 3))
+	st, err := os.Stat(image)
+	require.NoError(t, err)
+	require.Equal(t, int64(3<<20), st.Size())
+	data, err := os.ReadFile(image)
+	require.NoError(t, err)
+	require.Equal(t, make([]byte, 3<<20), data, "made afresh: zeros")
+}
+
 func TestPrepareLeavesOutWhatCannotRun(t *testing.T) {
 	b := FSBench{Dir: t.TempDir(), Sizes: guestboot.FSSizes{Runs: 1, MiB: 1, RandReads: 1, Dirs: 2, FilesPerDir: 3}}
 	notes, err := b.Prepare(context.Background())
@@ -104,7 +134,9 @@ func TestBusyWindow(t *testing.T) {
 
 // TestFSBench runs the file-system benchmark (FSBench) on every system
 // that can run here, interleaved, the sizes EnvFSBench selects, one vCPU:
-// the test guest shares the same directory and the host's root on each.
+// the test guest shares the same directory and the host's root on each,
+// and the block-device systems each get a raw disk image made in that
+// directory (EnvFSSystems=ours-blk,qemu-blk measures them alone).
 // It prints an FSFIGURE line per system, run and workload (FSSKIP for a
 // system that cannot run); internal/nested's TestNestedFSBench runs it
 // inside the nested harness and reports the medians and speed-ups. It
@@ -120,6 +152,9 @@ func TestFSBench(t *testing.T) {
 	t.Logf("fs bench: %s", sizes)
 	logger := slog.New(slog.NewTextHandler(testLogWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	b := &FSBench{Kernel: kernel, Initrd: initrd, Dir: t.TempDir(), Root: "/", Sizes: sizes, Logger: logger}
+	if !slices.ContainsFunc(guestboot.FSSuiteFS.Systems, Selected) {
+		b.Workloads = fsbench.BlockWorkloads // no tree, git or python to set up
+	}
 	if v := os.Getenv(EnvFSGoMaxProcs); v != "" {
 		n, err := strconv.Atoi(v)
 		require.NoError(t, err, "%s=%q", EnvFSGoMaxProcs, v)

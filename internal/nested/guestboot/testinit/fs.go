@@ -62,19 +62,30 @@ func fsMode(cmdline string, out io.Writer) bool {
 // as the guest sees them.
 type fsEnv struct {
 	cfg    fsbench.Config
-	data   string // the shared directory
+	data   string // the shared directory; "" on a raw disk
 	root   string // the host's root; "" without one
 	mounts []string
+	// seqFile is what seq writes and rand reads: a file in the shared
+	// directory, or the raw disk itself.
+	seqFile string
 	// seqOK says the seq file was written and checked (rand reads it).
 	seqOK bool
 }
 
 func mountShares(cfg fsbench.Config) (*fsEnv, error) {
 	env := &fsEnv{cfg: cfg}
+	if cfg.Data.Type == fsbench.TypeBlock {
+		env.seqFile = "/dev/" + cfg.Data.Tag
+		if err := waitForDevice(env.seqFile); err != nil {
+			return nil, err
+		}
+		return env, nil
+	}
 	var err error
 	if env.data, err = env.mount(cfg.Data, dataMountPoint, 0); err != nil {
 		return nil, err
 	}
+	env.seqFile = filepath.Join(env.data, fsbench.FileName)
 	if cfg.Root.Type != "" {
 		if env.root, err = env.mount(cfg.Root, rootMountPoint, unix.MS_RDONLY); err != nil {
 			env.unmount()
@@ -82,6 +93,26 @@ func mountShares(cfg fsbench.Config) (*fsEnv, error) {
 		}
 	}
 	return env, nil
+}
+
+// deviceWait bounds waitForDevice; a variable for the tests.
+var deviceWait = 2 * time.Second
+
+// waitForDevice waits up to deviceWait for devtmpfs to show the block
+// device at path (the kernel probes virtio devices before /init runs, but
+// the node is made asynchronously).
+func waitForDevice(path string) error {
+	for deadline := time.Now().Add(deviceWait); ; time.Sleep(10 * time.Millisecond) {
+		st, err := os.Stat(path)
+		switch {
+		case err == nil && st.Mode()&os.ModeDevice != 0 && st.Mode()&os.ModeCharDevice == 0:
+			return nil
+		case err == nil:
+			return fmt.Errorf("%s is not a block device (%s)", path, st.Mode())
+		case time.Now().After(deadline):
+			return fmt.Errorf("no disk: %w", err)
+		}
+	}
 }
 
 // mount mounts m at dir and returns the share's directory in it.
@@ -119,13 +150,13 @@ func (e *fsEnv) run(w string) fsbench.Result {
 	var err error
 	switch w {
 	case fsbench.WorkloadSeq:
-		values, err = seqWorkload(filepath.Join(e.data, fsbench.FileName), e.cfg.MiB)
+		values, err = seqWorkload(e.seqFile, e.cfg.MiB)
 		e.seqOK = err == nil
 	case fsbench.WorkloadRand:
 		if !e.seqOK {
 			return fsbench.Result{Workload: w, Skip: "the seq workload did not write its file"}
 		}
-		values, err = randWorkload(filepath.Join(e.data, fsbench.FileName), e.cfg.MiB, e.cfg.RandReads)
+		values, err = randWorkload(e.seqFile, e.cfg.MiB, e.cfg.RandReads)
 	case fsbench.WorkloadWalk:
 		values, err = walkWorkload(filepath.Join(e.data, fsbench.TreeDir), e.cfg.Dirs, e.cfg.FilesPerDir)
 	case fsbench.WorkloadGit:
@@ -163,8 +194,9 @@ var dropCaches = func() error {
 
 // seqWorkload writes a file of mib blocks (one write() each, then fsync
 // and close), drops the page cache, reads it back through a fresh
-// descriptor (one read() a block) and checks every block. Only the I/O is
-// timed.
+// descriptor (one read() a block) and checks every block, and that the
+// file ends there. Only the I/O is timed. The file may be a raw disk of
+// mib MiB (O_TRUNC leaves a device alone; its fsync is a cache flush).
 func seqWorkload(path string, mib int) (map[string]int64, error) {
 	block := make([]byte, fsbench.BlockSize)
 	fsbench.FillPattern(block)

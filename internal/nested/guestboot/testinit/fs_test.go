@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -90,6 +91,42 @@ func TestFSModeOffAndBadConfig(t *testing.T) {
 	require.NoError(t, err)
 	require.NotEmpty(t, r.Err)
 	require.Equal(t, fsbench.EndMarker, lines[1])
+}
+
+func TestRawDiskIsTheSeqFile(t *testing.T) {
+	noDropCaches(t)
+	old := deviceWait
+	deviceWait = 10 * time.Millisecond
+	t.Cleanup(func() { deviceWait = old })
+	// Without the disk, every workload reports the error.
+	var out strings.Builder
+	require.True(t, fsMode(fsbench.Config{Workloads: fsbench.BlockWorkloads, Data: fsbench.Mount{Type: fsbench.TypeBlock, Tag: "cowork-no-such-disk"},
+		MiB: 1, RandReads: 1, Dirs: 1, FilesPerDir: 1}.Cmdline(), &out))
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	require.Len(t, lines, 3)
+	for _, line := range lines[:2] {
+		r, ok, err := fsbench.ParseLine(line)
+		require.True(t, ok)
+		require.NoError(t, err)
+		require.Contains(t, r.Err, "no disk", line)
+	}
+	require.ErrorContains(t, waitForDevice("/dev/null"), "not a block device")
+
+	// seq and rand write and read the disk itself: here, a file of its size.
+	disk := filepath.Join(t.TempDir(), "vda")
+	require.NoError(t, os.WriteFile(disk, make([]byte, 2*fsbench.BlockSize), 0o644))
+	e := &fsEnv{cfg: fsbench.Config{MiB: 2, RandReads: 20}, seqFile: disk}
+	for _, w := range fsbench.BlockWorkloads {
+		r := e.run(w)
+		require.Empty(t, r.Err, w)
+		require.NotEmpty(t, r.Values, w)
+	}
+	data, err := os.ReadFile(disk)
+	require.NoError(t, err)
+	want := make([]byte, fsbench.BlockSize)
+	fsbench.FillPattern(want)
+	fsbench.StampBlock(want, 1)
+	require.Equal(t, want, data[fsbench.BlockSize:], "the disk holds the stamped blocks")
 }
 
 func TestRunWithoutRootSkips(t *testing.T) {
