@@ -47,7 +47,9 @@ func TestKVMContractWritableRoot(t *testing.T) {
 	a := profilePipe(t, h.socket, "root-A")
 	evA := subscribeProfile(t, h.socket, "root-A")
 	a.call("createVM", map[string]any{"bundlePath": filepath.Join(t.TempDir(), "bundle"), "diskSizeGB": 1}, nil)
+	started := time.Now()
 	bootProfile(t, a, "root-A")
+	t.Logf("boot with a blank root disk (formatted): %v", time.Since(started))
 	disks, err := filepath.Glob(filepath.Join(h.dataDir, "cowork-vmm", "profiles", "root-A-*", "root.img"))
 	require.NoError(t, err)
 	require.Len(t, disks, 1, "the profile's root disk")
@@ -81,7 +83,9 @@ echo changed`)}, nil)
 
 	a.call("stopVM", nil, nil)
 	a.call("startVM", map[string]any{"bundlePath": filepath.Join(t.TempDir(), "bundle"), "memoryGB": 1.0, "cpuCount": 1}, nil)
+	started = time.Now()
 	waitConnected(t, a)
+	t.Logf("startVM to connected, the root disk formatted already: %v", time.Since(started))
 	check := `cat /opt/cowork-root-test /usr/local/share/cowork-root-test/f`
 	if withPip {
 		check += `; python3 -c 'import coworkroot; print("wheel", coworkroot.VALUE)'`

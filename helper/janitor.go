@@ -243,14 +243,14 @@ func (s *Service) pruneSessionCaches(ctx context.Context, p protocol.PruneSessio
 			continue
 		}
 		r := pruneSession(root, name, p.IncludeSessionTmp, cutoff)
-		if r.tried > 0 {
+		if r.Tried > 0 {
 			s.sizes.stale(name)
 		}
-		res.FreedBytes += r.freed
-		if len(r.errs) > 0 {
-			res.Errors[name] = errors.Join(r.errs...).Error()
+		res.FreedBytes += r.Freed
+		if len(r.Errs) > 0 {
+			res.Errors[name] = errors.Join(r.Errs...).Error()
 		}
-		if r.freed > 0 || len(r.errs) < r.tried {
+		if r.Freed > 0 || len(r.Errs) < r.Tried {
 			res.PrunedSessions = append(res.PrunedSessions, name)
 		}
 	}
@@ -261,27 +261,20 @@ func (s *Service) pruneSessionCaches(ctx context.Context, p protocol.PruneSessio
 	return res, nil
 }
 
-// pruned is what the prune of one session did.
-type pruned struct {
-	freed int64   // bytes removed
-	tried int     // entries it tried to remove
-	errs  []error // the failures among them
-}
-
 // pruneSession empties the .cache of the session name and, withTmp, removes
 // the entries of its tmp last modified before cutoff.
-func pruneSession(root *beneath.Dir, name string, withTmp bool, cutoff time.Time) pruned {
-	var r pruned
+func pruneSession(root *beneath.Dir, name string, withTmp bool, cutoff time.Time) beneath.Pruned {
+	var r beneath.Pruned
 	sess, err := root.OpenDir(name)
 	if err != nil {
 		if !errors.Is(err, fs.ErrNotExist) {
-			r.tried, r.errs = 1, []error{err}
+			r.Tried, r.Errs = 1, []error{err}
 		}
 		return r
 	}
 	defer sess.Close()
 	if e, err := sess.Stat(sessionCacheDir); err == nil && e.IsDir() {
-		r.remove(sess, sessionCacheDir)
+		r.Remove(sess, sessionCacheDir)
 	}
 	if !withTmp {
 		return r
@@ -291,32 +284,6 @@ func pruneSession(root *beneath.Dir, name string, withTmp bool, cutoff time.Time
 		return r // no tmp, or not a directory: nothing to prune there
 	}
 	defer tmp.Close()
-	for _, n := range oldEntries(tmp, cutoff) {
-		r.remove(tmp, n)
-	}
+	r.Add(tmp.PruneOlder(cutoff, maxPruneEntries))
 	return r
-}
-
-// remove removes the entry name of dir and counts what it freed.
-func (r *pruned) remove(dir *beneath.Dir, name string) {
-	r.tried++
-	size := dir.SizeOf(name)
-	if err := dir.RemoveAll(name); err != nil {
-		r.errs = append(r.errs, err)
-		return
-	}
-	r.freed += size
-}
-
-// oldEntries lists the entries of dir last modified before cutoff (at most
-// maxPruneEntries of them are looked at).
-func oldEntries(dir *beneath.Dir, cutoff time.Time) []string {
-	entries, _ := dir.Entries(maxPruneEntries)
-	var out []string
-	for _, e := range entries {
-		if !e.ModTime().After(cutoff) {
-			out = append(out, e.Name)
-		}
-	}
-	return out
 }

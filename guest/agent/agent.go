@@ -352,13 +352,13 @@ func (a *agent) setup(p protocol.SetupParams) (*protocol.SetupResult, error) {
 	}
 	result := &protocol.SetupResult{}
 	if p.RootDisk != nil {
-		did, err := a.setUpRootDisk(*p.RootDisk)
+		did, err := a.setUpRootDisk(*p.RootDisk, timer)
 		if err != nil {
 			a.log.Warn("the guest's root stays read-only", "err", err)
 			did = "none: " + err.Error()
+			timer.done("root_disk.failed")
 		}
 		result.RootDisk = did
-		timer.done("root_disk")
 	}
 	result.Steps = timer.steps
 	return result, nil

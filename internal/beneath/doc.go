@@ -1,8 +1,9 @@
 // Package beneath owns descriptor-relative file work beneath a directory
 // that an untrusted party can write (a session directory the guest shares):
-// opening a directory beneath another, listing its entries, removing a tree,
-// summing its size and reading a size-capped regular file, all relative to open directory descriptors and never
-// following a symlink at any component. A party that swaps an entry for a
+// opening a directory beneath another, listing its entries, removing a tree
+// (or every entry older than a time: PruneOlder), summing its size and
+// reading a size-capped regular file, all relative to open directory
+// descriptors and never following a symlink at any component. A party that swaps an entry for a
 // symlink while a call runs makes that call fail or act on the symlink
 // itself, never on what it points to.
 //
