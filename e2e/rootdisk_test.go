@@ -3,6 +3,7 @@ package e2e
 import (
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -81,6 +82,7 @@ echo changed`)}, nil)
 		t.Log("no pip on this host (python3-pip): the wheel part is not checked")
 	}
 
+	checkSessionTmpOnDisk(t, a, evA)
 	a.call("stopVM", nil, nil)
 	a.call("startVM", map[string]any{"bundlePath": filepath.Join(t.TempDir(), "bundle"), "memoryGB": 1.0, "cpuCount": 1}, nil)
 	started = time.Now()
@@ -98,6 +100,9 @@ echo changed`)}, nil)
 		want += "wheel 42\n"
 	}
 	assert.Equal(t, want, evA.output("stdout", "after"), "after stopVM/startVM, in another session; stderr %q", evA.output("stderr", "after"))
+	a.call("spawn", map[string]any{"id": "tmp-fresh", "name": "w", "command": "/bin/sh", "args": sh(`ls -A /tmp | wc -l`)}, nil)
+	evA.exit("tmp-fresh")
+	assert.Equal(t, "0\n", evA.output("stdout", "tmp-fresh"), "the session's /tmp starts empty at each start")
 
 	a.call("stopVM", nil, nil)
 	b := profilePipe(t, h.socket, "root-B")
@@ -110,4 +115,27 @@ echo changed`)}, nil)
 	b.call("stopVM", nil, nil)
 	_, err = os.Stat("/opt/cowork-root-test")
 	assert.ErrorIs(t, err, os.ErrNotExist, "the host's /opt was never written")
+}
+
+// checkSessionTmpOnDisk: a session's spawns share a /tmp on the root disk
+// (not in guest RAM), which pruneSessionCaches with includeSessionTmp
+// empties; /tmp/left is left there for the restart to clear.
+func checkSessionTmpOnDisk(t *testing.T, c *client, ev *events) {
+	const mib = 3
+	c.call("spawn", map[string]any{"id": "tmp-write", "name": "w", "command": "/bin/sh",
+		"args": sh(`stat -f -c %T /tmp; head -c ` + strconv.Itoa(mib<<20) + ` /dev/zero > /tmp/big && echo written`)}, nil)
+	ev.exit("tmp-write")
+	assert.Equal(t, "ext2/ext3\nwritten\n", ev.output("stdout", "tmp-write"), "/tmp is on the disk; stderr %q", ev.output("stderr", "tmp-write"))
+	c.call("spawn", map[string]any{"id": "tmp-read", "name": "w", "command": "/bin/sh", "args": sh(`wc -c < /tmp/big`)}, nil)
+	ev.exit("tmp-read")
+	assert.Equal(t, strconv.Itoa(mib<<20)+"\n", ev.output("stdout", "tmp-read"), "the session's spawns share its /tmp")
+
+	var pruned protocol.PruneResult
+	c.call("pruneSessionCaches", map[string]any{"includeSessionTmp": true, "sessionTmpOlderThanSeconds": 0}, &pruned)
+	assert.GreaterOrEqual(t, pruned.FreedBytes, int64(mib<<20), "the guest's /tmp pruned: %+v", pruned)
+	assert.Contains(t, pruned.PrunedSessions, "w")
+	c.call("spawn", map[string]any{"id": "tmp-gone", "name": "w", "command": "/bin/sh",
+		"args": sh(`test -e /tmp/big && echo kept || echo pruned; echo x > /tmp/left`)}, nil)
+	ev.exit("tmp-gone")
+	assert.Equal(t, "pruned\n", ev.output("stdout", "tmp-gone"))
 }

@@ -197,6 +197,9 @@ func (s *Service) deleteSessionDirs(_ context.Context, p protocol.DeleteSessionD
 		}
 		if inst != nil {
 			inst.forgetSessionMounts(name)
+			if _, err := inst.pruneGuestTmp(protocol.PruneTmpParams{Sessions: []string{name}, Remove: true}); err != nil {
+				s.log.Warn("the session's /tmp stays on the guest's disk until the next start", "session", name, "err", err)
+			}
 		}
 		s.sizes.forget(name)
 		s.mu.Lock()
@@ -234,6 +237,7 @@ func (s *Service) pruneSessionCaches(ctx context.Context, p protocol.PruneSessio
 		olderThan = time.Duration(min(int64(*p.SessionTmpOlderThanSeconds), 1<<32)) * time.Second
 	}
 	cutoff := time.Now().Add(-olderThan)
+	var idle []string
 	for _, name := range names {
 		s.mu.Lock()
 		busy := s.procs.sessionBusy(name)
@@ -242,6 +246,7 @@ func (s *Service) pruneSessionCaches(ctx context.Context, p protocol.PruneSessio
 			res.SkippedSessions = append(res.SkippedSessions, name)
 			continue
 		}
+		idle = append(idle, name)
 		r := pruneSession(root, name, p.IncludeSessionTmp, cutoff)
 		if r.Tried > 0 {
 			s.sizes.stale(name)
@@ -254,11 +259,52 @@ func (s *Service) pruneSessionCaches(ctx context.Context, p protocol.PruneSessio
 			res.PrunedSessions = append(res.PrunedSessions, name)
 		}
 	}
+	if p.IncludeSessionTmp {
+		s.pruneGuestTmp(idle, olderThan, &res)
+	}
 	slices.Sort(res.PrunedSessions)
+	res.PrunedSessions = slices.Compact(res.PrunedSessions)
 	if res.FreedBytes > 0 {
 		s.log.Info("pruned session caches", "sessions", len(res.PrunedSessions), "freedBytes", res.FreedBytes)
 	}
 	return res, nil
+}
+
+// pruneGuestTmp prunes the /tmp on the guest's disk of the sessions names
+// (with no root disk, or no guest, there is none) and adds what it did to
+// res.
+func (s *Service) pruneGuestTmp(names []string, olderThan time.Duration, res *protocol.PruneResult) {
+	s.mu.Lock()
+	inst := s.guest
+	s.mu.Unlock()
+	if inst == nil || len(names) == 0 {
+		return
+	}
+	r, err := inst.pruneGuestTmp(protocol.PruneTmpParams{Sessions: names, OlderThanSeconds: int64(olderThan / time.Second)})
+	if err != nil {
+		s.log.Warn("the sessions' /tmp on the guest's disk was not pruned", "err", err)
+		return
+	}
+	res.FreedBytes += r.FreedBytes
+	res.PrunedSessions = append(res.PrunedSessions, r.Pruned...)
+	for name, msg := range r.Errors {
+		msg = "its /tmp in the guest: " + msg
+		if prev := res.Errors[name]; prev != "" {
+			msg = prev + "; " + msg
+		}
+		res.Errors[name] = msg
+	}
+}
+
+// pruneGuestTmp has the agent clean sessions' /tmp on the root disk as p
+// says; it does nothing when they have none there or the guest is not up.
+func (inst *guestInstance) pruneGuestTmp(p protocol.PruneTmpParams) (protocol.PruneTmpResult, error) {
+	var r protocol.PruneTmpResult
+	if !inst.sessionTmp.Load() || !inst.connected.Load() || inst.ending.Load() {
+		return r, nil
+	}
+	err := inst.call(protocol.AgentMethodPruneTmp, p, &r)
+	return r, err
 }
 
 // pruneSession empties the .cache of the session name and, withTmp, removes

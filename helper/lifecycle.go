@@ -55,7 +55,10 @@ type guestInstance struct {
 	cancel  context.CancelFunc
 
 	connected atomic.Bool
-	stopping  atomic.Bool   // stopVM asked for the end
+	// sessionTmp: the sessions' /tmp is on the guest's root disk, which
+	// pruneSessionCaches and deleteSessionDirs clean through the agent.
+	sessionTmp atomic.Bool
+	stopping   atomic.Bool   // stopVM asked for the end
 	ending    atomic.Bool   // the teardown has begun (stop or death)
 	ended     chan struct{} // closed when fully torn down
 
@@ -315,8 +318,9 @@ func (inst *guestInstance) setUpRoot() error {
 		attrs = append(attrs, "agent."+step.Name, time.Duration(step.Micros)*time.Microsecond)
 	}
 	if result.RootDisk != "" {
-		attrs = append(attrs, "rootDisk", result.RootDisk)
+		attrs = append(attrs, "rootDisk", result.RootDisk, "sessionTmpOnDisk", result.SessionTmp)
 	}
+	inst.sessionTmp.Store(result.SessionTmp)
 	s.log.Info("guest root set up", attrs...)
 	return nil
 }

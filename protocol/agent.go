@@ -62,6 +62,11 @@ const (
 	// AgentMethodGuestResponse answers a guest request
 	// (GuestResponseParams → no result; an error when its caller is gone).
 	AgentMethodGuestResponse = "guestResponse"
+	// AgentMethodPruneTmp removes old entries of sessions' /tmp on the
+	// root disk, or a session's /tmp whole (PruneTmpParams →
+	// PruneTmpResult): pruneSessionCaches and deleteSessionDirs for what
+	// the host cannot reach, the guest's disk.
+	AgentMethodPruneTmp = "pruneTmp"
 )
 
 // AgentFrame is the one envelope on the agent channel.
@@ -182,6 +187,29 @@ type SetupResult struct {
 	// asked for, otherwise what the agent did ("mounted", "formatted and
 	// mounted") or why the root stays read-only.
 	RootDisk string `json:"rootDisk,omitempty"`
+	// SessionTmp: isolated spawns' /tmp is a directory of their session's
+	// on the root disk (shared by the session's spawns, emptied at each
+	// start), which AgentMethodPruneTmp cleans; false: each spawn's /tmp
+	// is a tmpfs of its own, in guest RAM, gone with the spawn.
+	SessionTmp bool `json:"sessionTmp,omitempty"`
+}
+
+// PruneTmpParams names the sessions whose /tmp on the root disk to clean:
+// the entries last modified more than OlderThanSeconds ago (0: all of
+// them), or with Remove the session's /tmp itself (its session deleted).
+type PruneTmpParams struct {
+	Sessions         []string `json:"sessions"`
+	OlderThanSeconds int64    `json:"olderThanSeconds,omitempty"`
+	Remove           bool     `json:"remove,omitempty"`
+}
+
+// PruneTmpResult is what AgentMethodPruneTmp removed: the bytes (apparent
+// sizes), the sessions it removed something of, and per session what
+// failed.
+type PruneTmpResult struct {
+	FreedBytes int64             `json:"freedBytes"`
+	Pruned     []string          `json:"pruned"`
+	Errors     map[string]string `json:"errors,omitempty"`
 }
 
 // TimedStep is one step of the agent's work and its duration.

@@ -312,6 +312,12 @@ func (a *agent) handle(method string, raw json.RawMessage) (any, error) {
 			return nil, err
 		}
 		return nil, a.mnt.unmount(p.Target)
+	case protocol.AgentMethodPruneTmp:
+		var p protocol.PruneTmpParams
+		if err := decodeParams(raw, &p); err != nil {
+			return nil, err
+		}
+		return a.mnt.pruneTmp(p)
 	case protocol.AgentMethodGuestResponse:
 		var p protocol.GuestResponseParams
 		if err := decodeParams(raw, &p); err != nil {
@@ -359,6 +365,7 @@ func (a *agent) setup(p protocol.SetupParams) (*protocol.SetupResult, error) {
 			timer.done("root_disk.failed")
 		}
 		result.RootDisk = did
+		result.SessionTmp = a.mnt.hasSessionTmp()
 	}
 	result.Steps = timer.steps
 	return result, nil

@@ -121,8 +121,8 @@ var spawnCaps = []uintptr{unix.CAP_DAC_OVERRIDE, unix.CAP_DAC_READ_SEARCH, unix.
 // carried over.
 var ownKernelDirs = []string{"/proc", "/sys"}
 
-// beneath says whether p is dir or below it.
-func beneath(p, dir string) bool {
+// isBelow says whether p is dir or below it.
+func isBelow(p, dir string) bool {
 	return p == dir || dir == "/" || strings.HasPrefix(p, dir+"/")
 }
 
@@ -135,7 +135,7 @@ func beneath(p, dir string) bool {
 func planRoot(system, mounted []string, session string) []string {
 	var cands []string
 	for _, t := range slices.Concat(system, mounted) {
-		if beneath(t, sessionsDir) || slices.ContainsFunc(ownKernelDirs, func(d string) bool { return beneath(t, d) }) {
+		if isBelow(t, sessionsDir) || slices.ContainsFunc(ownKernelDirs, func(d string) bool { return isBelow(t, d) }) {
 			continue
 		}
 		cands = append(cands, t)
@@ -144,7 +144,7 @@ func planRoot(system, mounted []string, session string) []string {
 	cands = slices.Compact(cands)
 	var binds []string
 	for _, t := range cands {
-		if !slices.ContainsFunc(binds, func(b string) bool { return beneath(t, b) }) {
+		if !slices.ContainsFunc(binds, func(b string) bool { return isBelow(t, b) }) {
 			binds = append(binds, t)
 		}
 	}
@@ -230,6 +230,7 @@ func withUser(base []byte, line string) []byte {
 type isolation struct {
 	session string
 	binds   []string // agent paths bound at the same path in the new root
+	tmp     string   // bound at /tmp (sessiontmp.go); "": a tmpfs of its own
 	id      spawnIdentity
 	// passwd and group replace /etc/passwd and /etc/group when the root
 	// has them (nil: left alone).
@@ -273,6 +274,15 @@ func (iso *isolation) enter() error {
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_SLAVE, ""); err != nil {
 		return fmt.Errorf("making the process's mounts slaves of the agent's: %w", err)
 	}
+	// The session's /tmp lies in the staging directory, which the root
+	// is about to cover: held open, it is bound through its descriptor.
+	tmp, err := openSessionTmp(iso.tmp)
+	if err != nil {
+		return err
+	}
+	if tmp != nil {
+		defer tmp.Close()
+	}
 	root := stagingDir
 	if err := os.MkdirAll(root, 0o700); err != nil {
 		return fmt.Errorf("the process's root mount point: %w", err)
@@ -280,7 +290,7 @@ func (iso *isolation) enter() error {
 	if err := unix.Mount("tmpfs", root, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=0755"); err != nil {
 		return fmt.Errorf("the process's root: %w", err)
 	}
-	if err := buildSpawnRoot(root, iso); err != nil {
+	if err := buildSpawnRoot(root, iso, tmp); err != nil {
 		return err
 	}
 	old := filepath.Join(root, ".old")
@@ -351,10 +361,40 @@ func searchableByAll(p string) bool {
 	}
 }
 
+// openSessionTmp opens the session's /tmp directory dir (O_PATH, in the
+// thread's new mount namespace, where a bind may take it from); nil when
+// dir is "" (a tmpfs of its own).
+func openSessionTmp(dir string) (*os.File, error) {
+	if dir == "" {
+		return nil, nil
+	}
+	fd, err := unix.Open(dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("the session's /tmp: %w", err)
+	}
+	return os.NewFile(uintptr(fd), dir), nil
+}
+
+// mountSpawnTmp gives the process's root its /tmp at target: the
+// session's directory shared, when there is one, else a tmpfs of its own.
+func mountSpawnTmp(target string, shared *os.File) error {
+	if shared == nil {
+		if err := unix.Mount("tmpfs", target, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=1777"); err != nil {
+			return fmt.Errorf("mounting the process's /tmp: %w", err)
+		}
+		return nil
+	}
+	src := fmt.Sprintf("/proc/self/fd/%d", shared.Fd())
+	if err := unix.Mount(src, target, "", unix.MS_BIND, ""); err != nil {
+		return fmt.Errorf("binding the session's /tmp: %w", err)
+	}
+	return nil
+}
+
 // buildSpawnRoot fills the new root at root: fresh kernel file systems
-// first, then the binds (which may land on them, e.g. below /tmp), then the
-// user database.
-func buildSpawnRoot(root string, iso *isolation) error {
+// first (tmp, when not nil, is the session's /tmp), then the binds (which
+// may land on them, e.g. below /tmp), then the user database.
+func buildSpawnRoot(root string, iso *isolation, tmp *os.File) error {
 	at := func(p string) string { return filepath.Join(root, p) }
 	for _, d := range []struct {
 		name string
@@ -378,10 +418,11 @@ func buildSpawnRoot(root string, iso *isolation) error {
 	if err := setupDev(at("dev")); err != nil {
 		return err
 	}
-	for _, d := range []struct{ name, data string }{{"tmp", "mode=1777"}, {"run", "mode=0755"}} {
-		if err := unix.Mount("tmpfs", at(d.name), "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, d.data); err != nil {
-			return fmt.Errorf("mounting the process's /%s: %w", d.name, err)
-		}
+	if err := mountSpawnTmp(at("tmp"), tmp); err != nil {
+		return err
+	}
+	if err := unix.Mount("tmpfs", at("run"), "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=0755"); err != nil {
+		return fmt.Errorf("mounting the process's /run: %w", err)
 	}
 	for _, b := range iso.binds {
 		if err := bindInto(root, b); err != nil {

@@ -134,6 +134,9 @@ type mounter struct {
 	// namespaces map root's ids, so that their capabilities reach the
 	// root-owned files there.
 	overlaid bool
+	// sessionTmp holds the sessions' /tmp on the root disk (sessiontmp.go);
+	// "": each isolated spawn's /tmp is a tmpfs of its own.
+	sessionTmp string
 	// isolate: spawns get their session's view only (Options.IsolateSessions;
 	// see isolate.go). Fixed at creation.
 	isolate bool
@@ -301,8 +304,8 @@ func (m *mounter) spawnView(session string) (binds []string, owners []owner, err
 	}
 	slices.Sort(mounted)
 	for _, t := range mounted {
-		underSystem := slices.ContainsFunc(system, func(s string) bool { return beneath(t, s) })
-		if !underSystem && slices.ContainsFunc(binds, func(b string) bool { return beneath(t, b) }) {
+		underSystem := slices.ContainsFunc(system, func(s string) bool { return isBelow(t, s) })
+		if !underSystem && slices.ContainsFunc(binds, func(b string) bool { return isBelow(t, b) }) {
 			own = append(own, t)
 		}
 	}
@@ -375,7 +378,7 @@ func (m *mounter) unmount(target string) error {
 		return err
 	}
 	for t := range m.mounts {
-		if beneath(t, target) {
+		if isBelow(t, target) {
 			delete(m.mounts, t)
 		}
 	}

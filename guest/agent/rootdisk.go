@@ -19,7 +19,7 @@ package agent
 //	work/<dir>    its overlayfs work directory
 
 import (
-	"errors"
+	"encoding/binary"
 	"fmt"
 	"os"
 	"path"
@@ -36,9 +36,13 @@ import (
 const (
 	// rootDiskDir is where the agent mounts the root disk.
 	rootDiskDir = stagingDir + "/rootdisk"
-	// ext4MagicOffset is where an ext2/3/4 superblock's magic (0xEF53,
-	// little-endian) lies on the device.
-	ext4MagicOffset = 1024 + 0x38
+	// An ext2/3/4 superblock: where it lies on the device, the part of it
+	// probeDisk reads, its magic (at 0x38) and the 64bit feature
+	// (s_feature_incompat, at 0x60: s_blocks_count_hi at 0x150 counts).
+	ext4SuperblockOffset = 1024
+	ext4SuperblockSize   = 0x154
+	ext4Magic            = 0xEF53
+	ext4Incompat64Bit    = 0x80
 	// formatTimeout bounds mke2fs.
 	formatTimeout = 2 * time.Minute
 	// ext4IocResizeFS is EXT4_IOC_RESIZE_FS, _IOW('f', 16, __u64): grow a
@@ -66,12 +70,12 @@ func (a *agent) setUpRootDisk(disk protocol.RootDisk, timer *stepTimer) (string,
 		return "", err
 	}
 	did := "mounted"
-	formatted, err := hasExt4(dev)
+	sb, err := probeDisk(dev)
 	if err != nil {
 		return "", err
 	}
 	timer.done("root_disk.probe")
-	if !formatted {
+	if !sb.formatted {
 		if err := a.formatDisk(dev); err != nil {
 			return "", err
 		}
@@ -85,11 +89,23 @@ func (a *agent) setUpRootDisk(disk protocol.RootDisk, timer *stepTimer) (string,
 		return "", fmt.Errorf("mounting the root disk %s: %w", dev, err)
 	}
 	timer.done("root_disk.mount")
-	if err := growFS(dev, rootDiskDir); err != nil {
-		a.log.Warn("the root disk's file system was not grown to the disk", "err", err)
+	if sb.formatted && sb.blocksShort() > 0 {
+		if err := growFS(rootDiskDir, sb.diskBlocks()); err != nil {
+			a.log.Warn("the root disk's file system was not grown to the disk", "err", err)
+		}
+		timer.done("root_disk.grow")
 	}
-	timer.done("root_disk.grow")
-	return did, a.mnt.overlaySystem(rootDiskDir, timer)
+	if err := a.mnt.overlaySystem(rootDiskDir, timer); err != nil {
+		return did, err
+	}
+	if !a.mnt.isolate {
+		return did, nil
+	}
+	if err := a.mnt.startSessionTmp(rootDiskDir); err != nil {
+		a.log.Warn("sessions' /tmp stays in guest RAM", "err", err)
+	}
+	timer.done("root_disk.session_tmp")
+	return did, nil
 }
 
 // findDisk returns the device node of the virtio-blk disk whose serial is
@@ -111,24 +127,71 @@ func findDisk(serial string) (string, error) {
 	return "", fmt.Errorf("the guest has no virtio disk with serial %q", serial)
 }
 
-// hasExt4 reports whether dev holds an ext2/3/4 file system. The disk's
-// cached blocks are dropped first: a guest restored from a snapshot holds
-// what the kernel read of the disk when the snapshot was taken (its
-// partition scan at boot), which may since have been formatted.
-func hasExt4(dev string) (bool, error) {
+// diskSuperblock is what probeDisk read of a disk.
+type diskSuperblock struct {
+	formatted bool   // it holds an ext2/3/4 file system
+	blocks    uint64 // the file system's size in blocks (formatted)
+	blockSize uint64 // (formatted)
+	diskBytes uint64 // the disk's size
+}
+
+// diskBlocks is how many of the file system's blocks the disk holds.
+func (sb diskSuperblock) diskBlocks() uint64 { return sb.diskBytes / sb.blockSize }
+
+// blocksShort is how many blocks the file system lacks to fill the disk
+// (createVM grew it); 0 when it fills it.
+func (sb diskSuperblock) blocksShort() uint64 {
+	if !sb.formatted || sb.diskBlocks() <= sb.blocks {
+		return 0
+	}
+	return sb.diskBlocks() - sb.blocks
+}
+
+// probeDisk reads dev's size and its ext2/3/4 superblock, if it has one.
+// The disk's cached blocks are dropped first: a guest restored from a
+// snapshot holds what the kernel read of the disk when the snapshot was
+// taken (its partition scan at boot), which may since have been formatted.
+func probeDisk(dev string) (diskSuperblock, error) {
+	var sb diskSuperblock
 	fd, err := unix.Open(dev, unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return false, fmt.Errorf("opening the root disk: %w", err)
+		return sb, fmt.Errorf("opening the root disk: %w", err)
 	}
 	defer unix.Close(fd)
 	if _, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), unix.BLKFLSBUF, 0); errno != 0 {
-		return false, fmt.Errorf("dropping the root disk's cached blocks: %w", errno)
+		return sb, fmt.Errorf("dropping the root disk's cached blocks: %w", errno)
 	}
-	magic := make([]byte, 2)
-	if _, err := unix.Pread(fd, magic, ext4MagicOffset); err != nil {
-		return false, fmt.Errorf("reading the root disk's superblock: %w", err)
+	if sb.diskBytes, err = unix.IoctlGetUint64(fd, unix.BLKGETSIZE64); err != nil {
+		return sb, fmt.Errorf("the root disk's size: %w", err)
 	}
-	return magic[0] == 0x53 && magic[1] == 0xEF, nil
+	raw := make([]byte, ext4SuperblockSize)
+	if _, err := unix.Pread(fd, raw, ext4SuperblockOffset); err != nil {
+		return sb, fmt.Errorf("reading the root disk's superblock: %w", err)
+	}
+	return parseExt4Superblock(raw, sb.diskBytes), nil
+}
+
+// parseExt4Superblock reads the fields probeDisk needs of an ext2/3/4
+// superblock (raw: its first ext4SuperblockSize bytes) on a disk of
+// diskBytes. Anything that is not a plausible one reads as unformatted:
+// the disk is formatted afresh.
+func parseExt4Superblock(raw []byte, diskBytes uint64) diskSuperblock {
+	sb := diskSuperblock{diskBytes: diskBytes}
+	le := binary.LittleEndian
+	if len(raw) < ext4SuperblockSize || le.Uint16(raw[0x38:]) != ext4Magic {
+		return sb
+	}
+	logSize := le.Uint32(raw[0x18:])
+	if logSize > 6 { // ext4 blocks are 1 KiB to 64 KiB
+		return sb
+	}
+	sb.blockSize = 1024 << logSize
+	sb.blocks = uint64(le.Uint32(raw[0x04:]))
+	if le.Uint32(raw[0x60:])&ext4Incompat64Bit != 0 {
+		sb.blocks |= uint64(le.Uint32(raw[0x150:])) << 32
+	}
+	sb.formatted = true
+	return sb
 }
 
 // formatDisk makes an ext4 file system on dev with the host's mke2fs.
@@ -150,29 +213,9 @@ func (a *agent) formatDisk(dev string) error {
 		"-E", "lazy_itable_init=1,lazy_journal_init=1,nodiscard", dev)
 }
 
-// growFS grows the ext4 file system mounted at dir to the size of dev
-// (createVM asked for a larger disk), online.
-func growFS(dev, dir string) error {
-	devFD, err := unix.Open(dev, unix.O_RDONLY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return err
-	}
-	size, err := unix.IoctlGetUint64(devFD, unix.BLKGETSIZE64)
-	unix.Close(devFD)
-	if err != nil {
-		return fmt.Errorf("the root disk's size: %w", err)
-	}
-	var st unix.Statfs_t
-	if err := unix.Statfs(dir, &st); err != nil {
-		return err
-	}
-	if st.Bsize <= 0 {
-		return errors.New("the root disk's file system reports no block size")
-	}
-	blocks := size / uint64(st.Bsize)
-	if blocks <= st.Blocks {
-		return nil
-	}
+// growFS grows the ext4 file system mounted at dir to blocks blocks, the
+// disk's size (createVM asked for a larger disk), online.
+func growFS(dir string, blocks uint64) error {
 	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return err

@@ -288,8 +288,12 @@ func (t *processTable) isolationFor(sp protocol.SpawnParams) (*isolation, error)
 	if err != nil {
 		return nil, err
 	}
+	tmp, err := t.a.mnt.sessionTmpFor(session)
+	if err != nil {
+		return nil, err
+	}
 	uid := t.uids.get(session, owners)
-	iso := &isolation{session: session, binds: binds, id: identityFor(uid, owners)}
+	iso := &isolation{session: session, binds: binds, tmp: tmp, id: identityFor(uid, owners)}
 	home := path.Join(sessionsDir, session)
 	if base, err := os.ReadFile("/etc/passwd"); err == nil {
 		iso.passwd = withUser(base, fmt.Sprintf("%s:x:%d:%d:Cowork session:%s:/bin/sh\n", spawnUserName, uid, uid, home))
