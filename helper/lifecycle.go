@@ -59,8 +59,8 @@ type guestInstance struct {
 	// pruneSessionCaches and deleteSessionDirs clean through the agent.
 	sessionTmp atomic.Bool
 	stopping   atomic.Bool   // stopVM asked for the end
-	ending    atomic.Bool   // the teardown has begun (stop or death)
-	ended     chan struct{} // closed when fully torn down
+	ending     atomic.Bool   // the teardown has begun (stop or death)
+	ended      chan struct{} // closed when fully torn down
 
 	mu    sync.Mutex
 	guest Guest
