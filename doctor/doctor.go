@@ -47,6 +47,7 @@ func Run(ctx context.Context, opts Options) Report {
 	serveOK := r.socketChecks()
 	usernsOK := r.userNSCheck()
 	r.diskCheck()
+	r.rootDiskCheck()
 	kvmReady := kvmFacts.works() && kernelOK && fileSharingOK
 	kvmBooted, processBooted := r.bootChecks(kvmReady, usernsOK)
 	gatePasses, gate := r.clientChecks()

@@ -59,6 +59,7 @@ type fakeHost struct {
 	embedded  []byte
 	cache     string // KernelCache answer; "" = none built
 	exe       string
+	rootDisks []RootDisk // RootDisks answer
 
 	mu    sync.Mutex
 	boots []string
@@ -155,6 +156,7 @@ func (f *fakeHost) host() *Host {
 		FreeBytes:  func(string) (uint64, error) { return f.free, nil },
 		Executable: func() (string, error) { return f.exe, nil },
 		DataDir:    func() (string, error) { return "/home/u/.local/share/cowork-vmm", nil },
+		RootDisks:  func(string) ([]RootDisk, error) { return f.rootDisks, nil },
 		KernelCache: func() (string, error) {
 			if f.cache == "" {
 				return "", errors.New("no guest kernel built: run `make kernel`")

@@ -46,6 +46,9 @@ type Host struct {
 	Executable func() (string, error)
 	// DataDir is the helper's data directory (helper.DefaultDataDir).
 	DataDir func() (string, error)
+	// RootDisks lists the profiles' root disks in the data directory
+	// dataDir, each with whether a VM uses it now (ListRootDisks).
+	RootDisks func(dataDir string) ([]RootDisk, error)
 	// KernelCache is the path of the latest `make kernel` guest vmlinux
 	// (kernel.Find(kernel.Guest)); its error says how to build one.
 	KernelCache func() (string, error)
@@ -90,6 +93,7 @@ func RealHost() Host {
 		FreeBytes:      freeBytes,
 		Executable:     os.Executable,
 		DataDir:        helper.DefaultDataDir,
+		RootDisks:      ListRootDisks,
 		KernelCache:    func() (string, error) { return kernel.Find(kernel.Guest) },
 		EmbeddedKernel: embedded.Kernel,
 		ProbeKVM:       kvm.ProbeHost,
@@ -140,6 +144,9 @@ func (h Host) withDefaults() Host {
 	}
 	if h.DataDir == nil {
 		h.DataDir = r.DataDir
+	}
+	if h.RootDisks == nil {
+		h.RootDisks = r.RootDisks
 	}
 	if h.KernelCache == nil {
 		h.KernelCache = r.KernelCache

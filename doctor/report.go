@@ -33,6 +33,7 @@ const (
 	CheckSocketPath     = "socket-path"
 	CheckUserNS         = "user-namespaces"
 	CheckDisk           = "disk-space"
+	CheckRootDisks      = "root-disks"
 	CheckBootKVM        = "boot-kvm"
 	CheckBootProcess    = "boot-process"
 	CheckClientHelper   = "client-helper"

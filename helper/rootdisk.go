@@ -1,11 +1,13 @@
 package helper
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
-	"syscall"
+
+	"golang.org/x/sys/unix"
 )
 
 // The profile's root disk (issue #19): a sparse raw image in the profile's
@@ -13,49 +15,109 @@ import (
 // the root on (the agent's rootdisk.go). createVM's diskSizeGB sizes it (a
 // larger size grows it at the next start; it never shrinks, which would
 // cut the guest's file system); without one it is DefaultRootDiskBytes.
-// Removing the file starts the next guest on a clean root. The host never
-// reads what is in it: the guest formats and mounts it.
+// Removing the file (`cowork-vmm doctor --reset-root`) starts the next
+// guest on a clean root. The host never reads what is in it: the guest
+// formats and mounts it.
+//
+// Whoever opens the image for a VM holds an exclusive flock on it for as
+// long as it stays open (OpenRootDisk, LockRootDisk): two guests writing
+// one ext4 image would corrupt it, so a second helper of the profile (or a
+// second VM) starts without the disk instead. Doctor takes the same lock,
+// briefly, to tell a disk in use.
 
 const (
-	rootDiskFile = "root.img"
+	// RootDiskFile is the root disk's name in its profile's directory.
+	RootDiskFile = "root.img"
+	// ProfilesDir is the data directory's directory of profiles: a root
+	// disk is <DataDir>/ProfilesDir/<profile id>/RootDiskFile.
+	ProfilesDir = profilesDirName
 	// DefaultRootDiskBytes sizes a root disk createVM gave no size for.
 	// Sparse: only what the guest writes takes host disk space.
 	DefaultRootDiskBytes = 16 << 30
 	// minRootDiskBytes is the smallest disk worth formatting.
 	minRootDiskBytes = 64 << 20
-	// rootDiskEnv set to "off" starts guests without a root disk (their
+	// RootDiskEnv set to "off" starts guests without a root disk (their
 	// root read-only, as before the disk existed).
-	rootDiskEnv = "COWORK_VMM_ROOTDISK"
+	RootDiskEnv = "COWORK_VMM_ROOTDISK"
 )
+
+// ErrRootDiskInUse: another open of the root disk holds its lock (a VM
+// runs on it).
+var ErrRootDiskInUse = errors.New("in use by a running VM")
 
 // rootDiskPath returns where the profile's root disk lives; "" when the
 // helper keeps no state or root disks are off.
 func (s *Service) rootDiskPath() string {
-	if s.opts.Stateless || s.opts.DataDir == "" || strings.EqualFold(os.Getenv(rootDiskEnv), "off") {
+	if s.opts.Stateless || s.opts.DataDir == "" || strings.EqualFold(os.Getenv(RootDiskEnv), "off") {
 		return ""
 	}
-	return filepath.Join(s.opts.DataDir, profilesDirName, profileID(s.key), rootDiskFile)
+	return filepath.Join(s.opts.DataDir, profilesDirName, profileID(s.key), RootDiskFile)
+}
+
+// OpenRootDisk opens the root disk at path for a VM, for reading and
+// writing, locked (LockRootDisk) for as long as the file stays open. A
+// symlink is not followed; what is not a regular file is refused.
+func OpenRootDisk(path string) (*os.File, error) {
+	return openRootDisk(path, 0)
+}
+
+// openRootDisk is OpenRootDisk with extra open flags (O_CREATE).
+func openRootDisk(path string, flag int) (*os.File, error) {
+	f, err := os.OpenFile(path, os.O_RDWR|unix.O_NOFOLLOW|unix.O_CLOEXEC|flag, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("opening the root disk: %w", err)
+	}
+	st, err := f.Stat()
+	if err == nil && !st.Mode().IsRegular() {
+		err = fmt.Errorf("the root disk %s is not a regular file", path)
+	}
+	if err == nil {
+		err = LockRootDisk(f)
+	}
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	return f, nil
+}
+
+// LockRootDisk takes the root disk's lock on f, an open of the image:
+// flock, exclusive, without waiting. flock, not fcntl: its lock belongs to
+// the open file, so it lasts exactly as long as f stays open, and a second
+// open in the same process conflicts too. A disk locked already fails with
+// ErrRootDiskInUse, naming the file.
+func LockRootDisk(f *os.File) error {
+	err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
+	for errors.Is(err, unix.EINTR) {
+		err = unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
+	}
+	switch {
+	case errors.Is(err, unix.EWOULDBLOCK):
+		return fmt.Errorf("the root disk %s is %w (another helper of this profile has it open)", f.Name(), ErrRootDiskInUse)
+	case err != nil:
+		return fmt.Errorf("locking the root disk %s: %w", f.Name(), err)
+	}
+	return nil
 }
 
 // prepareRootDisk makes the root disk at path exist with at least size
-// bytes (rounded up to a whole MiB), creating or growing the sparse file.
+// bytes (rounded up to a whole MiB), creating or growing the sparse file;
+// a disk in use is refused (ErrRootDiskInUse) rather than resized under
+// its VM.
 func prepareRootDisk(path string, size int64) error {
 	size = max(size, minRootDiskBytes)
 	size = (size + 1<<20 - 1) &^ (1<<20 - 1)
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return fmt.Errorf("the root disk's directory: %w", err)
 	}
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|syscall.O_NOFOLLOW, 0o600)
+	f, err := openRootDisk(path, os.O_CREATE)
 	if err != nil {
-		return fmt.Errorf("the root disk %s: %w", path, err)
+		return err
 	}
 	defer f.Close()
 	st, err := f.Stat()
 	if err != nil {
 		return err
-	}
-	if !st.Mode().IsRegular() {
-		return fmt.Errorf("the root disk %s is not a regular file", path)
 	}
 	if st.Size() >= size {
 		return nil

@@ -105,6 +105,9 @@ Usage:
   cowork-vmm bench [--runs N] [--out DIR] time a guest start, phase by phase, beside qemu
                                          (report.md, report.json, report.svg in DIR)
   cowork-vmm doctor [--json] [--boot]    check what this host can run, with a fix for each problem
+  cowork-vmm doctor --reset-root PROFILE|all
+                                         remove a profile's root disk (its VM stopped), so its
+                                         next VM starts on a clean root
   cowork-vmm version                     print version, commit and Go version
   cowork-vmm help                        this text
 

@@ -1,11 +1,12 @@
 // Package beneath owns descriptor-relative file work beneath a directory
 // that an untrusted party can write (a session directory the guest shares):
 // opening a directory beneath another, listing its entries, removing a tree
-// (or every entry older than a time: PruneOlder), summing its size and
-// reading a size-capped regular file, all relative to open directory
-// descriptors and never following a symlink at any component. A party that swaps an entry for a
-// symlink while a call runs makes that call fail or act on the symlink
-// itself, never on what it points to.
+// (or every entry older than a time: PruneOlder), summing its size, opening
+// a regular file, reading a size-capped one and removing a file, all
+// relative to open directory descriptors and never following a symlink at
+// any component. A party that swaps an entry for a symlink while a call
+// runs makes that call fail or act on the symlink itself, never on what it
+// points to.
 //
 // Only the directory given to Open is reached by path; the caller trusts
 // that path (nobody hostile can write to its parents). Walks are bounded in

@@ -25,25 +25,38 @@ var fileHow = unix.OpenHow{
 	Resolve: openHow.Resolve,
 }
 
-// ReadFile reads the regular file rel (a relative path, several components
-// allowed) beneath d, of at most max bytes: a symlink at any component
-// fails (ELOOP), as do a way out of d and a mount point crossed (EXDEV); a
-// name that is not a regular file fails with ErrNotRegular, a file over max
-// bytes (also one that grows past it while read) with ErrTooLarge.
-func (d *Dir) ReadFile(rel string, max int64) ([]byte, error) {
+// OpenFile opens the regular file rel (a relative path, several
+// components allowed) beneath d for reading, returning its fstat too: a
+// symlink at any component fails (ELOOP), as do a way out of d and a mount
+// point crossed (EXDEV); a name that is not a regular file fails with
+// ErrNotRegular. The caller closes the file.
+func (d *Dir) OpenFile(rel string) (*os.File, unix.Stat_t, error) {
+	var st unix.Stat_t
 	fd, err := d.openat2(rel, fileHow)
+	if err != nil {
+		return nil, st, err
+	}
+	f := os.NewFile(uintptr(fd), d.path+"/"+rel)
+	if err := retry(func() error { return unix.Fstat(fd, &st) }); err != nil {
+		f.Close()
+		return nil, st, d.err("fstat", rel, err)
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFREG {
+		f.Close()
+		return nil, st, d.err("open", rel, ErrNotRegular)
+	}
+	return f, st, nil
+}
+
+// ReadFile reads the regular file rel beneath d as OpenFile opens it, of
+// at most max bytes: a file over max bytes (also one that grows past it
+// while read) fails with ErrTooLarge.
+func (d *Dir) ReadFile(rel string, max int64) ([]byte, error) {
+	f, st, err := d.OpenFile(rel)
 	if err != nil {
 		return nil, err
 	}
-	f := os.NewFile(uintptr(fd), d.path+"/"+rel)
 	defer f.Close()
-	var st unix.Stat_t
-	if err := retry(func() error { return unix.Fstat(fd, &st) }); err != nil {
-		return nil, d.err("fstat", rel, err)
-	}
-	if st.Mode&unix.S_IFMT != unix.S_IFREG {
-		return nil, d.err("open", rel, ErrNotRegular)
-	}
 	if st.Size > max {
 		return nil, d.err("read", rel, fmt.Errorf("%w: %d bytes, more than %d", ErrTooLarge, st.Size, max))
 	}
@@ -55,4 +68,13 @@ func (d *Dir) ReadFile(rel string, max int64) ([]byte, error) {
 		return nil, d.err("read", rel, fmt.Errorf("%w: it grew past %d bytes", ErrTooLarge, max))
 	}
 	return data, nil
+}
+
+// Remove removes the entry name of d that is not a directory (unlinkat
+// without AT_REMOVEDIR): a symlink is removed itself, never its target.
+func (d *Dir) Remove(name string) error {
+	if err := checkName(name); err != nil {
+		return d.err("unlinkat", name, err)
+	}
+	return d.unlink(name, 0)
 }

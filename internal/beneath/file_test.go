@@ -49,3 +49,35 @@ func TestReadFileRefusesAFIFO(t *testing.T) {
 	_, err := openT(t, dir).ReadFile("fifo", 100)
 	assert.ErrorIs(t, err, ErrNotRegular)
 }
+
+// OpenFile opens what ReadFile reads, with its fstat, and refuses what
+// ReadFile refuses.
+func TestOpenFile(t *testing.T) {
+	f := newFixture(t)
+	d := openT(t, f.root)
+	file, st, err := d.OpenFile("a/b/file")
+	require.NoError(t, err)
+	assert.Equal(t, int64(10), st.Size)
+	require.NoError(t, file.Close())
+	_, _, err = d.OpenFile("a/b/out")
+	assert.ErrorIs(t, err, syscall.ELOOP, "a symlink is not followed")
+	_, _, err = d.OpenFile("a")
+	assert.ErrorIs(t, err, ErrNotRegular)
+}
+
+// Remove unlinks a file or a symlink itself (never its target) and
+// refuses directories and what is not one entry name.
+func TestRemove(t *testing.T) {
+	f := newFixture(t)
+	d := openT(t, f.root)
+	require.NoError(t, d.Remove("file"))
+	assert.NoFileExists(t, filepath.Join(f.root, "file"))
+	require.NoError(t, d.Remove("out"))
+	f.assertOutsideIntact(t)
+	assert.ErrorIs(t, d.Remove("a"), syscall.EISDIR)
+	for _, name := range []string{"", ".", "..", "a/b/file"} {
+		assert.ErrorIs(t, d.Remove(name), ErrBadName, name)
+	}
+	assert.FileExists(t, filepath.Join(f.root, "a", "b", "file"))
+	assert.ErrorIs(t, d.Remove("missing"), os.ErrNotExist)
+}

@@ -157,7 +157,7 @@ func (b *Backend) Start(ctx context.Context, cfg helper.GuestConfig) (helper.Gue
 		return nil, err
 	}
 	step(StepCreateVM, protocol.StepStarted)
-	g, err := b.create(memMiB, cpus, devices{fsKind: fsKind, rootDisk: cfg.RootDisk})
+	g, err := b.create(memMiB, cpus, fsKind, cfg.RootDisk)
 	if err != nil {
 		step(StepCreateVM, protocol.StepFailed)
 		return nil, err
@@ -196,14 +196,21 @@ func (b *Backend) preflight() error {
 }
 
 // create locates the kernel and assembles the VM with its devices (file
-// sharing of kind fsKind), not yet running: restored from the backend's
-// snapshot when it has a sound one for this VM (warm), else with the
-// initramfs built to boot cold, taking the snapshot on the way when
-// snapshots are on.
-func (b *Backend) create(memMiB, cpus int, devs devices) (*guest, error) {
+// sharing of kind fsKind, the root disk at rootDisk when it can be had),
+// not yet running: restored from the backend's snapshot when it has a
+// sound one for this VM (warm), else with the initramfs built to boot
+// cold, taking the snapshot on the way when snapshots are on.
+func (b *Backend) create(memMiB, cpus int, fsKind, rootDisk string) (g *guest, err error) {
+	// Opened once, before the snapshot is chosen: the snapshot is of the
+	// devices the VM really gets, and a disk in use costs no warm start.
+	devs := devices{fsKind: fsKind, rootDisk: b.openRootDisk(rootDisk)}
+	defer func() {
+		if err != nil && devs.rootDisk != nil {
+			devs.rootDisk.Close() // not attached: still ours
+		}
+	}()
 	exe := b.opts.Executable
 	if exe == "" {
-		var err error
 		if exe, err = os.Executable(); err != nil {
 			return nil, fmt.Errorf("kvm backend: finding the helper's own executable (the guest's /init): %w", err)
 		}
@@ -243,7 +250,7 @@ func (b *Backend) create(memMiB, cpus int, devs devices) (*guest, error) {
 		return nil, machineError(err)
 	}
 	made := time.Now()
-	g, err := b.attach(m, con, devs)
+	g, err = b.attach(m, con, devs)
 	if err != nil {
 		return nil, err
 	}
@@ -273,11 +280,11 @@ func (b *Backend) initramfs(exe string) (loader.InitrdSource, error) {
 }
 
 // devices are what a VM has attached besides its fixed set: the kind of
-// its file-sharing devices and its root disk ("" for none). A snapshot is
-// of one such set (snapshotIdentity).
+// its file-sharing devices and its root disk, open and locked (nil for
+// none). A snapshot is of one such set (snapshotIdentity).
 type devices struct {
 	fsKind   string
-	rootDisk string
+	rootDisk *os.File
 }
 
 // attach gives the new machine m its guest and devices.

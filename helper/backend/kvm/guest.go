@@ -89,9 +89,9 @@ func newGuestState(con *console, log *slog.Logger, fsKind string) *guest {
 // attachDevices attaches virtio-vsock (listening on the agent's port), two
 // file-sharing devices of kind g.fsKind, virtio-fs or virtio-9p (MountTag
 // serving the exports Share registers, SystemMountTag those ShareSystem
-// registers, cached), virtio-rng and, when rootDisk names one, the root
-// disk (virtio-blk) to m.
-func (g *guest) attachDevices(m *machine.Machine, rootDisk string) (err error) {
+// registers, cached), virtio-rng and, when rootDisk is one, the root disk
+// (virtio-blk) to m.
+func (g *guest) attachDevices(m *machine.Machine, rootDisk *os.File) (err error) {
 	g.m = m
 	vs, err := vsock.New(vsock.Config{GuestCID: GuestCID, Logger: g.log})
 	if err != nil {
@@ -115,7 +115,7 @@ func (g *guest) attachDevices(m *machine.Machine, rootDisk string) (err error) {
 	if _, err := m.AddVirtioMMIO(rng.New(g.log)); err != nil {
 		return fmt.Errorf("attaching the rng device: %w", err)
 	}
-	if rootDisk != "" {
+	if rootDisk != nil {
 		return g.attachRootDisk(m, rootDisk)
 	}
 	return nil

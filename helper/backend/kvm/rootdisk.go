@@ -1,13 +1,11 @@
 package kvm
 
 import (
-	"errors"
 	"fmt"
 	"os"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/cowork-vmm/cowork-vmm/devices/blk"
+	"github.com/cowork-vmm/cowork-vmm/helper"
 	"github.com/cowork-vmm/cowork-vmm/machine"
 )
 
@@ -18,47 +16,41 @@ type rootDisk struct {
 	dev  *blk.Device
 }
 
-// attachRootDisk opens the image at path (helper.GuestConfig.RootDisk),
-// locks it against a second VM on the same disk, and attaches it to m as
-// a writable virtio-blk disk. On error nothing is left open.
-func (g *guest) attachRootDisk(m *machine.Machine, path string) error {
-	f, err := openRootDisk(path)
-	if err != nil {
-		return err
+// openRootDisk opens the image at path (helper.GuestConfig.RootDisk) for
+// the VM, locked against a second VM on it (helper.OpenRootDisk); nil for
+// none. A disk that cannot be had (in use by another helper of the
+// profile, removed meanwhile) costs the guest its writable root, not its
+// start: logged, and the guest boots with its root read-only.
+func (b *Backend) openRootDisk(path string) *os.File {
+	if path == "" {
+		return nil
 	}
-	dev, err := blk.New(f, blk.Options{Serial: blk.DefaultSerial, Logger: g.log})
+	f, err := helper.OpenRootDisk(path)
 	if err != nil {
-		f.Close()
+		b.log.Warn("kvm backend: the guest starts without a root disk: its root is read-only", "err", err)
+		return nil
+	}
+	return f
+}
+
+// attachRootDisk attaches the image file (openRootDisk's) to m as a
+// writable virtio-blk disk. The file is the guest's only once attached:
+// on error the caller still owns it (a cold boot after a failed restore
+// attaches it again).
+func (g *guest) attachRootDisk(m *machine.Machine, file *os.File) error {
+	dev, err := blk.New(file, blk.Options{Serial: blk.DefaultSerial, Logger: g.log})
+	if err != nil {
 		return err
 	}
 	if _, err := m.AddVirtioMMIO(dev); err != nil {
-		f.Close()
 		return fmt.Errorf("attaching the root disk: %w", err)
 	}
-	g.disk = &rootDisk{file: f, dev: dev}
+	g.disk = &rootDisk{file: file, dev: dev}
 	return nil
 }
 
-// openRootDisk opens the image at path for reading and writing, locked
-// (flock, exclusive) for as long as it stays open: a second VM on the same
-// disk would corrupt its file system.
-func openRootDisk(path string) (*os.File, error) {
-	f, err := os.OpenFile(path, os.O_RDWR|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return nil, fmt.Errorf("opening the root disk: %w", err)
-	}
-	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
-		f.Close()
-		if errors.Is(err, unix.EWOULDBLOCK) {
-			return nil, fmt.Errorf("the root disk %s is in use by another VM (another helper of this profile is running)", path)
-		}
-		return nil, fmt.Errorf("locking the root disk %s: %w", path, err)
-	}
-	return f, nil
-}
-
 // close flushes what the guest wrote to the host's disk and releases the
-// image; called once the machine has stopped.
+// image (and its lock); called once the machine has stopped.
 func (d *rootDisk) close() error {
 	err := d.file.Sync()
 	if cerr := d.file.Close(); err == nil {

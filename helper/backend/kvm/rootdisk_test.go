@@ -1,6 +1,8 @@
 package kvm
 
 import (
+	"bytes"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"testing"
@@ -8,27 +10,29 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/cowork-vmm/cowork-vmm/helper"
 	"github.com/cowork-vmm/cowork-vmm/protocol"
 )
 
-// TestRootDiskIsLockedWhileOpen: a second VM cannot open a root disk in
-// use; once the first lets go, it can. A symlink is not followed.
-func TestRootDiskIsLockedWhileOpen(t *testing.T) {
+// TestOpenRootDiskInUse: a root disk another VM holds (helper.OpenRootDisk
+// locks it) is not attached: the guest starts without it, with a warning
+// naming the file, rather than failing; once free it is opened.
+func TestOpenRootDiskInUse(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "root.img")
 	require.NoError(t, os.WriteFile(path, make([]byte, 1<<20), 0o600))
-	first, err := openRootDisk(path)
+	held, err := helper.OpenRootDisk(path)
 	require.NoError(t, err)
-	_, err = openRootDisk(path)
-	assert.ErrorContains(t, err, "in use by another VM")
-	require.NoError(t, first.Close())
-	again, err := openRootDisk(path)
-	require.NoError(t, err)
-	require.NoError(t, again.Close())
+	var logged bytes.Buffer
+	b := &Backend{log: slog.New(slog.NewTextHandler(&logged, nil))}
 
-	link := filepath.Join(t.TempDir(), "link.img")
-	require.NoError(t, os.Symlink(path, link))
-	_, err = openRootDisk(link)
-	assert.Error(t, err, "a symlinked root disk is refused")
+	assert.Nil(t, b.openRootDisk(path))
+	assert.Contains(t, logged.String(), "without a root disk")
+	assert.Contains(t, logged.String(), path)
+	require.NoError(t, held.Close())
+	f := b.openRootDisk(path)
+	require.NotNil(t, f)
+	require.NoError(t, f.Close())
+	assert.Nil(t, b.openRootDisk(""), "none asked for")
 }
 
 // TestAdjustSetupNamesTheRootDisk: with a root disk attached the agent is
