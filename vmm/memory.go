@@ -62,7 +62,8 @@ type mappedRegion struct {
 }
 
 // NewMemory maps the regions (each page-aligned, non-empty, non-overlapping).
-// Untouched pages cost no host memory (MAP_NORESERVE, demand paging).
+// Untouched pages cost no host memory (MAP_NORESERVE, demand paging); see
+// ramap.go for huge pages.
 func NewMemory(regions []MemoryRegion) (*Memory, error) {
 	return newMemory(regions, nil)
 }
@@ -77,11 +78,24 @@ type MemoryImage struct {
 
 // NewMemoryFromImage maps the regions copy-on-write from img
 // (MAP_PRIVATE): a page is read from the file when the guest first
-// touches it, and what the guest writes never reaches the file. The
-// caller may close the file once it returns.
+// touches it, and what the guest writes never reaches the file (see
+// ramap.go for why it is not copied). The caller may close the file once
+// it returns.
 func NewMemoryFromImage(regions []MemoryRegion, img MemoryImage) (*Memory, error) {
 	if img.Offset < 0 || img.Offset%pageSize != 0 {
 		return nil, fmt.Errorf("guest memory image offset %d: must be a non-negative multiple of 4 KiB", img.Offset)
+	}
+	// A mapping past the file's end would fault (SIGBUS) when touched.
+	var need int64
+	for _, r := range regions {
+		need += int64(r.Size)
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(img.FD, &st); err != nil {
+		return nil, fmt.Errorf("guest memory image: %w", err)
+	}
+	if st.Size-img.Offset < need {
+		return nil, fmt.Errorf("guest memory image: %d bytes from offset %d, guest RAM is %d", max(st.Size-img.Offset, 0), img.Offset, need)
 	}
 	return newMemory(regions, &img)
 }
@@ -104,15 +118,13 @@ func newMemory(regions []MemoryRegion, img *MemoryImage) (*Memory, error) {
 		}
 	}
 	m := &Memory{}
-	fd, flags, offset := -1, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_NORESERVE, int64(0)
+	var offset int64
 	if img != nil {
-		fd, flags, offset = img.FD, unix.MAP_PRIVATE|unix.MAP_NORESERVE, img.Offset
+		offset = img.Offset
 	}
 	for _, r := range sorted {
-		host, err := unix.Mmap(fd, offset, int(r.Size), unix.PROT_READ|unix.PROT_WRITE, flags)
-		if img != nil {
-			offset += int64(r.Size)
-		}
+		host, err := mapRegion(r, img, offset)
+		offset += int64(r.Size)
 		if err != nil {
 			m.Close()
 			return nil, fmt.Errorf("mapping %d MiB of guest memory at %#x: %w", r.Size>>20, r.GPA, err)
@@ -120,6 +132,14 @@ func newMemory(regions []MemoryRegion, img *MemoryImage) (*Memory, error) {
 		m.regions = append(m.regions, mappedRegion{MemoryRegion: r, host: host})
 	}
 	return m, nil
+}
+
+// mapRegion maps region r: anonymous, or from img at offset.
+func mapRegion(r MemoryRegion, img *MemoryImage, offset int64) ([]byte, error) {
+	if img != nil {
+		return mapImageRAM(img.FD, offset, r.Size)
+	}
+	return mapAnonymousRAM(r.Size)
 }
 
 // WriteTo writes every region's bytes to w, in address order (the layout
@@ -232,7 +252,7 @@ func (m *Memory) Close() error {
 	m.closed = true
 	var firstErr error
 	for _, r := range m.regions {
-		if err := unix.Munmap(r.host); err != nil && firstErr == nil {
+		if err := unmapRAM(r.host); err != nil && firstErr == nil {
 			firstErr = fmt.Errorf("unmapping guest memory at %#x: %w", r.GPA, err)
 		}
 	}
