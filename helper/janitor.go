@@ -252,10 +252,10 @@ func (s *Service) pruneSessionCaches(ctx context.Context, p protocol.PruneSessio
 			s.sizes.stale(name)
 		}
 		res.FreedBytes += r.Freed
-		if len(r.Errs) > 0 {
-			res.Errors[name] = errors.Join(r.Errs...).Error()
+		if err := r.Err(); err != nil {
+			res.Errors[name] = err.Error()
 		}
-		if r.Freed > 0 || len(r.Errs) < r.Tried {
+		if r.RemovedAny() {
 			res.PrunedSessions = append(res.PrunedSessions, name)
 		}
 	}

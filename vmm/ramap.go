@@ -12,8 +12,8 @@ import (
 // pages: so guest RAM is anonymous memory aligned to a huge page and
 // advised to use them (MADV_HUGEPAGE, honoured where the host's THP mode
 // is "always" or "madvise", the common defaults). In the nested harness
-// that took a cold boot's kernel entry → /init from 2.68 s to 1.47 s, for
-// 4.4 MiB more guest RAM touched.
+// that took a cold boot's kernel entry → /init from 2.68 s to 1.58 s
+// (medians of 3), for 4.4 MiB more guest RAM touched.
 //
 // A snapshot's RAM stays mapped copy-on-write from its file, each page
 // read when the guest first touches it (in 4 KiB pages: private file

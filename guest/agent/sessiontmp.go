@@ -139,10 +139,10 @@ func (m *mounter) pruneTmp(p protocol.PruneTmpParams) (protocol.PruneTmpResult, 
 		}
 		r := pruneSessionTmp(dir, session, p.Remove, cutoff)
 		res.FreedBytes += r.Freed
-		if len(r.Errs) > 0 {
-			res.Errors[session] = errors.Join(r.Errs...).Error()
+		if err := r.Err(); err != nil {
+			res.Errors[session] = err.Error()
 		}
-		if r.Tried > len(r.Errs) {
+		if r.RemovedAny() {
 			res.Pruned = append(res.Pruned, session)
 		}
 	}

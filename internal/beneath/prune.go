@@ -1,6 +1,9 @@
 package beneath
 
-import "time"
+import (
+	"errors"
+	"time"
+)
 
 // Pruned is what one PruneOlder call did.
 type Pruned struct {
@@ -41,3 +44,9 @@ func (r *Pruned) Add(o Pruned) {
 	r.Tried += o.Tried
 	r.Errs = append(r.Errs, o.Errs...)
 }
+
+// RemovedAny says whether at least one entry it tried went.
+func (r Pruned) RemovedAny() bool { return r.Tried > len(r.Errs) }
+
+// Err joins the failures; nil when there were none.
+func (r Pruned) Err() error { return errors.Join(r.Errs...) }

@@ -69,4 +69,9 @@ func TestPrunedAdd(t *testing.T) {
 	r := Pruned{Freed: 1, Tried: 1}
 	r.Add(Pruned{Freed: 2, Tried: 3, Errs: []error{os.ErrPermission}})
 	assert.Equal(t, Pruned{Freed: 3, Tried: 4, Errs: []error{os.ErrPermission}}, r)
+	assert.True(t, r.RemovedAny())
+	assert.ErrorIs(t, r.Err(), os.ErrPermission)
+	failed := Pruned{Tried: 1, Errs: []error{os.ErrPermission}}
+	assert.False(t, failed.RemovedAny(), "its one try failed")
+	assert.NoError(t, Pruned{}.Err())
 }
