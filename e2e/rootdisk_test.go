@@ -115,6 +115,7 @@ echo changed`)}, nil)
 	b.call("stopVM", nil, nil)
 	_, err = os.Stat("/opt/cowork-root-test")
 	assert.ErrorIs(t, err, os.ErrNotExist, "the host's /opt was never written")
+	recordBoot(t)
 }
 
 // checkSessionTmpOnDisk: a session's spawns share a /tmp on the root disk
