@@ -350,6 +350,42 @@ func GuestRequestTimeout(millis int64) time.Duration {
 	return time.Duration(millis) * time.Millisecond
 }
 
+// GuestCallSudo is the method of the one call the agent answers itself
+// instead of the client: `sudo CMD…` in an isolated spawn (the guest tool
+// under that name) asks the agent to run CMD as root of a user namespace of
+// its own, in the caller's session. The call's params are SudoParams; the
+// caller's standard input, output and error travel with the call's first
+// bytes (SCM_RIGHTS, exactly three). After the call the caller may send
+// SudoSignal frames, each a signal for the command's process group; hanging
+// up kills the group. The answer's result is a SudoResult once the command
+// has ended. Methods starting "cowork-vmm." never reach the client.
+const GuestCallSudo = "cowork-vmm.sudo"
+
+// GuestCallAgentPrefix starts the methods the agent keeps to itself.
+const GuestCallAgentPrefix = "cowork-vmm."
+
+// SudoParams is what `sudo` asks to run: Path the command, resolved by the
+// caller in its own root (absolute), Argv its arguments with argv[0], Cwd
+// the caller's working directory and Env its environment.
+type SudoParams struct {
+	Path string   `json:"path"`
+	Argv []string `json:"argv"`
+	Cwd  string   `json:"cwd"`
+	Env  []string `json:"env"`
+}
+
+// SudoSignal forwards a signal the caller got to the command.
+type SudoSignal struct {
+	Signal int `json:"signal"`
+}
+
+// SudoResult is how the command ended: ExitCode when it exited, else
+// Signal, the number of the signal that ended it.
+type SudoResult struct {
+	ExitCode *int `json:"exitCode,omitempty"`
+	Signal   int  `json:"signal,omitempty"`
+}
+
 // GuestRequest is an EventRequest event's body on the agent channel
 // (Event.GuestRequest): one GuestCall of the spawn Event.ID.
 type GuestRequest struct {

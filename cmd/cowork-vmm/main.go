@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"runtime"
 	"strings"
 	"syscall"
@@ -32,6 +33,9 @@ func main() {
 		agent.VMMain() // never returns
 		return
 	}
+	if filepath.Base(os.Args[0]) == "sudo" { // the guest tool as sudo
+		os.Exit(agent.SudoMain(os.Args[1:], os.Stderr))
+	}
 	os.Exit(dispatch(os.Args[1:], os.Stdout, os.Stderr))
 }
 
@@ -43,6 +47,10 @@ func dispatch(args []string, stdout, stderr io.Writer) int {
 			return agent.ProcessMain(args[1:])
 		case "guest-request":
 			return guestRequestMain(args[1:], stdout, stderr)
+		case "sudo":
+			return agent.SudoMain(args[1:], stderr)
+		case "root-exec":
+			return agent.RootExecMain(args[1:], stderr)
 		case "run":
 			return runMain(args[1:], stderr)
 		case "client":
@@ -102,6 +110,9 @@ Usage:
   cowork-vmm guest-request [--timeout D] METHOD [JSON]
                                          inside a guest: ask the desktop client (a request
                                          event; its sendGuestResponse is printed)
+  cowork-vmm sudo [-u root] [-s] [--] CMD [ARG…]
+                                         inside a guest (as sudo on PATH): run CMD as root of a
+                                         namespace of its own in this session (apt-get, dpkg)
   cowork-vmm bench [--runs N] [--out DIR] time a guest start, phase by phase, beside qemu
                                          (report.md, report.json, report.svg in DIR)
   cowork-vmm doctor [--json] [--boot]    check what this host can run, with a fix for each problem

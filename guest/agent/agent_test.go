@@ -34,9 +34,14 @@ func TestMain(m *testing.M) {
 	if os.Getenv(testAgentEnv) == "1" {
 		os.Exit(ProcessMain(os.Args[1:]))
 	}
-	if os.Getenv(testGuestRequestEnv) == "1" {
+	if os.Getenv(testGuestRequestEnv) == "1" { // as GuestToolPath is run
 		args := os.Args[1:]
-		if len(args) > 0 && args[0] == "guest-request" { // as GuestToolPath is run
+		switch {
+		case filepath.Base(os.Args[0]) == "sudo":
+			os.Exit(SudoMain(args, os.Stderr))
+		case len(args) > 0 && args[0] == "root-exec":
+			os.Exit(RootExecMain(args[1:], os.Stderr))
+		case len(args) > 0 && args[0] == "guest-request":
 			args = args[1:]
 		}
 		os.Exit(GuestRequestMain(args, os.Stdout, os.Stderr))

@@ -29,6 +29,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -81,7 +82,10 @@ type endpoint struct {
 	l       *net.UnixListener
 	// unlink: the socket is in the agent's tree (not isolated) and is
 	// removed with the endpoint.
-	unlink  bool
+	unlink bool
+	// spawn is the isolated spawn it belongs to (nil when not isolated):
+	// its session and egress, for sudo.
+	spawn   *protocol.SpawnParams
 	conns   atomic.Int32 // connections being served
 	waiting atomic.Int32 // calls waiting for the helper
 }
@@ -145,14 +149,25 @@ func refuseCall(conn net.Conn, msg string) {
 func (ep *endpoint) serveCall(conn *net.UnixConn) {
 	defer conn.Close()
 	_ = conn.SetReadDeadline(time.Now().Add(guestCallReadTimeout))
-	call, err := readGuestCall(conn)
+	call, fds, err := readCallWithRights(conn)
 	if err != nil {
+		closeAll(fds...)
 		ep.r.a.log.Debug("refused a guest request", "id", ep.spawnID, "err", err)
 		_ = protocol.WriteJSON(conn, protocol.Response{Error: err.Error()})
 		return
 	}
 	_ = conn.SetReadDeadline(time.Time{})
-	resp := ep.wait(conn, call)
+	var resp protocol.Response
+	switch {
+	case call.Method == protocol.GuestCallSudo:
+		resp = ep.sudo(conn, call, fds)
+	case strings.HasPrefix(call.Method, protocol.GuestCallAgentPrefix):
+		closeAll(fds...)
+		resp = protocol.Response{Error: fmt.Sprintf("%s: no such method of the guest agent", call.Method)}
+	default:
+		closeAll(fds...) // only sudo takes descriptors
+		resp = ep.wait(conn, call)
+	}
 	_ = conn.SetWriteDeadline(time.Now().Add(guestCallReadTimeout))
 	if err := protocol.WriteJSON(conn, resp); err != nil {
 		ep.r.a.log.Debug("could not answer a guest request", "id", ep.spawnID, "err", err)

@@ -96,6 +96,8 @@ import (
 	"syscall"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/cowork-vmm/cowork-vmm/protocol"
 )
 
 const (
@@ -186,6 +188,30 @@ func identityFor(uid uint32, owners []owner) spawnIdentity {
 	return id
 }
 
+// asRoot is the identity of a sudo command of the session id is for: uid
+// and gid 0 of its user namespace, mapped to the session's own ids, with
+// the same owners mapped — the kernel's root as rootOwnerAlias, since 0 is
+// taken.
+func (id spawnIdentity) asRoot() spawnIdentity {
+	root := spawnIdentity{uid: 0, gid: 0}
+	alias := func(own uint32, maps []syscall.SysProcIDMap) []syscall.SysProcIDMap {
+		out := []syscall.SysProcIDMap{{ContainerID: 0, HostID: int(own), Size: 1}}
+		for _, m := range maps {
+			switch {
+			case m.HostID == int(own) || m.HostID == rootOwnerAlias:
+				continue // the session itself; an owner that would clash
+			case m.HostID == 0:
+				m.ContainerID = rootOwnerAlias
+			}
+			out = append(out, m)
+		}
+		return out
+	}
+	root.uidMap = alias(id.uid, id.uidMap)
+	root.gidMap = alias(id.gid, id.gidMap)
+	return root
+}
+
 // sessionUIDs hands out the sessions' uids, one per session name for the
 // agent's life.
 type sessionUIDs struct {
@@ -229,6 +255,9 @@ func withUser(base []byte, line string) []byte {
 // processTable.isolationFor) and entered on the thread that forks it.
 type isolation struct {
 	session string
+	// root: a sudo command (sudo.go), uid 0 of its namespace, started
+	// through the guest tool's root-exec.
+	root    bool
 	binds   []string // agent paths bound at the same path in the new root
 	tmp     string   // bound at /tmp (sessiontmp.go); "": a tmpfs of its own
 	id      spawnIdentity
@@ -247,8 +276,17 @@ func (iso *isolation) sysProcAttr() *syscall.SysProcAttr {
 		GidMappings:                iso.id.gidMap,
 		GidMappingsEnableSetgroups: false,
 		Credential:                 &syscall.Credential{Uid: iso.id.uid, Gid: iso.id.gid, NoSetGroups: true},
-		AmbientCaps:                spawnCaps,
+		AmbientCaps:                iso.ambientCaps(),
 	}
+}
+
+// ambientCaps: a spawn's, none for root (its capabilities come with uid 0,
+// narrowed by root-exec).
+func (iso *isolation) ambientCaps() []uintptr {
+	if iso.root {
+		return nil
+	}
+	return spawnCaps
 }
 
 // onOwnThread runs fn on an OS thread that is never reused: fn may change
@@ -338,6 +376,9 @@ func (iso *isolation) start(cwd, path string, argv []string) (string, []string, 
 	if err := unix.Chdir(cwd); err != nil {
 		return "", nil, fmt.Errorf("working directory %s (outside the process's session?): %w", cwd, err)
 	}
+	if iso.root {
+		return protocol.GuestToolPath, append([]string{protocol.GuestToolPath, "root-exec", path}, argv...), nil
+	}
 	if searchableByAll(path) {
 		return path, argv, nil
 	}
@@ -426,6 +467,12 @@ func buildSpawnRoot(root string, iso *isolation, tmp *os.File) error {
 	}
 	for _, b := range iso.binds {
 		if err := bindInto(root, b); err != nil {
+			return err
+		}
+	}
+	if st, err := os.Lstat(at(hostSudoPath)); err == nil && st.Mode().IsRegular() {
+		// Set-uid cannot work here: the guest tool's sudo takes its place.
+		if err := bindOnto(protocol.GuestToolPath, at(hostSudoPath), true, "sudo"); err != nil {
 			return err
 		}
 	}

@@ -45,24 +45,27 @@ func (m *mounter) setup(p protocol.SetupParams, timer *stepTimer) error {
 	for _, mt := range p.System {
 		m.system = append(m.system, mt.Target)
 	}
-	if err := bindTool(); err != nil {
-		m.log.Warn("spawned processes get no "+protocol.GuestToolPath+" (guest-request)", "err", err)
-	} else {
-		m.system = append(m.system, protocol.GuestToolPath)
+	for _, at := range []string{protocol.GuestToolPath, SudoToolPath} {
+		if err := bindTool(at); err != nil {
+			m.log.Warn("spawned processes get no "+at, "err", err)
+		} else {
+			m.system = append(m.system, at)
+		}
 	}
 	timer.done("bind_tool")
 	m.setupRan = true
 	return nil
 }
 
-// bindTool binds the agent's own executable read-only at
+// bindTool binds the agent's own executable read-only at at:
 // protocol.GuestToolPath, where spawned processes find the guest-request
-// command; listed with the system mounts, it is in isolated spawns' roots
-// too. The executable is reached through /proc/self/exe: in the VM it is
-// /init, on the rootfs the agent left (leaveRootfs).
-func bindTool() error {
+// command, and SudoToolPath (sudo.go); listed with the system mounts, they
+// are in isolated spawns' roots too. The executable is reached through
+// /proc/self/exe: in the VM it is /init, on the rootfs the agent left
+// (leaveRootfs).
+func bindTool(at string) error {
 	return withRoot(func(root int) error {
-		dst, err := fileMountPoint(root, protocol.GuestToolPath)
+		dst, err := fileMountPoint(root, at)
 		if err != nil {
 			return err
 		}

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -29,6 +30,10 @@ type launch struct {
 	// The process's ends of its pipes (closed once it has them) and ours.
 	childStdin, childStdout, childStderr *os.File
 	stdin, stdout, stderr                *os.File
+
+	// sudo: a sudo command (sudo.go), whose standard descriptors are the
+	// caller's, passed in childStdin… (no pipes of ours).
+	sudo bool
 
 	egress   *proxy.Namespaced // nil without Options.Egress
 	cgroup   *spawnCgroup      // nil without spawn cgroups
@@ -115,9 +120,15 @@ func (t *processTable) prepare(sp protocol.SpawnParams) (*launch, error) {
 func (t *processTable) open(l *launch) error {
 	var err error
 	for _, p := range []struct{ r, w **os.File }{{&l.childStdin, &l.stdin}, {&l.stdout, &l.childStdout}, {&l.stderr, &l.childStderr}} {
+		if l.sudo {
+			break
+		}
 		if *p.r, *p.w, err = os.Pipe(); err != nil {
 			return fmt.Errorf("spawn %s: pipes: %w", l.sp.ID, err)
 		}
+	}
+	if l.iso != nil {
+		l.env = withToolDir(l.env)
 	}
 	if l.cgroup, err = t.a.cgroups.create(); err != nil {
 		return fmt.Errorf("spawn %s: %w", l.sp.ID, err)
@@ -143,6 +154,25 @@ func (t *processTable) open(l *launch) error {
 	return nil
 }
 
+// withToolDir returns env with the guest tool's directory (sudo) at the
+// end of its PATH, if it has one without it.
+func withToolDir(env []string) []string {
+	dir := path.Dir(SudoToolPath)
+	for i, kv := range env {
+		v, ok := strings.CutPrefix(kv, "PATH=")
+		if !ok {
+			continue
+		}
+		if slices.Contains(filepath.SplitList(v), dir) {
+			return env
+		}
+		out := slices.Clone(env)
+		out[i] = kv + ":" + dir
+		return out
+	}
+	return env
+}
+
 // setEnv returns env with key set to value, replacing what it had.
 func setEnv(env []string, key, value string) []string {
 	out := make([]string, 0, len(env)+1)
@@ -164,6 +194,9 @@ func (t *processTable) procAttr(l *launch) (*syscall.ProcAttr, error) {
 		// The pipes are the process's, so that it may reopen them
 		// (/dev/stdout is /proc/self/fd/1, a pipe of mode 0600).
 		for _, f := range []*os.File{l.childStdin, l.childStdout, l.childStderr} {
+			if l.sudo {
+				break // the caller's own
+			}
 			if err := unix.Fchown(int(f.Fd()), int(l.iso.id.uid), int(l.iso.id.gid)); err != nil {
 				return nil, fmt.Errorf("spawn %s: handing its pipes over: %w", l.sp.ID, err)
 			}
@@ -239,6 +272,7 @@ func (t *processTable) fork(l *launch, attr *syscall.ProcAttr) error {
 		if err != nil {
 			return refuse(err)
 		}
+		ep.spawn = &l.sp
 		l.endpoint = ep
 		if execPath, execArgv, err = l.iso.start(l.cwd, l.path, l.argv); err != nil {
 			return refuse(err)
