@@ -257,10 +257,10 @@ type isolation struct {
 	session string
 	// root: a sudo command (sudo.go), uid 0 of its namespace, started
 	// through the guest tool's root-exec.
-	root    bool
-	binds   []string // agent paths bound at the same path in the new root
-	tmp     string   // bound at /tmp (sessiontmp.go); "": a tmpfs of its own
-	id      spawnIdentity
+	root  bool
+	binds []string // agent paths bound at the same path in the new root
+	tmp   string   // bound at /tmp (sessiontmp.go); "": a tmpfs of its own
+	id    spawnIdentity
 	// passwd and group replace /etc/passwd and /etc/group when the root
 	// has them (nil: left alone).
 	passwd, group []byte
