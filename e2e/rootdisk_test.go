@@ -30,15 +30,24 @@ with zipfile.ZipFile("coworkroot-1.0-py3-none-any.whl", "w") as z:
         z.writestr(name, body)
 PY`
 
+// makeDeb is a shell command that builds a minimal Debian package
+// (coworkdeb, one file /opt/coworkdeb/hello) in the working directory,
+// with the guest's dpkg-deb (the host's).
+const makeDeb = `mkdir -p deb/DEBIAN deb/opt/coworkdeb
+printf 'Package: coworkdeb\nVersion: 1.0\nArchitecture: all\nMaintainer: e2e <e2e@localhost>\nDescription: cowork-vmm e2e package\n' > deb/DEBIAN/control
+echo from-deb > deb/opt/coworkdeb/hello
+dpkg-deb --root-owner-group -b deb coworkdeb_1.0_all.deb >/dev/null`
+
 // TestKVMContractWritableRoot: a session changes the guest's root — a
-// file in /opt and in /usr/local, and a wheel installed with pip from a
+// file in /opt and in /usr/local, a wheel installed with pip from a
 // local file into the system's site-packages (--target: left to itself pip asks access(2),
 // which answers for the spawn's uid without its capabilities, finds the
 // root-owned site-packages unwritable and installs into the session's home
-// instead) — and the changes are there after stopVM and startVM, kept on
-// the profile's root disk; a second profile's guest does not see them
-// (issue #19). TestNestedKVMContract runs it where this KVM cannot boot
-// Linux.
+// instead), and a local .deb installed with `sudo apt-get install` (the
+// package database an overlay of the host's, on the disk's /var) — and
+// the changes are there after stopVM and startVM, kept on the profile's
+// root disk; a second profile's guest does not see them (issue #19).
+// TestNestedKVMContract runs it where this KVM cannot boot Linux.
 func TestKVMContractWritableRoot(t *testing.T) {
 	backend := kvmBackend(t, "TestNestedKVMContract")
 	if _, err := os.Stat("/opt"); err != nil {
@@ -70,6 +79,11 @@ if python3 -m pip --version >/dev/null 2>&1; then
 PIP_DISABLE_PIP_VERSION_CHECK=1 python3 -m pip install --target "$(python3 -c 'import sysconfig; print(sysconfig.get_path("purelib"))')" --no-index --no-cache-dir --break-system-packages ./coworkroot-1.0-py3-none-any.whl > pip.log 2>&1 && echo pip-installed
 cd / && python3 -c 'import coworkroot; print("installed in", coworkroot.__file__)' >&2
 else echo pip-absent; fi
+if command -v apt-get >/dev/null && command -v dpkg-deb >/dev/null; then
+cd /sessions/w
+` + makeDeb + `
+DEBIAN_FRONTEND=noninteractive sudo apt-get install -y ./coworkdeb_1.0_all.deb > apt.log 2>&1 && echo apt-installed || { echo apt-failed; tail -n 30 apt.log >&2; }
+else echo apt-absent; fi
 echo changed`)}, nil)
 	// pip takes its time under emulation (the nested harness).
 	exit, err := evA.tryWait("exit of change", 8*time.Minute, func(ev protocol.Event) bool { return ev.Type == protocol.EventExit && ev.ID == "change" })
@@ -77,6 +91,11 @@ echo changed`)}, nil)
 	out := evA.output("stdout", "change")
 	require.Contains(t, out, "changed", "the session changed the root: exit %+v, stderr %q", exit, evA.output("stderr", "change"))
 	withPip := strings.Contains(out, "pip-installed")
+	require.NotContains(t, out, "apt-failed", "sudo apt-get install of a local .deb; stderr %q", evA.output("stderr", "change"))
+	withApt := strings.Contains(out, "apt-installed")
+	if !withApt {
+		t.Log("no apt-get or dpkg-deb on this host: the .deb part is not checked")
+	}
 	t.Logf("the change's stderr: %s", evA.output("stderr", "change"))
 	if !withPip {
 		t.Log("no pip on this host (python3-pip): the wheel part is not checked")
@@ -92,12 +111,18 @@ echo changed`)}, nil)
 	if withPip {
 		check += `; python3 -c 'import coworkroot; print("wheel", coworkroot.VALUE)'`
 	}
+	if withApt {
+		check += `; dpkg-query -W -f='${Status}\n' coworkdeb; cat /opt/coworkdeb/hello`
+	}
 	a.call("spawn", map[string]any{"id": "after", "name": "other", "command": "/bin/sh", "args": sh(check)}, nil)
 	_, err = evA.tryWait("exit of after", 4*time.Minute, func(ev protocol.Event) bool { return ev.Type == protocol.EventExit && ev.ID == "after" })
 	require.NoError(t, err)
 	want := "kept\nusr\n"
 	if withPip {
 		want += "wheel 42\n"
+	}
+	if withApt {
+		want += "install ok installed\nfrom-deb\n"
 	}
 	assert.Equal(t, want, evA.output("stdout", "after"), "after stopVM/startVM, in another session; stderr %q", evA.output("stderr", "after"))
 	a.call("spawn", map[string]any{"id": "tmp-fresh", "name": "w", "command": "/bin/sh", "args": sh(`ls -A /tmp | wc -l`)}, nil)
@@ -109,9 +134,10 @@ echo changed`)}, nil)
 	evB := subscribeProfile(t, h.socket, "root-B")
 	bootProfile(t, b, "root-B")
 	b.call("spawn", map[string]any{"id": "look", "name": "w", "command": "/bin/sh",
-		"args": sh(`test -e /opt/cowork-root-test && echo seen || echo absent; test -e /usr/local/share/cowork-root-test && echo seen || echo absent`)}, nil)
+		"args": sh(`test -e /opt/cowork-root-test && echo seen || echo absent; test -e /usr/local/share/cowork-root-test && echo seen || echo absent
+dpkg-query -W coworkdeb >/dev/null 2>&1 && echo seen || echo absent`)}, nil)
 	evB.exit("look")
-	assert.Equal(t, "absent\nabsent\n", evB.output("stdout", "look"), "another profile's root is its own")
+	assert.Equal(t, "absent\nabsent\nabsent\n", evB.output("stdout", "look"), "another profile's root is its own")
 	b.call("stopVM", nil, nil)
 	_, err = os.Stat("/opt/cowork-root-test")
 	assert.ErrorIs(t, err, os.ErrNotExist, "the host's /opt was never written")

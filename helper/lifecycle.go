@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"maps"
 	"os"
 	"path/filepath"
@@ -308,6 +309,9 @@ func (inst *guestInstance) setUpRoot() error {
 	if a, ok := inst.guest.(SetupAdjuster); ok {
 		a.AdjustSetup(&setup)
 	}
+	if setup.RootDisk != nil {
+		setup.RootDisk.PackageDB = sharePackageDB(shareSystem, s.log)
+	}
 	shared := time.Now()
 	var result protocol.SetupResult
 	if err := inst.call(protocol.AgentMethodSetup, setup, &result); err != nil {
@@ -323,6 +327,25 @@ func (inst *guestInstance) setUpRoot() error {
 	inst.sessionTmp.Store(result.SessionTmp)
 	s.log.Info("guest root set up", attrs...)
 	return nil
+}
+
+// HostPackageDB is the host's dpkg database, which a guest with a root
+// disk gets (read-only, as the lower layer of its own) so that dpkg in the
+// guest knows what the shared /usr holds.
+const HostPackageDB = "/var/lib/dpkg"
+
+// sharePackageDB shares HostPackageDB when the host has one (nil: none,
+// or it could not be shared, which only costs the guest's dpkg its view).
+func sharePackageDB(share func(string) (protocol.MountSource, error), log *slog.Logger) *protocol.MountSource {
+	if st, err := os.Stat(HostPackageDB); err != nil || !st.IsDir() {
+		return nil
+	}
+	src, err := share(HostPackageDB)
+	if err != nil {
+		log.Warn("the guest's dpkg gets no view of the host's packages", "path", HostPackageDB, "err", err)
+		return nil
+	}
+	return &src
 }
 
 // systemLink returns the target of dir when dir is a symlink into another

@@ -177,6 +177,10 @@ type RootDisk struct {
 	// Serial is the disk's virtio-blk serial, by which the agent finds it
 	// among the guest's disks.
 	Serial string `json:"serial"`
+	// PackageDB, when set, is the host's /var/lib/dpkg shared read-only:
+	// the guest's /var (on the disk) gets it as the lower layer of its
+	// /var/lib/dpkg, so dpkg and apt know what the shared /usr holds.
+	PackageDB *MountSource `json:"packageDB,omitempty"`
 }
 
 // SetupResult is the agent's answer to setup: how long each of its steps

@@ -17,6 +17,8 @@ package agent
 //
 //	upper/<dir>   the upper layer of system directory <dir> (upper/usr, …)
 //	work/<dir>    its overlayfs work directory
+//	var/          the guest's /var (rootvar.go); upper/var/lib/dpkg and
+//	              work/var/lib/dpkg, the overlay of the host's dpkg database
 
 import (
 	"encoding/binary"
@@ -98,6 +100,13 @@ func (a *agent) setUpRootDisk(disk protocol.RootDisk, timer *stepTimer) (string,
 	if err := a.mnt.overlaySystem(rootDiskDir, timer); err != nil {
 		return did, err
 	}
+	if err := a.mnt.setUpVar(rootDiskDir, disk.PackageDB); err != nil {
+		a.log.Warn("/var is not on the root disk", "err", err)
+	}
+	if err := writeAptSandboxConf(); err != nil {
+		a.log.Warn("apt may try to drop privileges sudo does not have", "err", err)
+	}
+	timer.done("root_disk.var")
 	if !a.mnt.isolate {
 		return did, nil
 	}

@@ -1,0 +1,123 @@
+package agent
+
+import (
+	"log/slog"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+
+	"github.com/cowork-vmm/cowork-vmm/protocol"
+)
+
+// withStagingDir makes the agent's staging directory for a test in a
+// private mount namespace (the VM's agent has it on its own root), and
+// removes it afterwards if the test made it.
+func withStagingDir(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root for a mount namespace")
+	}
+	if _, err := os.Lstat(stagingDir); err == nil {
+		return
+	}
+	require.NoError(t, os.Mkdir(stagingDir, 0o700))
+	t.Cleanup(func() { os.RemoveAll(stagingDir) })
+}
+
+// TestSetUpVar: the root disk's var/ becomes /var with its skeleton, and
+// /var/lib/dpkg the overlay of the host's package database (a directory
+// stands in for the device) whose changes land in the disk's upper layer;
+// a symlink a session planted in var/ is refused, not followed.
+func TestSetUpVar(t *testing.T) {
+	withStagingDir(t)
+	dev, disk, planted, outside := t.TempDir(), t.TempDir(), t.TempDir(), t.TempDir()
+	pkgdb := filepath.Join(dev, "pkgdb")
+	require.NoError(t, os.MkdirAll(filepath.Join(pkgdb, "info"), 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(pkgdb, "status"), []byte("Package: base\n"), 0o644))
+	require.NoError(t, os.MkdirAll(filepath.Join(planted, "var"), 0o755))
+	require.NoError(t, os.Symlink(outside, filepath.Join(planted, "var", "cache")))
+	src := &protocol.MountSource{Kind: protocol.MountKindVirtioFS, Tag: "cowork-sys", Aname: "pkgdb"}
+
+	var res struct {
+		plantedErr, err, write error
+		tmpMode                os.FileMode
+		status                 []byte
+		system                 []string
+	}
+	inMountNamespace(t, func() {
+		m := newMounter(slog.New(slog.DiscardHandler), true)
+		defer m.close()
+		root, err := os.Open(dev)
+		if res.err = err; err != nil {
+			return
+		}
+		m.devices[deviceKey{protocol.MountKindVirtioFS, "cowork-sys"}] = deviceMount{root: root}
+		res.plantedErr = m.setUpVar(planted, nil)
+		if res.err = m.setUpVar(disk, src); res.err != nil {
+			return
+		}
+		defer unix.Unmount(varTarget, unix.MNT_DETACH)
+		defer unix.Unmount(packageDBTarget, unix.MNT_DETACH)
+		defer unix.Unmount(packageDBLower, unix.MNT_DETACH)
+		if st, err := os.Stat("/var/tmp"); err == nil {
+			res.tmpMode = st.Mode()
+		}
+		res.status, _ = os.ReadFile("/var/lib/dpkg/status")
+		res.write = os.WriteFile("/var/lib/dpkg/status", []byte("Package: base\n\nPackage: coworkdeb\n"), 0o644)
+		res.system = m.system
+	})
+	require.ErrorIs(t, res.plantedErr, unix.ELOOP, "a planted var/cache symlink")
+	entries, err := os.ReadDir(outside)
+	require.NoError(t, err)
+	assert.Empty(t, entries, "nothing made through the planted symlink")
+	require.NoError(t, res.err)
+	assert.Equal(t, os.ModeDir|os.ModeSticky|0o777, res.tmpMode, "/var/tmp")
+	assert.Equal(t, "Package: base\n", string(res.status), "the host's database is the lower layer")
+	require.NoError(t, res.write)
+	assert.Contains(t, res.system, varTarget, "isolated spawns get /var")
+	host, err := os.ReadFile(filepath.Join(pkgdb, "status"))
+	require.NoError(t, err)
+	assert.Equal(t, "Package: base\n", string(host), "the host's database is never written")
+	upper, err := os.ReadFile(filepath.Join(disk, "upper", packageDBTarget, "status"))
+	require.NoError(t, err)
+	assert.Contains(t, string(upper), "coworkdeb", "the change is on the disk")
+	for _, lock := range packageDBLocks {
+		assert.FileExists(t, filepath.Join(disk, "upper", packageDBTarget, lock), "dpkg's locks made in the upper layer")
+	}
+	for _, d := range varSkeleton {
+		assert.DirExists(t, filepath.Join(disk, "var", d.dir))
+	}
+}
+
+// TestWriteAptSandboxConf: the setting is written where apt reads it, once
+// (a file already there is left as it is), never through a symlink, and
+// nothing is written where there is no apt.
+func TestWriteAptSandboxConf(t *testing.T) {
+	outside := t.TempDir()
+	var errs struct{ none, first, again, link error }
+	var got []byte
+	inMountNamespace(t, func() {
+		if errs.none = unix.Mount("tmpfs", "/etc", "tmpfs", 0, ""); errs.none != nil {
+			return
+		}
+		errs.none = writeAptSandboxConf()
+		_ = os.MkdirAll("/etc/apt/apt.conf.d", 0o755)
+		errs.first = writeAptSandboxConf()
+		got, _ = os.ReadFile(aptSandboxConf)
+		_ = os.WriteFile(aptSandboxConf, []byte("// the user's\n"), 0o644)
+		errs.again = writeAptSandboxConf()
+		_ = os.RemoveAll("/etc/apt/apt.conf.d")
+		_ = os.Symlink(outside, "/etc/apt/apt.conf.d")
+		errs.link = writeAptSandboxConf()
+	})
+	require.NoError(t, errs.none, "no /etc/apt: nothing to do")
+	require.NoError(t, errs.first)
+	assert.Equal(t, aptSandboxText, string(got))
+	require.NoError(t, errs.again)
+	assert.ErrorIs(t, errs.link, unix.ELOOP)
+	assert.NoFileExists(t, filepath.Join(outside, filepath.Base(aptSandboxConf)))
+}
