@@ -23,6 +23,11 @@
 // helper and are answered by its guestResponse; `cowork-vmm guest-request`
 // (guestcall.go), found in the guest at protocol.GuestToolPath, makes one.
 //
+// sudo (sudo.go): the guest tool as sudo asks the agent, over that socket,
+// to run a command as uid 0 of a user namespace mapped to the session's
+// uid, with file capabilities only; with a root disk, /var and the dpkg
+// database live on it (rootvar.go), so apt-get and dpkg work through it.
+//
 // Cgroups (cgroup.go, Options.CgroupRoot: the VM): every spawn runs in a
 // cgroup v2 of its own below a parent limited under the guest's memory; its
 // exit reports the cgroup's oom_kill count as oomKillCount.
@@ -37,7 +42,7 @@
 // Files: agent.go (Run, dispatch), spawn.go (starting a process, step by
 // step), process.go (the process table, reaping, output, stdin, kill),
 // isolate.go, mount.go, mountpoint.go, setup.go, guestrequest.go,
-// guestcall.go, cgroup.go, utf8chunk.go, main.go (ProcessMain, VMMain),
+// guestcall.go, sudo.go, rootdisk.go, rootvar.go, sessiontmp.go, cgroup.go, utf8chunk.go, main.go (ProcessMain, VMMain),
 // vsock.go.
 //
 // Entry points: Run serves one connection; ProcessMain is the

@@ -70,8 +70,9 @@ package agent
 //     owners': its capabilities then reach the root-owned files of the
 //     overlays (what it creates there is its uid's). Changes to the shared
 //     root are seen by every session of the profile: that is what the disk
-//     is for. Still not root: no setuid, nothing of the agent in reach, and
-//     a program that insists on uid 0 (apt-get, dpkg) refuses.
+//     is for. Still not root: no setuid, nothing of the agent in reach; a
+//     program that insists on uid 0 (apt-get, dpkg) runs through sudo
+//     (sudo.go), as uid 0 of a namespace where 0 is the session's uid.
 //   - Egress: unchanged, a network namespace of its own with only loopback
 //     and its proxy in it; the proxy, in the agent, holds the spawn's egress
 //     token, which never enters the spawn's environment or files.
