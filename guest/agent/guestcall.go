@@ -2,7 +2,6 @@ package agent
 
 import (
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -80,16 +79,5 @@ func CallGuest(socket string, call protocol.GuestCall) (protocol.Response, error
 	if err := protocol.WriteJSON(conn, call); err != nil {
 		return protocol.Response{}, fmt.Errorf("sending the call: %w", err)
 	}
-	body, err := protocol.ReadFrame(conn)
-	if errors.Is(err, io.EOF) {
-		return protocol.Response{}, errors.New("the guest agent closed the connection without an answer")
-	}
-	if err != nil {
-		return protocol.Response{}, fmt.Errorf("reading the answer: %w", err)
-	}
-	var resp protocol.Response
-	if err := json.Unmarshal(body, &resp); err != nil {
-		return protocol.Response{}, fmt.Errorf("the answer is not a response: %w", err)
-	}
-	return resp, nil
+	return readResponse(conn)
 }
