@@ -60,6 +60,8 @@ const (
 	rootOwnerAlias = 65533
 	// sudoStdio is how many descriptors a sudo call carries.
 	sudoStdio = 3
+	// maxSudoSignalFrame bounds a SudoSignal frame's body.
+	maxSudoSignalFrame = 256
 )
 
 // sudoCaps are the capabilities a sudo command keeps (its bounding set):
@@ -366,10 +368,11 @@ func checkSudoParams(p protocol.SudoParams) error {
 }
 
 // relaySudoSignals passes the caller's SudoSignal frames on to the
-// command's process group; the caller hanging up kills it.
+// command's process group; the caller hanging up (or sending what is not
+// a signal frame) kills it.
 func relaySudoSignals(conn net.Conn, p *process) {
 	for {
-		body, err := protocol.ReadFrame(conn)
+		body, err := readSignalFrame(conn)
 		if err != nil {
 			if !p.exited.Load() {
 				_ = unix.Kill(-p.pid, unix.SIGKILL)
@@ -384,6 +387,21 @@ func relaySudoSignals(conn net.Conn, p *process) {
 			_ = unix.Kill(-p.pid, unix.Signal(s.Signal))
 		}
 	}
+}
+
+// readSignalFrame reads one frame of at most maxSudoSignalFrame bytes.
+func readSignalFrame(r io.Reader) ([]byte, error) {
+	var hdr [4]byte
+	if _, err := io.ReadFull(r, hdr[:]); err != nil {
+		return nil, err
+	}
+	n := binary.BigEndian.Uint32(hdr[:])
+	if n > maxSudoSignalFrame {
+		return nil, fmt.Errorf("a %d-byte frame where a signal was expected", n)
+	}
+	body := make([]byte, n)
+	_, err := io.ReadFull(r, body)
+	return body, err
 }
 
 // sudoResult says how a sudo command ended.

@@ -157,3 +157,61 @@ kill -0 "$pid" 2>&1 | grep -q 'No such process' && echo gone`)
 	p = c.waitExit("gone")
 	assert.Equal(t, "gone\n", p.stdout.String(), p.stderr.String())
 }
+
+// sudoProbe makes raw calls on the guest-request socket as a hostile
+// process might: sudo calls with the wrong number of descriptors or a
+// relative command, an agent method that does not exist, and a sudo
+// command whose caller then sends an oversized frame.
+const sudoProbe = `
+import json, os, socket, struct
+path = os.environ["COWORK_GUEST_REQUEST_SOCKET"]
+def send(obj, fds):
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(path)
+    body = json.dumps(obj).encode()
+    frame = struct.pack(">I", len(body)) + body
+    if fds:
+        s.sendmsg([frame], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("%di" % len(fds), *fds))])
+    else:
+        s.sendall(frame)
+    return s
+def answer(s):
+    n = struct.unpack(">I", s.recv(4, socket.MSG_WAITALL))[0]
+    return json.loads(s.recv(n, socket.MSG_WAITALL))
+def sudo(fds, **kw):
+    p = dict(path="/bin/true", argv=["true"], cwd="/", env=[])
+    p.update(kw)
+    return send({"method": "cowork-vmm.sudo", "params": p}, fds)
+print(answer(sudo([]))["error"])
+print(answer(sudo([0, 1]))["error"])
+print(answer(sudo([0, 1, 2], path="true"))["error"])
+print(answer(send({"method": "cowork-vmm.nope"}, [0, 1, 2]))["error"])
+s = sudo([0, 1, 2], path="/bin/sleep", argv=["sleep", "1000"])
+s.sendall(struct.pack(">I", 1 << 20))
+print(json.dumps(answer(s)))
+`
+
+// TestChildAgentSudoRefusesBadCalls: what a hostile process sends as a
+// sudo call gets an error answer, and a command whose caller sends garbage
+// afterwards is killed.
+func TestChildAgentSudoRefusesBadCalls(t *testing.T) {
+	if _, err := os.Stat("/usr/bin/python3"); err != nil {
+		t.Skip("the probe needs /usr/bin/python3")
+	}
+	c := startChildAgent(t, []string{"--isolate-sessions"})
+	c.setupHostSystem()
+	home := t.TempDir()
+	require.NoError(t, os.Chmod(home, 0o700))
+	c.bind(home, "/sessions/a", false)
+	require.NoError(t, c.call(protocol.AgentMethodSpawn, protocol.SpawnParams{
+		ID: "probe", Session: "a", Command: "/usr/bin/python3", Args: []string{"-c", sudoProbe}, Cwd: "/sessions/a",
+		Env: []string{"PATH=/usr/bin:/bin", "HOME=/sessions/a", testGuestRequestEnv + "=1"}}, nil))
+	p := c.waitExit("probe")
+	require.NotNil(t, p.exit.ExitCode, "%+v: %s", p.exit, p.stderr.String())
+	require.Equal(t, 0, *p.exit.ExitCode, p.stderr.String())
+	assert.Equal(t, "a sudo call carries exactly 3 descriptors (standard input, output and error), not 0\n"+
+		"a sudo call carries exactly 3 descriptors (standard input, output and error), not 2\n"+
+		`sudo: the command "true" is not an absolute path`+"\n"+
+		"cowork-vmm.nope: no such method of the guest agent\n"+
+		`{"success": true, "result": {"signal": 9}}`+"\n", p.stdout.String())
+}
