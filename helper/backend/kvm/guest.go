@@ -15,8 +15,10 @@ import (
 
 	"github.com/cowork-vmm/cowork-vmm/devices/blk"
 	"github.com/cowork-vmm/cowork-vmm/devices/rng"
+	"github.com/cowork-vmm/cowork-vmm/devices/virtiofs"
 	"github.com/cowork-vmm/cowork-vmm/devices/vsock"
 	"github.com/cowork-vmm/cowork-vmm/helper"
+	"github.com/cowork-vmm/cowork-vmm/internal/fdlimit"
 	"github.com/cowork-vmm/cowork-vmm/machine"
 	"github.com/cowork-vmm/cowork-vmm/protocol"
 	"github.com/cowork-vmm/cowork-vmm/vmm"
@@ -58,6 +60,9 @@ type guest struct {
 
 	mu         sync.Mutex
 	agentTaken bool
+	// nodeBudget bounds the host descriptors each file-sharing device
+	// holds for the guest's looked-up files (fdlimit.NodeBudget).
+	nodeBudget int
 	nextExport int
 	err        error
 
@@ -106,6 +111,7 @@ func (g *guest) attachDevices(m *machine.Machine, rootDisk *os.File) (err error)
 	if g.egress, err = vs.Listen(protocol.EgressVSockPort); err != nil {
 		return fmt.Errorf("listening for guest egress on vsock port %d: %w", protocol.EgressVSockPort, err)
 	}
+	g.nodeBudget = g.raiseFileLimit()
 	if g.files, err = g.attachShareDevice(m, MountTag, false); err != nil {
 		return err
 	}
@@ -125,7 +131,7 @@ func (g *guest) attachDevices(m *machine.Machine, rootDisk *os.File) (err error)
 // this tag, serving a fresh set of exports. On error nothing is left to
 // release.
 func (g *guest) attachShareDevice(m *machine.Machine, tag string, cached bool) (*shareDevice, error) {
-	s, dev, err := newShareDevice(g.fsKind, tag, cached, g.log)
+	s, dev, err := newShareDevice(g.fsKind, tag, cached, g.nodeBudget, g.log)
 	if err != nil {
 		return nil, err
 	}
@@ -134,6 +140,22 @@ func (g *guest) attachShareDevice(m *machine.Machine, tag string, cached bool) (
 		return nil, fmt.Errorf("attaching the %s device %q: %w", g.fsKind, tag, err)
 	}
 	return s, nil
+}
+
+// raiseFileLimit lifts the helper's open-file limit for the file-sharing
+// devices (internal/fdlimit) and returns how many descriptors each may
+// hold; a limit too low for large trees is logged.
+func (g *guest) raiseFileLimit() int {
+	limit, err := fdlimit.Raise()
+	if err != nil {
+		g.log.Warn("could not raise the open-file limit", "err", err)
+	}
+	if limit < fdlimit.Low {
+		g.log.Warn("the open-file limit is low for file sharing: the devices hold a descriptor per file the guest has looked up, "+
+			"so large trees (dpkg's database, git status) may fail with \"Too many open files\"; raise it (ulimit -n, systemd LimitNOFILE=)",
+			"limit", limit, "want", fdlimit.Low)
+	}
+	return fdlimit.NodeBudget(limit, shareDeviceCount+1, virtiofs.DefaultMaxNodes)
 }
 
 // start runs the machine: boots the kernel, or goes on from the snapshot.

@@ -42,7 +42,7 @@ func testGuestOf(t *testing.T, kind string) *guest {
 		tag    string
 		cached bool
 	}{{&g.files, MountTag, false}, {&g.sysFiles, SystemMountTag, true}} {
-		s, _, err := newShareDevice(kind, d.tag, d.cached, quiet())
+		s, _, err := newShareDevice(kind, d.tag, d.cached, 0, quiet())
 		if err != nil {
 			t.Fatal(err)
 		}

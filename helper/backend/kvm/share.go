@@ -38,6 +38,10 @@ func FileSharingKind(value string) (string, error) {
 	return "", fmt.Errorf("kvm backend: %s=%q names no file-sharing device: use %q (the default) or %q", FSEnv, value, FileSharingVirtioFS, FileSharingNineP)
 }
 
+// shareDeviceCount is how many file-sharing devices a VM has (MountTag's
+// and SystemMountTag's).
+const shareDeviceCount = 2
+
 // shareDevice is one file-sharing device of a VM: the exports it serves
 // (an attach name, "e<n>", per shared host path), the virtio device
 // serving them — virtio-fs or virtio-9p, over the same export layer
@@ -52,9 +56,10 @@ type shareDevice struct {
 
 // newShareDevice makes the device of kind (protocol.MountKindVirtioFS or
 // MountKindNineP) with this tag over a fresh set of exports, its files
-// cached by the guest if cached is set. The returned virtio.Device is to
+// cached by the guest if cached is set, holding at most maxNodes looked-up
+// files (virtio-fs; 0: its default). The returned virtio.Device is to
 // be attached; on error nothing is left to release.
-func newShareDevice(kind, tag string, cached bool, log *slog.Logger) (*shareDevice, virtio.Device, error) {
+func newShareDevice(kind, tag string, cached bool, maxNodes int, log *slog.Logger) (*shareDevice, virtio.Device, error) {
 	exports := fs.NewExports(log)
 	var dev interface {
 		virtio.Device
@@ -64,7 +69,7 @@ func newShareDevice(kind, tag string, cached bool, log *slog.Logger) (*shareDevi
 	s := &shareDevice{exports: exports, source: protocol.MountSource{Kind: kind, Tag: tag}}
 	switch kind {
 	case protocol.MountKindVirtioFS:
-		dev, err = virtiofs.New(virtiofs.Options{Tag: tag, Root: exports, Cached: cached, Logger: log})
+		dev, err = virtiofs.New(virtiofs.Options{Tag: tag, Root: exports, Cached: cached, MaxNodes: maxNodes, Logger: log})
 	case protocol.MountKindNineP:
 		if cached {
 			s.source.Cache = protocol.NinePCacheLoose

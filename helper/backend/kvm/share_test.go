@@ -187,7 +187,7 @@ func TestDefaultSharesOnVirtioFSDevices(t *testing.T) {
 	if names := g.files.exports.Names(); !slices.Equal(names, []string{src.Aname}) {
 		t.Errorf("exports %v after the Unshare of another kind's source, want [%s]", names, src.Aname)
 	}
-	if _, _, err := newShareDevice("bind", MountTag, false, quiet()); err == nil {
+	if _, _, err := newShareDevice("bind", MountTag, false, 0, quiet()); err == nil {
 		t.Error("a share device of kind bind was made")
 	}
 }

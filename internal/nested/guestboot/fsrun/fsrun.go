@@ -34,6 +34,7 @@ import (
 	"github.com/cowork-vmm/cowork-vmm/devices/p9/fs"
 	"github.com/cowork-vmm/cowork-vmm/devices/virtio"
 	"github.com/cowork-vmm/cowork-vmm/devices/virtiofs"
+	"github.com/cowork-vmm/cowork-vmm/internal/fdlimit"
 	"github.com/cowork-vmm/cowork-vmm/internal/nested/guestboot"
 	"github.com/cowork-vmm/cowork-vmm/internal/nested/guestboot/fsbench"
 	"github.com/cowork-vmm/cowork-vmm/machine"
@@ -391,6 +392,10 @@ func (b *FSBench) runOurs(ctx context.Context, system string, cfg fsbench.Config
 			shares = append(shares, share{fsRootExport, b.Root, true, fsRootTag, true})
 		}
 	}
+	limit, err := fdlimit.Raise() // as the kvm backend does: a descriptor per looked-up file
+	if err != nil {
+		return "", err
+	}
 	for _, s := range shares {
 		exports := fs.NewExports(b.Logger)
 		defer exports.Close() // last: after the devices' Close
@@ -403,7 +408,8 @@ func (b *FSBench) runOurs(ctx context.Context, system string, cfg fsbench.Config
 		}
 		var err error
 		if system == guestboot.FSOursVirtioFS {
-			dev, err = virtiofs.New(virtiofs.Options{Tag: s.tag, Root: exports, Cached: s.cached, Logger: b.Logger})
+			dev, err = virtiofs.New(virtiofs.Options{Tag: s.tag, Root: exports, Cached: s.cached, Logger: b.Logger,
+				MaxNodes: fdlimit.NodeBudget(limit, len(shares)+1, virtiofs.DefaultMaxNodes)})
 		} else {
 			dev, err = p9.New(p9.Options{Tag: s.tag, Attacher: exports, Logger: b.Logger})
 		}

@@ -1,0 +1,14 @@
+// Package fdlimit raises the process's open-file limit (RLIMIT_NOFILE) for
+// the file-sharing devices, and says what it allows.
+//
+// A virtio-fs or virtio-9p device holds one host descriptor for every file
+// the guest kernel keeps looked up (as virtiofsd does), and the guest
+// forgets them only under memory pressure: dpkg reading its database
+// (~3000 files) or `git status` on a large tree holds thousands. With the
+// kernel's default hard limit of 4096 — what a process started without
+// systemd, or by the nested harness's init, gets — the helper ran out, and
+// the guest's programs failed with "Too many open files". Raise lifts the
+// soft limit to the hard one (Go does that much at start-up too) and,
+// where the process may (CAP_SYS_RESOURCE: a helper run as root), both to
+// the kernel's nr_open; NodeBudget sizes a device's tables to what is left.
+package fdlimit
