@@ -578,3 +578,18 @@ func TestWarmStart(t *testing.T) {
 	c = wantStatus(t, h.run(t, Options{}), CheckWarmStart, StatusOK)
 	wantContains(t, "detail", c.Detail, "off: every start boots cold")
 }
+
+// TestFileLimit: a helper's open-file limit below fdlimit.Low is worth a
+// warning with a fix (file sharing holds a descriptor per looked-up file);
+// above it the check passes and says how many there are.
+func TestFileLimit(t *testing.T) {
+	h := healthyHost()
+	c := wantStatus(t, h.run(t, Options{}), CheckFileLimit, StatusOK)
+	wantContains(t, "detail", c.Detail, "1048576 descriptors")
+	h.fileLimit = 4096
+	r := h.run(t, Options{})
+	c = wantStatus(t, r, CheckFileLimit, StatusWarn)
+	wantContains(t, "detail", c.Detail, "4096 descriptors", "Too many open files")
+	wantContains(t, "fix", c.Fix, "LimitNOFILE=", "65536")
+	wantUsable(t, r, BackendKVM, BackendProcess) // a warning, not a failure
+}

@@ -60,6 +60,7 @@ type fakeHost struct {
 	cache     string // KernelCache answer; "" = none built
 	exe       string
 	rootDisks []RootDisk // RootDisks answer
+	fileLimit uint64     // FileLimit answer; 0 = 1<<20
 
 	mu    sync.Mutex
 	boots []string
@@ -116,6 +117,12 @@ func (f *fakeHost) stat(p string) (fs.FileInfo, error) {
 func (f *fakeHost) host() *Host {
 	return &Host{
 		Getenv: func(k string) string { return f.env[k] },
+		FileLimit: func() (uint64, error) {
+			if f.fileLimit == 0 {
+				return 1 << 20, nil
+			}
+			return f.fileLimit, nil
+		},
 		Getuid: func() int { return f.uid },
 		Getgid: func() int { return f.uid },
 		Getgroups: func() ([]int, error) {

@@ -1,9 +1,11 @@
 package doctor
 
 import (
+	"fmt"
 	"strings"
 
 	kvmbackend "github.com/cowork-vmm/cowork-vmm/helper/backend/kvm"
+	"github.com/cowork-vmm/cowork-vmm/internal/fdlimit"
 	"github.com/cowork-vmm/cowork-vmm/protocol"
 )
 
@@ -28,6 +30,27 @@ func (r *runner) fileSharingCheck() bool {
 		c.Detail = "virtio-fs devices (the default; " + kvmbackend.FSEnv + "=" + kvmbackend.FileSharingNineP + " selects virtio-9p)"
 	}
 	return true
+}
+
+// fileLimitCheck says whether the open-file limit a helper gets leaves the
+// file-sharing devices room: each holds a host descriptor per file the
+// guest has looked up (internal/fdlimit).
+func (r *runner) fileLimitCheck() {
+	c := Check{ID: CheckFileLimit, Group: GroupCoworkVMM, Title: "Open-file limit (file sharing)", Status: StatusOK}
+	defer func() { r.add(c) }()
+	limit, err := r.h.FileLimit()
+	switch {
+	case err != nil:
+		c.Status = StatusWarn
+		c.Detail = "could not read or raise RLIMIT_NOFILE: " + err.Error()
+	case limit < fdlimit.Low:
+		c.Status = StatusWarn
+		c.Detail = fmt.Sprintf("%d descriptors: the guest's file sharing holds one per file it has looked up, so large trees "+
+			"(dpkg's database, git status on a big repository) may fail with \"Too many open files\"", limit)
+		c.Fix = fmt.Sprintf("raise the hard limit to %d or more: LimitNOFILE= for a systemd service, 'nofile' in /etc/security/limits.conf, or run the helper as root", fdlimit.Low)
+	default:
+		c.Detail = fmt.Sprintf("%d descriptors for the file-sharing devices", limit)
+	}
 }
 
 // warmStartCheck says whether the kvm backend starts VMs warm, from its

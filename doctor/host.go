@@ -16,6 +16,7 @@ import (
 	"github.com/cowork-vmm/cowork-vmm/guest/kernel"
 	"github.com/cowork-vmm/cowork-vmm/guest/kernel/embedded"
 	"github.com/cowork-vmm/cowork-vmm/helper"
+	"github.com/cowork-vmm/cowork-vmm/internal/fdlimit"
 	"github.com/cowork-vmm/cowork-vmm/vmm/kvm"
 )
 
@@ -64,6 +65,9 @@ type Host struct {
 	// TrialBoot starts a guest on backend ("kvm" or "process"), waits for
 	// its agent's hello and stops it.
 	TrialBoot func(ctx context.Context, backend string) (BootResult, error)
+	// FileLimit is the open-file limit a helper started like this process
+	// gets once it has raised it (fdlimit.Raise).
+	FileLimit func() (uint64, error)
 	// BuildInfo reads the Go module path and version embedded in the
 	// binary at path (debug/buildinfo), without running it.
 	BuildInfo func(path string) (modulePath, version string, err error)
@@ -100,6 +104,7 @@ func RealHost() Host {
 		ProbeUserNS:    probeUserNS,
 		TrialBoot:      trialBoot,
 		BuildInfo:      readBuildInfo,
+		FileLimit:      fdlimit.Raise,
 	}
 }
 
@@ -108,6 +113,9 @@ func (h Host) withDefaults() Host {
 	r := RealHost()
 	if h.Getenv == nil {
 		h.Getenv = r.Getenv
+	}
+	if h.FileLimit == nil {
+		h.FileLimit = r.FileLimit
 	}
 	if h.Getuid == nil {
 		h.Getuid = r.Getuid
