@@ -112,6 +112,8 @@ func (s *Service) startVM(ctx context.Context, p protocol.StartVMParams) (empty,
 	if p.CPUCount != nil && *p.CPUCount > 0 && *p.CPUCount < 1<<16 {
 		cpus = int(*p.CPUCount)
 	}
+	noteBundle := p.BundlePath != "" && p.BundlePath != s.bundleNoted
+	s.bundleNoted = p.BundlePath
 	vmCtx, cancel := context.WithCancel(context.Background())
 	inst := &guestInstance{s: s, ctx: vmCtx, cancel: cancel, ended: make(chan struct{})}
 	s.guest = inst
@@ -129,6 +131,11 @@ func (s *Service) startVM(ctx context.Context, p protocol.StartVMParams) (empty,
 		return nil, err
 	}
 
+	if noteBundle {
+		s.log.Info("the client's VM bundle is not booted: the guest is cowork-vmm's own (its kernel over the host's "+
+			"system directories, with the profile's root disk for changes); booting a bundle's rootfs image is not supported",
+			"bundlePath", p.BundlePath, "rootfs", bundleRootfs(p.BundlePath))
+	}
 	backend, err := factory()
 	if err != nil {
 		return fail(fmt.Errorf("the %s backend is unavailable: %w%s", s.opts.Backend, err, s.fallbackHint(err)))
@@ -327,6 +334,16 @@ func (inst *guestInstance) setUpRoot() error {
 	inst.sessionTmp.Store(result.SessionTmp)
 	s.log.Info("guest root set up", attrs...)
 	return nil
+}
+
+// bundleRootfs describes the rootfs image of the client's bundle at dir,
+// for the log line that says it is not booted.
+func bundleRootfs(dir string) string {
+	st, err := os.Stat(filepath.Join(dir, "rootfs.img"))
+	if err != nil {
+		return "no rootfs.img"
+	}
+	return fmt.Sprintf("rootfs.img, %d bytes, not read", st.Size())
 }
 
 // HostPackageDB is the host's dpkg database, which a guest with a root

@@ -159,6 +159,8 @@ type Service struct {
 	oauthToken string
 	sdk        *sdkInstall
 	guest      *guestInstance // nil when no guest is starting or running
+	// bundleNoted is the last bundlePath whose not being booted was logged.
+	bundleNoted string
 	procs      processTable
 	// innerMounts records, per session, every mount target below its home
 	// that a guest of this profile mounted (mnt/<name>, …): readFile never
