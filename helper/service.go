@@ -161,7 +161,7 @@ type Service struct {
 	guest      *guestInstance // nil when no guest is starting or running
 	// bundleNoted is the last bundlePath whose not being booted was logged.
 	bundleNoted string
-	procs      processTable
+	procs       processTable
 	// innerMounts records, per session, every mount target below its home
 	// that a guest of this profile mounted (mnt/<name>, …): readFile never
 	// reads those paths from the host directory, which they shadow.
