@@ -15,6 +15,11 @@ const kernelFix = "build it: `make kernel` in the cowork-vmm repository (needs a
 
 // kernelCheck locates the guest kernel as the kvm backend does
 // (kernel.Locate, on this Host) and reads its version.
+// builtInGuest says what the kvm backend boots instead of the client's VM
+// bundle (its bundlePath).
+const builtInGuest = "; the guest is this kernel over the host's system directories, each profile's changes on its root disk " +
+	"(the client's VM bundle, its rootfs.img, is not booted: booting a bundle's image is not supported)"
+
 func (r *runner) kernelCheck() bool {
 	h := r.h
 	c := Check{ID: CheckKernel, Group: GroupCoworkVMM, Title: "Guest kernel"}
@@ -53,7 +58,7 @@ func (r *runner) kernelCheck() bool {
 		c.Fix = kernelFix
 	default:
 		c.Status = StatusOK
-		c.Detail = fmt.Sprintf("Linux %s, %s", version, img.From)
+		c.Detail = fmt.Sprintf("Linux %s, %s", version, img.From) + builtInGuest
 	}
 	return true
 }
