@@ -100,13 +100,13 @@ func (a *agent) setUpRootDisk(disk protocol.RootDisk, timer *stepTimer) (string,
 	if err := a.mnt.overlaySystem(rootDiskDir, timer); err != nil {
 		return did, err
 	}
-	if err := a.mnt.setUpVar(rootDiskDir, disk.PackageDB); err != nil {
+	if err := a.mnt.setUpVar(rootDiskDir, disk.PackageDB, timer); err != nil {
 		a.log.Warn("/var is not on the root disk", "err", err)
 	}
 	if err := writeAptSandboxConf(); err != nil {
 		a.log.Warn("apt may try to drop privileges sudo does not have", "err", err)
 	}
-	timer.done("root_disk.var")
+	timer.done("root_disk.apt_conf")
 	if !a.mnt.isolate {
 		return did, nil
 	}

@@ -58,8 +58,9 @@ var varSkeleton = []struct {
 var packageDBLocks = []string{"lock", "lock-frontend", "triggers/Lock"}
 
 // setUpVar binds the disk's var/ at /var and overlays the host's package
-// database (pkgdb, nil: none shared) at /var/lib/dpkg.
-func (m *mounter) setUpVar(disk string, pkgdb *protocol.MountSource) error {
+// database (pkgdb, nil: none shared) at /var/lib/dpkg; timer takes each
+// step's time.
+func (m *mounter) setUpVar(disk string, pkgdb *protocol.MountSource, timer *stepTimer) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	diskFD, err := openRoot(disk)
@@ -87,13 +88,16 @@ func (m *mounter) setUpVar(disk string, pkgdb *protocol.MountSource) error {
 		return err
 	}
 	m.system = append(m.system, varTarget)
+	timer.done("root_disk.var")
 	if pkgdb == nil {
 		return nil
 	}
 	if err := validateDeviceSource(*pkgdb); err != nil {
 		return fmt.Errorf("the package database: %w", err)
 	}
-	return m.overlayPackageDB(disk, *pkgdb)
+	err = m.overlayPackageDB(disk, *pkgdb)
+	timer.done("root_disk.package_db")
+	return err
 }
 
 // makeSkeleton makes varSkeleton's directories beneath dir, no symlink

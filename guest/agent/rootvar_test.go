@@ -56,8 +56,8 @@ func TestSetUpVar(t *testing.T) {
 			return
 		}
 		m.devices[deviceKey{protocol.MountKindVirtioFS, "cowork-sys"}] = deviceMount{root: root}
-		res.plantedErr = m.setUpVar(planted, nil)
-		if res.err = m.setUpVar(disk, src); res.err != nil {
+		res.plantedErr = m.setUpVar(planted, nil, newStepTimer())
+		if res.err = m.setUpVar(disk, src, newStepTimer()); res.err != nil {
 			return
 		}
 		defer unix.Unmount(varTarget, unix.MNT_DETACH)
