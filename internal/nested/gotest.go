@@ -3,6 +3,7 @@ package nested
 import (
 	"bytes"
 	"context"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -56,6 +57,10 @@ func RunGoTestWith(t testing.TB, gt GoTest) Result {
 	return res
 }
 
+// frozenRetries is how many times TryGoTest runs a run again whose outer
+// guest froze.
+const frozenRetries = 2
+
 // TryGoTest runs gt inside the outer guest like RunGoTestWith but leaves
 // judging the result to the caller: an error means no result (the outer
 // guest died, qemu failed). It still skips t when the harness is
@@ -86,7 +91,7 @@ func TryGoTest(t testing.TB, gt GoTest) (Result, error) {
 			defer cancel()
 		}
 	}
-	res, err := Run(ctx, Options{
+	opts := Options{
 		PayloadDir:      payload,
 		Files:           gt.Files,
 		Cmd:             args,
@@ -99,7 +104,17 @@ func TryGoTest(t testing.TB, gt GoTest) (Result, error) {
 		Stdout:          &lineLogger{t: t},
 		QemuLog:         gt.QemuLog,
 		SingleThreadTCG: gt.SingleThreadTCG,
-	})
+	}
+	res, err := Run(ctx, opts)
+	for retry := 1; retry <= frozenRetries && errors.Is(err, ErrOuterFroze); retry++ {
+		// Not the tests' doing (freeze.go): what the frozen run's tests
+		// recorded is dropped, as they run again.
+		t.Logf("nested run of %s: %v; running it again (%d of %d)", gt.Pkg, err, retry, frozenRetries)
+		if rmErr := os.Remove(filepath.Join(payload, payloadLedger)); rmErr != nil && !errors.Is(rmErr, os.ErrNotExist) {
+			t.Errorf("nested run of %s: %v", gt.Pkg, rmErr)
+		}
+		res, err = Run(ctx, opts)
+	}
 	if mergeErr := mergeNestedLedger(payload); mergeErr != nil {
 		t.Errorf("nested run of %s: %v", gt.Pkg, mergeErr)
 	}

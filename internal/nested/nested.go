@@ -18,6 +18,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"compress/gzip"
@@ -315,7 +316,9 @@ func runQemu(ctx context.Context, opts Options, payload, initrd, token string) (
 	deadline := opts.Timeout + bootAllowance
 	ctx, cancel := context.WithTimeout(ctx, deadline)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, qemuBinary, qemuArgs(opts, payload, initrd)...)
+	runCtx, kill := context.WithCancel(ctx) // kill: the outer guest froze
+	defer kill()
+	cmd := exec.CommandContext(runCtx, qemuBinary, qemuArgs(opts, payload, initrd)...)
 	cmd.WaitDelay = 5 * time.Second
 	var console bytes.Buffer
 	var mu sync.Mutex
@@ -327,7 +330,15 @@ func runQemu(ctx context.Context, opts Options, payload, initrd, token string) (
 	}
 	cmd.Stdout = sink
 	cmd.Stderr = sink
-	runErr := cmd.Run()
+	var frozen atomic.Bool
+	runErr := cmd.Start()
+	if runErr == nil {
+		go watchFreeze(runCtx, cmd.Process.Pid, freezeWindow, freezeCPU, freezeSample, func() {
+			frozen.Store(true)
+			kill()
+		})
+		runErr = cmd.Wait()
+	}
 	wall := time.Since(start)
 
 	mu.Lock()
@@ -338,6 +349,8 @@ func runQemu(ctx context.Context, opts Options, payload, initrd, token string) (
 	res.InitWall = clock.at
 	res.Console = text
 	switch {
+	case frozen.Load() && parseErr != nil:
+		return res, fmt.Errorf("nested: %w for %v; qemu killed after %v; console tail:\n%s", ErrOuterFroze, freezeWindow, wall.Round(time.Second), tail(text, 30))
 	case ctx.Err() != nil && parseErr != nil:
 		return res, fmt.Errorf("nested: outer guest did not finish within %v; qemu killed; console tail:\n%s", deadline, tail(text, 30))
 	case parseErr != nil && runErr != nil:
