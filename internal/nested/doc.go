@@ -9,5 +9,8 @@
 // the outer guest's command line.
 //
 // Run is the API; RunGoTest runs another package's tests inside; the CLI is
-// cmd/nested (make nested PAYLOAD=dir CMD='...').
+// cmd/nested (make nested PAYLOAD=dir CMD='...'). An outer guest that
+// freezes (qemu's TCG with nested SVM sometimes stops for good) is found by
+// qemu's CPU time standing still and ends its run with ErrOuterFroze, which
+// TryGoTest runs again (freeze.go).
 package nested
