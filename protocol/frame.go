@@ -12,22 +12,26 @@ import (
 const MaxFrameSize = 10 * 1024 * 1024
 
 // ErrFrameTooLarge is returned when a frame's declared or actual length
-// exceeds MaxFrameSize. The connection it came from cannot be resynchronised
-// and must be closed.
-var ErrFrameTooLarge = errors.New("protocol: frame exceeds 10 MiB limit")
+// exceeds MaxFrameSize (or ReadFrameMax's bound). The connection it came
+// from cannot be resynchronised and must be closed.
+var ErrFrameTooLarge = errors.New("protocol: frame exceeds its size limit")
 
 // ReadFrame reads one length-prefixed frame body from r. It never allocates
 // more than MaxFrameSize bytes, whatever the peer declares. A clean EOF before
 // the first header byte is returned as io.EOF; a truncated frame as
 // io.ErrUnexpectedEOF.
-func ReadFrame(r io.Reader) ([]byte, error) {
+func ReadFrame(r io.Reader) ([]byte, error) { return ReadFrameMax(r, MaxFrameSize) }
+
+// ReadFrameMax is ReadFrame for a channel whose frames are at most max
+// bytes (max ≤ MaxFrameSize); a larger one is ErrFrameTooLarge.
+func ReadFrameMax(r io.Reader, max uint32) ([]byte, error) {
 	var hdr [4]byte
 	if _, err := io.ReadFull(r, hdr[:]); err != nil {
 		return nil, err
 	}
 	n := binary.BigEndian.Uint32(hdr[:])
-	if n > MaxFrameSize {
-		return nil, fmt.Errorf("%w: peer declared %d bytes", ErrFrameTooLarge, n)
+	if n > max || n > MaxFrameSize {
+		return nil, fmt.Errorf("%w: peer declared %d bytes; at most %s are taken", ErrFrameTooLarge, n, sizeText(min(max, MaxFrameSize)))
 	}
 	body, err := readBody(r, int(n))
 	if err != nil {
@@ -37,6 +41,14 @@ func ReadFrame(r io.Reader) ([]byte, error) {
 		return nil, err
 	}
 	return body, nil
+}
+
+// sizeText is n bytes as people read it: whole MiB as MiB.
+func sizeText(n uint32) string {
+	if n >= 1<<20 && n%(1<<20) == 0 {
+		return fmt.Sprintf("%d MiB", n>>20)
+	}
+	return fmt.Sprintf("%d bytes", n)
 }
 
 // frameChunk is the most ReadFrame allocates ahead of the bytes actually

@@ -20,7 +20,6 @@ package agent
 // process exits; calls under way (from its background children) go on.
 
 import (
-	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -178,16 +177,8 @@ func (ep *endpoint) serveCall(conn *net.UnixConn) {
 // before anything is allocated.
 func readGuestCall(r io.Reader) (protocol.GuestCall, error) {
 	var call protocol.GuestCall
-	var hdr [4]byte
-	if _, err := io.ReadFull(r, hdr[:]); err != nil {
-		return call, fmt.Errorf("reading the call: %w", err)
-	}
-	n := binary.BigEndian.Uint32(hdr[:])
-	if n > protocol.MaxGuestCallBytes {
-		return call, fmt.Errorf("the call is %d bytes; at most %d are taken", n, protocol.MaxGuestCallBytes)
-	}
-	body := make([]byte, n)
-	if _, err := io.ReadFull(r, body); err != nil {
+	body, err := protocol.ReadFrameMax(r, protocol.MaxGuestCallBytes)
+	if err != nil {
 		return call, fmt.Errorf("reading the call: %w", err)
 	}
 	if err := json.Unmarshal(body, &call); err != nil {

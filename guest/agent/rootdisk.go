@@ -103,7 +103,7 @@ func (a *agent) setUpRootDisk(disk protocol.RootDisk, timer *stepTimer) (string,
 	if err := a.mnt.setUpVar(rootDiskDir, disk.PackageDB, timer); err != nil {
 		a.log.Warn("/var is not on the root disk", "err", err)
 	}
-	if err := writeAptSandboxConf(); err != nil {
+	if err := writeAptSandboxConf(rootDiskDir); err != nil {
 		a.log.Warn("apt may try to drop privileges sudo does not have", "err", err)
 	}
 	timer.done("root_disk.apt_conf")

@@ -22,6 +22,7 @@ import (
 	"fmt"
 	"os"
 	"path"
+	"strings"
 
 	"golang.org/x/sys/unix"
 
@@ -117,6 +118,23 @@ func makeSkeleton(dir int) error {
 	return nil
 }
 
+// inUpperLayer says whether the disk's upper layer holds an entry for the
+// system path p (a file, or a whiteout), found by descriptor with no
+// symlink followed.
+func inUpperLayer(disk, p string) bool {
+	upper, err := unix.Open(path.Join(disk, "upper"), unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return false
+	}
+	defer unix.Close(upper)
+	fd, err := unix.Openat2(upper, strings.TrimPrefix(p, "/"), &unix.OpenHow{Flags: unix.O_PATH | unix.O_CLOEXEC, Resolve: resolveBeneath})
+	if err != nil {
+		return false
+	}
+	unix.Close(fd)
+	return true
+}
+
 // chmodHeld sets the mode of the directory p holds (O_PATH descriptors
 // cannot be fchmod'ed: it is reopened through /proc/self/fd).
 func chmodHeld(p mountPoint, mode uint32) error {
@@ -179,7 +197,13 @@ func (m *mounter) overlayPackageDB(disk string, pkgdb protocol.MountSource) erro
 
 // writeAptSandboxConf writes aptSandboxConf when the guest has apt and no
 // such file yet; the writable /etc is walked without following symlinks.
-func writeAptSandboxConf() error {
+// Once written (or removed by a session: a whiteout), the name is in the
+// disk's upper layer, where it is looked for first: a start then costs one
+// lookup on the disk, not a walk through the overlay and the host's /etc.
+func writeAptSandboxConf(disk string) error {
+	if inUpperLayer(disk, aptSandboxConf) {
+		return nil
+	}
 	return withRoot(func(root int) error {
 		dir, err := walkDir(root, path.Dir(aptSandboxConf), noMkdir)
 		if errors.Is(err, unix.ENOENT) {

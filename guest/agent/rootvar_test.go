@@ -95,29 +95,38 @@ func TestSetUpVar(t *testing.T) {
 
 // TestWriteAptSandboxConf: the setting is written where apt reads it, once
 // (a file already there is left as it is), never through a symlink, and
-// nothing is written where there is no apt.
+// nothing is written where there is no apt; a disk whose upper layer has
+// the name already (written before, or a session's whiteout) is not
+// walked at all.
 func TestWriteAptSandboxConf(t *testing.T) {
-	outside := t.TempDir()
-	var errs struct{ none, first, again, link error }
-	var got []byte
+	outside, disk := t.TempDir(), t.TempDir()
+	var errs struct{ none, first, again, link, upper error }
+	var got, user []byte
 	inMountNamespace(t, func() {
 		if errs.none = unix.Mount("tmpfs", "/etc", "tmpfs", 0, ""); errs.none != nil {
 			return
 		}
-		errs.none = writeAptSandboxConf()
+		errs.none = writeAptSandboxConf(disk)
 		_ = os.MkdirAll("/etc/apt/apt.conf.d", 0o755)
-		errs.first = writeAptSandboxConf()
+		errs.first = writeAptSandboxConf(disk)
 		got, _ = os.ReadFile(aptSandboxConf)
 		_ = os.WriteFile(aptSandboxConf, []byte("// the user's\n"), 0o644)
-		errs.again = writeAptSandboxConf()
+		errs.again = writeAptSandboxConf(disk)
+		user, _ = os.ReadFile(aptSandboxConf)
 		_ = os.RemoveAll("/etc/apt/apt.conf.d")
 		_ = os.Symlink(outside, "/etc/apt/apt.conf.d")
-		errs.link = writeAptSandboxConf()
+		errs.link = writeAptSandboxConf(disk)
+		inUpper := filepath.Join(disk, "upper", aptSandboxConf)
+		_ = os.MkdirAll(filepath.Dir(inUpper), 0o755)
+		_ = unix.Mknod(inUpper, unix.S_IFCHR, 0) // a whiteout: a session removed it
+		errs.upper = writeAptSandboxConf(disk)
 	})
 	require.NoError(t, errs.none, "no /etc/apt: nothing to do")
 	require.NoError(t, errs.first)
 	assert.Equal(t, aptSandboxText, string(got))
 	require.NoError(t, errs.again)
+	assert.Equal(t, "// the user's\n", string(user), "a file there is left alone")
 	assert.ErrorIs(t, errs.link, unix.ELOOP)
 	assert.NoFileExists(t, filepath.Join(outside, filepath.Base(aptSandboxConf)))
+	require.NoError(t, errs.upper, "the upper layer has it: /etc (a symlink here) is not walked")
 }

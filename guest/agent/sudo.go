@@ -372,7 +372,7 @@ func checkSudoParams(p protocol.SudoParams) error {
 // a signal frame) kills it.
 func relaySudoSignals(conn net.Conn, p *process) {
 	for {
-		body, err := readSignalFrame(conn)
+		body, err := protocol.ReadFrameMax(conn, maxSudoSignalFrame)
 		if err != nil {
 			if !p.exited.Load() {
 				_ = unix.Kill(-p.pid, unix.SIGKILL)
@@ -387,21 +387,6 @@ func relaySudoSignals(conn net.Conn, p *process) {
 			_ = unix.Kill(-p.pid, unix.Signal(s.Signal))
 		}
 	}
-}
-
-// readSignalFrame reads one frame of at most maxSudoSignalFrame bytes.
-func readSignalFrame(r io.Reader) ([]byte, error) {
-	var hdr [4]byte
-	if _, err := io.ReadFull(r, hdr[:]); err != nil {
-		return nil, err
-	}
-	n := binary.BigEndian.Uint32(hdr[:])
-	if n > maxSudoSignalFrame {
-		return nil, fmt.Errorf("a %d-byte frame where a signal was expected", n)
-	}
-	body := make([]byte, n)
-	_, err := io.ReadFull(r, body)
-	return body, err
 }
 
 // sudoResult says how a sudo command ended.
