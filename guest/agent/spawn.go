@@ -31,10 +31,6 @@ type launch struct {
 	childStdin, childStdout, childStderr *os.File
 	stdin, stdout, stderr                *os.File
 
-	// sudo: a sudo command (sudo.go), whose standard descriptors are the
-	// caller's, passed in childStdin… (no pipes of ours).
-	sudo bool
-
 	egress   *proxy.Namespaced // nil without Options.Egress
 	cgroup   *spawnCgroup      // nil without spawn cgroups
 	endpoint *endpoint         // its guest-request socket; nil if none
@@ -119,12 +115,11 @@ func (t *processTable) prepare(sp protocol.SpawnParams) (*launch, error) {
 // and completes its environment.
 func (t *processTable) open(l *launch) error {
 	var err error
-	for _, p := range []struct{ r, w **os.File }{{&l.childStdin, &l.stdin}, {&l.stdout, &l.childStdout}, {&l.stderr, &l.childStderr}} {
-		if l.sudo {
-			break
-		}
-		if *p.r, *p.w, err = os.Pipe(); err != nil {
-			return fmt.Errorf("spawn %s: pipes: %w", l.sp.ID, err)
+	if !l.isSudo() { // a sudo command has its caller's descriptors
+		for _, p := range []struct{ r, w **os.File }{{&l.childStdin, &l.stdin}, {&l.stdout, &l.childStdout}, {&l.stderr, &l.childStderr}} {
+			if *p.r, *p.w, err = os.Pipe(); err != nil {
+				return fmt.Errorf("spawn %s: pipes: %w", l.sp.ID, err)
+			}
 		}
 	}
 	if l.iso != nil {
@@ -152,6 +147,19 @@ func (t *processTable) open(l *launch) error {
 	}
 	l.env = setEnv(l.env, protocol.GuestRequestSocketEnv, socket)
 	return nil
+}
+
+// isSudo says whether l is a sudo command (sudo.go), whose standard
+// descriptors are its caller's, passed in childStdin… (no pipes of ours).
+func (l *launch) isSudo() bool { return l.iso != nil && l.iso.root }
+
+// ownPipes are the process's ends of the pipes the agent made for it (none
+// for a sudo command).
+func (l *launch) ownPipes() []*os.File {
+	if l.isSudo() {
+		return nil
+	}
+	return []*os.File{l.childStdin, l.childStdout, l.childStderr}
 }
 
 // withToolDir returns env with the guest tool's directory (sudo) at the
@@ -192,11 +200,9 @@ func (t *processTable) procAttr(l *launch) (*syscall.ProcAttr, error) {
 	case l.iso != nil:
 		sys = l.iso.sysProcAttr()
 		// The pipes are the process's, so that it may reopen them
-		// (/dev/stdout is /proc/self/fd/1, a pipe of mode 0600).
-		for _, f := range []*os.File{l.childStdin, l.childStdout, l.childStderr} {
-			if l.sudo {
-				break // the caller's own
-			}
+		// (/dev/stdout is /proc/self/fd/1, a pipe of mode 0600); a sudo
+		// command's are its caller's own.
+		for _, f := range l.ownPipes() {
 			if err := unix.Fchown(int(f.Fd()), int(l.iso.id.uid), int(l.iso.id.gid)); err != nil {
 				return nil, fmt.Errorf("spawn %s: handing its pipes over: %w", l.sp.ID, err)
 			}

@@ -411,7 +411,7 @@ func (t *processTable) startSudo(parent protocol.SpawnParams, p protocol.SudoPar
 	}
 	iso.root = true
 	iso.id = iso.id.asRoot()
-	l := &launch{sp: sp, cwd: p.Cwd, path: p.Path, argv: p.Argv, iso: iso, env: p.Env, sudo: true,
+	l := &launch{sp: sp, cwd: p.Cwd, path: p.Path, argv: p.Argv, iso: iso, env: p.Env,
 		childStdin: stdio[0], childStdout: stdio[1], childStderr: stdio[2]}
 	if err := t.open(l); err != nil {
 		t.abort(l)
