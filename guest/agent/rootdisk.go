@@ -274,19 +274,33 @@ func (m *mounter) syncRootDisk() error {
 	return unix.Syncfs(fd)
 }
 
+// upperLayer is where the overlay of the system path target keeps its
+// upper layer on the disk mounted at disk.
+func upperLayer(disk, target string) string { return path.Join(disk, "upper", target) }
+
+// overlayLayers makes the upper layer and work directory of target's
+// overlay on the disk and returns overlayfs's mount options for them over
+// the lower layer lower.
+func overlayLayers(disk, target, lower string) (string, error) {
+	if strings.ContainsAny(target+lower, ",:\\") {
+		return "", fmt.Errorf("cannot overlay %s: overlayfs options cannot name it", target)
+	}
+	upper, work := upperLayer(disk, target), path.Join(disk, "work", target)
+	for _, d := range []string{upper, work} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return "", fmt.Errorf("the overlay of %s: %w", target, err)
+		}
+	}
+	return "lowerdir=" + lower + ",upperdir=" + upper + ",workdir=" + work, nil
+}
+
 // overlayOnto mounts an overlay at target whose lower layer is what is
 // mounted there now.
 func overlayOnto(target, disk string) error {
-	if strings.ContainsAny(target, ",:\\") {
-		return fmt.Errorf("cannot overlay %s: overlayfs options cannot name it", target)
+	opts, err := overlayLayers(disk, target, target)
+	if err != nil {
+		return err
 	}
-	upper, work := path.Join(disk, "upper", target), path.Join(disk, "work", target)
-	for _, d := range []string{upper, work} {
-		if err := os.MkdirAll(d, 0o755); err != nil {
-			return fmt.Errorf("the overlay of %s: %w", target, err)
-		}
-	}
-	opts := "lowerdir=" + target + ",upperdir=" + upper + ",workdir=" + work
 	if err := unix.Mount("overlay", target, "overlay", 0, opts); err != nil {
 		return fmt.Errorf("the overlay of %s: %w", target, err)
 	}

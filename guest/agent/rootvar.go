@@ -122,7 +122,7 @@ func makeSkeleton(dir int) error {
 // system path p (a file, or a whiteout), found by descriptor with no
 // symlink followed.
 func inUpperLayer(disk, p string) bool {
-	upper, err := unix.Open(path.Join(disk, "upper"), unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	upper, err := unix.Open(upperLayer(disk, "/"), unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return false
 	}
@@ -167,11 +167,13 @@ func (m *mounter) overlayPackageDB(disk string, pkgdb protocol.MountSource) erro
 	if err != nil {
 		return err
 	}
-	upper, work := path.Join(disk, "upper", packageDBTarget), path.Join(disk, "work", packageDBTarget)
-	for _, d := range []string{upper, work, path.Join(upper, "triggers")} {
-		if err := os.MkdirAll(d, 0o755); err != nil {
-			return fmt.Errorf("the package database's overlay: %w", err)
-		}
+	opts, err := overlayLayers(disk, packageDBTarget, packageDBLower)
+	if err != nil {
+		return err
+	}
+	upper := upperLayer(disk, packageDBTarget)
+	if err := os.MkdirAll(path.Join(upper, "triggers"), 0o755); err != nil {
+		return fmt.Errorf("the package database's overlay: %w", err)
 	}
 	for _, name := range packageDBLocks {
 		fd, err := unix.Open(path.Join(upper, name), unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o640)
@@ -187,7 +189,6 @@ func (m *mounter) overlayPackageDB(disk string, pkgdb protocol.MountSource) erro
 			return err
 		}
 		defer dst.close()
-		opts := "lowerdir=" + packageDBLower + ",upperdir=" + upper + ",workdir=" + work
 		if err := unix.Mount("overlay", dst.procPath(), "overlay", unix.MS_NOSUID|unix.MS_NODEV, opts); err != nil {
 			return fmt.Errorf("the overlay of %s: %w", packageDBTarget, err)
 		}
