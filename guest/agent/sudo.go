@@ -27,7 +27,6 @@ package agent
 // that hangs up (killed) takes the command's process group with it.
 
 import (
-	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -166,23 +165,14 @@ func callSudo(socket string, p protocol.SudoParams) (protocol.SudoResult, error)
 	if err != nil {
 		return res, err
 	}
-	body, err := json.Marshal(protocol.GuestCall{Method: protocol.GuestCallSudo, Params: params})
-	if err != nil {
-		return res, err
-	}
 	c, err := net.Dial("unix", socket)
 	if err != nil {
 		return res, fmt.Errorf("asking the guest agent: %w", err)
 	}
 	conn := c.(*net.UnixConn)
 	defer conn.Close()
-	frame := binary.BigEndian.AppendUint32(nil, uint32(len(body)))
-	frame = append(frame, body...)
-	n, _, err := conn.WriteMsgUnix(frame, unix.UnixRights(0, 1, 2), nil)
-	if err == nil && n < len(frame) {
-		_, err = conn.Write(frame[n:])
-	}
-	if err != nil {
+	call := protocol.GuestCall{Method: protocol.GuestCallSudo, Params: params}
+	if err := protocol.WriteJSON(&rightsWriter{conn: conn, rights: unix.UnixRights(0, 1, 2)}, call); err != nil {
 		return res, fmt.Errorf("asking the guest agent: %w", err)
 	}
 	stop := forwardSignals(conn)
@@ -198,6 +188,27 @@ func callSudo(socket string, p protocol.SudoParams) (protocol.SudoResult, error)
 		return res, fmt.Errorf("the guest agent's answer is not a sudo result: %s", resp.Result)
 	}
 	return res, nil
+}
+
+// rightsWriter writes to conn, sending rights (SCM_RIGHTS) with the first
+// bytes written.
+type rightsWriter struct {
+	conn   *net.UnixConn
+	rights []byte
+}
+
+func (w *rightsWriter) Write(b []byte) (int, error) {
+	if w.rights == nil {
+		return w.conn.Write(b)
+	}
+	n, _, err := w.conn.WriteMsgUnix(b, w.rights, nil)
+	w.rights = nil
+	if err == nil && n < len(b) {
+		var more int
+		more, err = w.conn.Write(b[n:])
+		n += more
+	}
+	return n, err
 }
 
 // forwardSignals sends the signals a terminal or the client sends this
