@@ -147,7 +147,21 @@ func (m *Machine) AddVirtioMMIO(dev virtio.Device) (*virtio.MMIO, error) {
 	m.virtio = append(m.virtio, t)
 	m.cmdline = append(m.cmdline, virtio.MMIOCmdline(base, gsi))
 	m.notifyByEventFD(t, base, len(dev.QueueMaxSizes()))
+	m.absorbAcks(t, base)
 	return t, nil
+}
+
+// absorbAcks has KVM absorb the driver's interrupt acknowledgements of the
+// transport at base: its status read already acknowledged them
+// (virtio.AckValues), and each one would otherwise be a second exit per
+// interrupt, beside that read. Where KVM cannot, the write stays an exit.
+func (m *Machine) absorbAcks(t *virtio.MMIO, base uint64) {
+	for _, v := range virtio.AckValues() {
+		if err := m.vm.AbsorbMMIOWrite(base+virtio.MMIOInterruptACK, 4, uint64(v)); err != nil {
+			m.log.Debug("machine: interrupt acknowledgement stays an MMIO exit", "device", t.Device().Type(), "err", err)
+			return
+		}
+	}
 }
 
 // notifyByEventFD has KVM turn the driver's notify of each of the n queues

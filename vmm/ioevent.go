@@ -38,7 +38,16 @@ type ioEvent struct {
 // KVM_CAP_IOEVENTFD) leaves the address served by the bus alone, which is
 // correct, only slower.
 func (v *VM) OnMMIOWrite(addr uint64, size uint32, value uint64, fn func()) error {
-	fd, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
+	return v.onMMIOWrite(addr, size, value, fn)
+}
+
+// onMMIOWrite registers the ioeventfd; a nil fn leaves it unread.
+func (v *VM) onMMIOWrite(addr uint64, size uint32, value uint64, fn func()) error {
+	flags := unix.EFD_CLOEXEC
+	if fn != nil {
+		flags |= unix.EFD_NONBLOCK // read in Go's poller
+	} // else blocking, so os.NewFile keeps it out of the poller: no wake-ups
+	fd, err := unix.Eventfd(0, flags)
 	if err != nil {
 		return fmt.Errorf("eventfd for MMIO %#x: %w", addr, err)
 	}
@@ -58,8 +67,22 @@ func (v *VM) OnMMIOWrite(addr uint64, size uint32, value uint64, fn func()) erro
 		return err
 	}
 	v.ioEvents = append(v.ioEvents, e)
+	if fn == nil {
+		close(e.done)
+		return nil
+	}
 	go e.serve(fn)
 	return nil
+}
+
+// AbsorbMMIOWrite makes a guest write of size bytes of value at the MMIO
+// address addr end in KVM: it signals an eventfd that nothing reads, so the
+// write costs the guest no exit to us and no goroutine wakes. For writes
+// whose effect the device model already has (an interrupt acknowledgement
+// that the status read did). Ends with CloseIOEvents or Close; an error
+// leaves the address served by the bus.
+func (v *VM) AbsorbMMIOWrite(addr uint64, size uint32, value uint64) error {
+	return v.onMMIOWrite(addr, size, value, nil)
 }
 
 // serve calls fn once per wake of the eventfd until the file is closed.

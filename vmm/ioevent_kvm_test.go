@@ -62,3 +62,41 @@ func TestKVMOnMMIOWriteSignalsInsteadOfExiting(t *testing.T) {
 		t.Error("OnMMIOWrite after CloseIOEvents succeeded")
 	}
 }
+
+// An absorbed write of the registered value ends in KVM: the bus never
+// sees it, and no goroutine is left behind; a write of another value to
+// the same address still reaches the bus.
+func TestKVMAbsorbMMIOWriteNeverReachesTheBus(t *testing.T) {
+	vm := newTestVM(t, 1, 64<<10)
+	defer vm.Close()
+	dev := newGuestPort()
+	if err := vm.MMIO().Register(0x20000, 0x1000, dev); err != nil {
+		t.Fatal(err)
+	}
+	if err := vm.AbsorbMMIOWrite(0x20064, 4, 1); err != nil {
+		t.Fatal(err)
+	}
+	writeDword := func(v byte) []byte { // mov dword [es:0x64], v
+		return []byte{0x66, 0x26, 0xc7, 0x06, 0x64, 0x00, v, 0x00, 0x00, 0x00}
+	}
+	code := []byte{0xb8, 0x00, 0x20, 0x8e, 0xc0} // mov ax, 0x2000; mov es, ax
+	for range 3 {
+		code = append(code, writeDword(1)...)
+	}
+	code = append(code, writeDword(3)...)
+	code = append(code, 0xe6, portDone, 0xeb, 0xfe) // out portDone, al; jmp $
+	load(t, vm.Memory(), codeAddr, code)
+	realMode(t, vm.VCPU(0), codeAddr)
+	if err := vm.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if e := waitExit(t, vm.VM); e.Kind != ExitPowerOff {
+		t.Fatalf("exit %v", e)
+	}
+	if got := dev.got(); !equalAccesses(got, [][]byte{{3, 0, 0, 0}}) {
+		t.Errorf("bus saw writes % x; want only the write of 3", got)
+	}
+	if err := vm.CloseIOEvents(); err != nil {
+		t.Fatal(err)
+	}
+}

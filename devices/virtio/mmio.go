@@ -184,7 +184,13 @@ func (m *MMIO) readRegister(offset uint64) uint32 {
 	case MMIOVendorID:
 		return MMIOVendor
 	case MMIOInterruptStatus:
-		return m.intStatus.Load()
+		// A read acknowledges what it returns, as virtio-pci's ISR does.
+		// Linux's handler reads this register and writes the same bits to
+		// InterruptACK, so nothing changes for it; but the ACK then
+		// carries no information, and a VMM can let KVM absorb it
+		// (AckWrites) instead of paying an exit per interrupt. Bits raised
+		// after the read stay set for the next one.
+		return m.intStatus.Swap(0)
 	case MMIOStatus:
 		return m.status.Load()
 	case MMIOConfigGeneration:
@@ -447,6 +453,14 @@ func (m *MMIO) resetLocked() {
 	for i := range m.queues {
 		m.queues[i] = queueState{maxSize: m.queues[i].maxSize}
 	}
+}
+
+// AckValues are the values a driver writes to InterruptACK: the bits it
+// read from InterruptStatus, which that read already acknowledged. A VMM
+// may have KVM absorb these writes (vmm.VM.AbsorbMMIOWrite) so they cost
+// no exit; any other value still reaches the transport.
+func AckValues() []uint32 {
+	return []uint32{InterruptUsedBuffer, InterruptConfigChange, InterruptUsedBuffer | InterruptConfigChange}
 }
 
 // NotifyQueue is the driver's notify of queue index, delivered some way
