@@ -46,10 +46,15 @@ func TestCachePolicyInEveryReply(t *testing.T) {
 				require.Equal(t, wantSecs, a.AttrValid, "%s: attribute lifetime", what)
 				require.Zero(t, a.AttrValidNsec, what)
 			}
-			open := func(what string, flags, want uint32) {
+			// want: the flags of a Cached device; a read-only open of a
+			// file is never flushed, whatever the device.
+			open := func(what string, flags, want uint32, readOnlyFile bool) {
 				t.Helper()
 				if !cached {
 					want = 0
+				}
+				if readOnlyFile {
+					want |= fuse.FOPEN_NOFLUSH
 				}
 				require.Equal(t, want, flags, "%s: open flags", what)
 			}
@@ -62,13 +67,27 @@ func TestCachePolicyInEveryReply(t *testing.T) {
 			attr("setattr", a, errno)
 			o, errno := r.openOut(t, e.NodeId, syscall.O_RDONLY)
 			require.Zero(t, errno)
-			open("open", o.OpenFlags, fuse.FOPEN_KEEP_CACHE)
+			open("open", o.OpenFlags, fuse.FOPEN_KEEP_CACHE, true)
+			ow, errno := r.openOut(t, e.NodeId, syscall.O_WRONLY)
+			require.Zero(t, errno)
+			open("open for writing", ow.OpenFlags, fuse.FOPEN_KEEP_CACHE, false)
 			od, errno := r.opendir(t, e1)
 			require.Zero(t, errno)
-			open("opendir", od.OpenFlags, fuse.FOPEN_KEEP_CACHE|fuse.FOPEN_CACHE_DIR)
+			open("opendir", od.OpenFlags, fuse.FOPEN_KEEP_CACHE|fuse.FOPEN_CACHE_DIR, false)
 			c, errno := r.create(t, e1, "created", syscall.O_RDWR, 0o644)
 			entry("create", c.EntryOut, errno)
-			open("create", c.OpenOut.OpenFlags, fuse.FOPEN_KEEP_CACHE)
+			open("create", c.OpenOut.OpenFlags, fuse.FOPEN_KEEP_CACHE, false)
+
+			// A name the host does not have: a negative entry the guest
+			// keeps as long as its names (Cached), else ENOENT.
+			missing, errno := r.lookup(t, e1, "not-there")
+			if cached {
+				require.Zero(t, errno, "lookup of a missing name")
+				require.Zero(t, missing.NodeId, "a negative entry")
+				require.Equal(t, wantSecs, missing.EntryValid, "negative entry lifetime")
+			} else {
+				require.Equal(t, syscall.ENOENT, errno, "lookup of a missing name")
+			}
 			m, errno := r.mkdir(t, e1, "made", 0o755)
 			entry("mkdir", m, errno)
 			n, errno := r.mknod(t, e1, "fifo", syscall.S_IFIFO|0o644, 0)

@@ -125,9 +125,21 @@ func (f *fileSystem) lookup(parent uint64, name string, out *fuse.EntryOut) fuse
 	return fuse.OK
 }
 
-// Lookup implements fuse.RawFileSystem.
+// Lookup implements fuse.RawFileSystem. A name the host does not have gets, from a Cached device, a negative
+// entry (node id 0) that the guest keeps for cachedTimeout, as it keeps
+// the names it found: programs started from system directories probe many
+// names that are not there (python3 tries each directory of its path for
+// every module), and without it each probe of each run is a round trip to
+// the host. Other devices answer ENOENT, so a file the host creates in a
+// session is seen at the guest's next look.
 func (f *fileSystem) Lookup(_ <-chan struct{}, h *fuse.InHeader, name string, out *fuse.EntryOut) fuse.Status {
-	return f.lookup(h.NodeId, name, out)
+	st := f.lookup(h.NodeId, name, out)
+	if st == fuse.ENOENT && f.cached {
+		*out = fuse.EntryOut{}
+		out.SetEntryTimeout(cachedTimeout)
+		return fuse.OK
+	}
+	return st
 }
 
 // Forget implements fuse.RawFileSystem (FORGET and BATCH_FORGET).

@@ -19,18 +19,27 @@ import (
 // device could map them (see device.go): the buf a READ gets and the
 // segments a WRITE carries are guest memory.
 
-// openFlags are the FOPEN flags of an open: a Cached device lets the
-// guest keep its page cache (and directory listings) across opens;
-// otherwise each open drops what the guest cached, so an open after a
-// host edit reads the edit (close-to-open).
-func (f *fileSystem) openFlags(dir bool) uint32 {
+// openFlags are the FOPEN flags of an open with flags (the guest's open
+// flags): a Cached device lets the guest keep its page cache (and
+// directory listings) across opens; otherwise each open drops what the
+// guest cached, so an open after a host edit reads the edit
+// (close-to-open). A read-only open is never flushed: our FLUSH has
+// nothing to do (writes reach the host file at once), and each close
+// would otherwise wait for a round trip to the host. A writable open
+// keeps FLUSH, whose guest side first writes back the pages a shared
+// mapping dirtied, so the host has them once close returns.
+func (f *fileSystem) openFlags(flags uint32, dir bool) uint32 {
+	var out uint32
+	if !dir && flags&syscall.O_ACCMODE == syscall.O_RDONLY {
+		out |= fuse.FOPEN_NOFLUSH
+	}
 	if !f.cached {
-		return 0
+		return out
 	}
 	if dir {
-		return fuse.FOPEN_KEEP_CACHE | fuse.FOPEN_CACHE_DIR
+		return out | fuse.FOPEN_KEEP_CACHE | fuse.FOPEN_CACHE_DIR
 	}
-	return fuse.FOPEN_KEEP_CACHE
+	return out | fuse.FOPEN_KEEP_CACHE
 }
 
 // openNode opens a clone of node id's file, which must be a directory
@@ -90,7 +99,7 @@ func (f *fileSystem) Open(_ <-chan struct{}, in *fuse.OpenIn, out *fuse.OpenOut)
 	if !st.Ok() {
 		return st
 	}
-	*out = fuse.OpenOut{Fh: fh, OpenFlags: f.openFlags(false)}
+	*out = fuse.OpenOut{Fh: fh, OpenFlags: f.openFlags(in.Flags, false)}
 	return fuse.OK
 }
 
@@ -100,7 +109,7 @@ func (f *fileSystem) OpenDir(_ <-chan struct{}, in *fuse.OpenIn, out *fuse.OpenO
 	if !st.Ok() {
 		return st
 	}
-	*out = fuse.OpenOut{Fh: fh, OpenFlags: f.openFlags(true)}
+	*out = fuse.OpenOut{Fh: fh, OpenFlags: f.openFlags(in.Flags, true)}
 	return fuse.OK
 }
 

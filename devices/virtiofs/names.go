@@ -174,6 +174,6 @@ func (f *fileSystem) Create(_ <-chan struct{}, in *fuse.CreateIn, name string, o
 		f.t.release(fh, false)
 		return st
 	}
-	out.OpenOut = fuse.OpenOut{Fh: fh, OpenFlags: f.openFlags(false)}
+	out.OpenOut = fuse.OpenOut{Fh: fh, OpenFlags: f.openFlags(in.Flags, false)}
 	return fuse.OK
 }
