@@ -192,7 +192,7 @@ func (r *rig) initSession(t testing.TB) fuse.InitOut {
 		Major, Minor, MaxReadAhead, Flags, Flags2 uint32
 		Unused                                    [11]uint32
 	}{Major: 7, Minor: 36, MaxReadAhead: 128 << 10,
-		Flags: uint32(fuse.CAP_ASYNC_READ | fuse.CAP_BIG_WRITES | fuse.CAP_READDIRPLUS | fuse.CAP_MAX_PAGES | fuse.CAP_PARALLEL_DIROPS | fuse.CAP_AUTO_INVAL_DATA)}
+		Flags: uint32(fuse.CAP_ASYNC_READ | fuse.CAP_BIG_WRITES | fuse.CAP_READDIRPLUS | fuse.CAP_MAX_PAGES | fuse.CAP_PARALLEL_DIROPS | fuse.CAP_AUTO_INVAL_DATA | fuse.CAP_CACHE_SYMLINKS)}
 	var out fuse.InitOut
 	r.call(t, opInit, 0, &in).ok(t, &out)
 	return out

@@ -124,6 +124,12 @@ func (d *Device) Activate(mem virtio.GuestMemory, irq virtio.Interrupt, queues [
 	server := fuse.NewProtocolServer(fsys, &fuse.MountOptions{
 		MaxWrite:     MaxWrite,
 		MaxReadAhead: MaxWrite,
+		// The guest keeps a symlink's target in its page cache instead of
+		// asking at every path walk through it (/lib, /bin and the
+		// interpreters' links are walked by every program start): a
+		// symlink's target never changes in place, and a name the host
+		// points elsewhere is a new inode, looked up as any other name.
+		EnableSymlinkCaching: true,
 		// go-fuse logs the guest's malformed requests here.
 		Logger: log.New(&guestLogWriter{d.guestLog}, "", 0),
 		// A panic in a file operation is our bug, not the guest's: an
