@@ -13,14 +13,19 @@
 // micro-VM from all of them. The ioctls themselves are in vmm/kvm.
 //
 // Kicking a vCPU: RequestExit sets kvm_run.immediate_exit on every vCPU, so
-// a vCPU not currently in KVM_RUN leaves at its next entry, then sends
-// SIGURG with tgkill to each vCPU thread, so a vCPU inside KVM_RUN (running
-// guest code or halted) returns EINTR. SIGURG is the signal the Go runtime
-// itself uses for goroutine preemption: its handler is always installed and
-// tolerates spurious deliveries, so the kick needs no signal mask juggling,
-// never kills the process, and does not disturb the program's own signal
-// handling. The kick is repeated every 100 ms until the threads have
-// returned, a guard against a signal lost to something outside the package.
+// a vCPU not currently in KVM_RUN leaves at its next entry, then sends a
+// real-time signal (kickSignal, SIGRTMIN+8) with tgkill to each vCPU thread,
+// so a vCPU inside KVM_RUN (running guest code or halted) returns EINTR.
+// The Go runtime installs its handler for every real-time signal and
+// ignores one the program did not ask for, so the kick never kills the
+// process and does not disturb the program's own signal handling. While a
+// vCPU runs the guest, KVM_SET_SIGNAL_MASK lets only the kick (and the
+// runtime's all-threads system call signal) through: the runtime's own
+// preemption signal, SIGURG, which sysmon sends to a thread 10 ms into a
+// system call, would otherwise be an exit for nothing several times a
+// second per vCPU. The kick is repeated every 100 ms until the threads
+// have returned, a guard against a signal lost to something outside the
+// package.
 //
 // Doorbells: OnMMIOWrite registers a KVM ioeventfd, so a guest write of one
 // value to one address (a virtqueue notify) signals an eventfd in the

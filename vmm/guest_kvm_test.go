@@ -10,6 +10,7 @@ import (
 
 	"github.com/cowork-vmm/cowork-vmm/internal/nested"
 	"github.com/cowork-vmm/cowork-vmm/vmm/kvm"
+	"golang.org/x/sys/unix"
 )
 
 // These tests run tiny guests, assembled here as bytes, on the real KVM.
@@ -391,6 +392,47 @@ func TestKVMStopSpinningAndHaltedGuests(t *testing.T) {
 			}
 			if err := vm.Memory().ReadAt(make([]byte, 1), 0); err == nil {
 				t.Error("memory still readable after Stop")
+			}
+		})
+	}
+}
+
+// The Go runtime's preemption signal (SIGURG, which sysmon sends to a
+// thread long in one system call) does not take a vCPU out of the guest;
+// the kick still does, from the guest's code and from its halt.
+func TestKVMOnlyTheKickInterruptsTheGuest(t *testing.T) {
+	for name, code := range map[string][]byte{
+		"spinning": {0xe6, portData, 0xeb, 0xfe},
+		"halted":   {0xe6, portData, 0xfa, 0xf4, 0xeb, 0xfd},
+	} {
+		t.Run(name, func(t *testing.T) {
+			vm := newTestVM(t, 1, 1<<20)
+			load(t, vm.Memory(), codeAddr, code)
+			realMode(t, vm.VCPU(0), codeAddr)
+			if err := vm.Start(); err != nil {
+				t.Fatal(err)
+			}
+			waitWrote(t, vm.data)
+			vt := vm.vcpus[0]
+			vt.mu.Lock()
+			tid := vt.tid
+			vt.mu.Unlock()
+			before := vm.Stats().Interrupted
+			for range 20 {
+				if err := unix.Tgkill(unix.Getpid(), tid, unix.SIGURG); err != nil {
+					t.Fatal(err)
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+			if n := vm.Stats().Interrupted - before; n != 0 {
+				t.Errorf("20 SIGURGs interrupted the guest %d times; want 0", n)
+			}
+			e, err := vm.Stop()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if e.Kind != ExitStopped {
+				t.Fatalf("exit %v, want stopped", e)
 			}
 		})
 	}

@@ -14,7 +14,7 @@ import (
 // the exit served before (an OUT's RIP advance, an MMIO read's register
 // load), so a parked vCPU has no half-done access in its state. No kick
 // is lost: Pause stores request before it kicks (immediate_exit, then
-// SIGURG); a thread sets immediate_exit itself when it sees request before
+// kickSignal); a thread sets immediate_exit itself when it sees request before
 // a run, and a parked thread clears it before it looks at request again.
 type pauser struct {
 	mu      sync.Mutex // serialises Pause and Resume

@@ -21,8 +21,8 @@ type vcpuThread struct {
 }
 
 // kick makes the vCPU leave KVM_RUN: immediate_exit covers a thread that is
-// between runs (it returns EINTR at its next entry), SIGURG one that is in
-// the guest or halted in the kernel. Called with the VM's mu held.
+// between runs (it returns EINTR at its next entry), kickSignal one that is
+// in the guest or halted in the kernel. Called with the VM's mu held.
 func (t *vcpuThread) kick() {
 	t.vcpu.RequestImmediateExit(true)
 	t.mu.Lock()
@@ -30,7 +30,34 @@ func (t *vcpuThread) kick() {
 	if t.alive {
 		// ESRCH is impossible while alive is set; other errors would only
 		// mean the thread leaves at its next entry thanks to immediate_exit.
-		_ = unix.Tgkill(unix.Getpid(), t.tid, unix.SIGURG)
+		_ = unix.Tgkill(unix.Getpid(), t.tid, kickSignal)
+	}
+}
+
+// kickSignal is the signal a kick sends: a real-time signal (SIGRTMIN+8 in
+// the kernel's numbering) that nothing else here sends. The Go runtime
+// installs its handler for every real-time signal and, when the program
+// has not asked for one with os/signal, returns from it without effect,
+// so a kick never kills the process. It is the only signal the guest's
+// execution lets through (guestSignals).
+const kickSignal = unix.Signal(40)
+
+// perThreadSyscallSignal is the Go runtime's signal for a system call
+// every thread must make (syscall.AllThreadsSyscall, which Setuid and
+// friends use without cgo): SIGRTMIN+1. A vCPU thread must take it at
+// once, or the caller waits for the guest's next exit.
+const perThreadSyscallSignal = unix.Signal(33)
+
+// guestSignals limits the signals that interrupt this vCPU's guest to the
+// kick and perThreadSyscallSignal. Why: the Go runtime's sysmon sends
+// SIGURG to a thread that stayed 10 ms in one system call, and KVM_RUN is
+// one (guest time): every such signal was an exit and a return to KVM_RUN
+// for nothing. Nested, that was about one exit per file-sharing request.
+// The others stay pending until the vCPU exits for its own reasons. An
+// error leaves every signal let through, as before: correct, slower.
+func (v *VM) guestSignals(t *vcpuThread) {
+	if err := t.vcpu.SetGuestSignals(kickSignal, perThreadSyscallSignal); err != nil {
+		v.log.Debug("vmm: every signal still interrupts the guest", "vcpu", t.index, "err", err)
 	}
 }
 
@@ -41,6 +68,7 @@ func (v *VM) runVCPU(t *vcpuThread) {
 	// kick targets that thread by id.
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
+	v.guestSignals(t)
 	t.mu.Lock()
 	t.tid = unix.Gettid()
 	t.alive = true

@@ -370,7 +370,7 @@ func (v *VM) kickAllLocked() {
 // rekick repeats the kick until every vCPU thread has returned. One kick
 // suffices by construction (immediate_exit is set before the signal); the
 // repeat is a cheap guard against a signal lost to something outside this
-// package, e.g. a program that ignores SIGURG with GODEBUG=asyncpreemptoff=1.
+// package, e.g. a program that ignores the kick's signal with os/signal.
 func (v *VM) rekick() {
 	t := time.NewTicker(100 * time.Millisecond)
 	defer t.Stop()

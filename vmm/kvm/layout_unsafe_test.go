@@ -36,6 +36,7 @@ func TestStructLayoutsMatchKernelHeaders(t *testing.T) {
 		{"kvm_pit_state2", unsafe.Sizeof(PITState{}), 112},
 		{"kvm_clock_data", unsafe.Sizeof(ClockData{}), 48},
 		{"kvm_msr_list header", unsafe.Offsetof(msrListArg{}.Indices), 4},
+		{"kvm_signal_mask header", unsafe.Offsetof(signalMaskArg{}.Sigset), 4},
 	}
 	for _, s := range sizes {
 		if s.got != s.want {

@@ -45,6 +45,33 @@ func (c *VCPU) Run() error {
 	return runOnce(c.fd)
 }
 
+// signalMaskArg mirrors struct kvm_signal_mask with the kernel's 64-bit
+// sigset, which follows len at byte 4 (hence bytes, not a uint64).
+type signalMaskArg struct {
+	Len    uint32
+	Sigset [8]byte
+}
+
+// SetGuestSignals issues KVM_SET_SIGNAL_MASK so that, while this vCPU runs
+// the guest (inside KVM_RUN), only the signals in allowed (1-based numbers)
+// can interrupt it; the others stay pending until KVM_RUN returns, when the
+// thread's own mask applies again.
+func (c *VCPU) SetGuestSignals(allowed ...unix.Signal) error {
+	blocked := ^uint64(0)
+	for _, sig := range allowed {
+		if sig < 1 || sig > 64 {
+			return fmt.Errorf("KVM_SET_SIGNAL_MASK vCPU %d: no signal %d", c.id, sig)
+		}
+		blocked &^= 1 << (sig - 1)
+	}
+	arg := signalMaskArg{Len: 8}
+	binary.LittleEndian.PutUint64(arg.Sigset[:], blocked)
+	if _, err := ioctlStruct(c.fd, ioctlSetSignalMask, &arg); err != nil {
+		return fmt.Errorf("KVM_SET_SIGNAL_MASK vCPU %d: %w", c.id, err)
+	}
+	return nil
+}
+
 // RequestImmediateExit sets or clears kvm_run.immediate_exit: while set,
 // KVM_RUN returns EINTR without entering the guest. Safe from any goroutine.
 func (c *VCPU) RequestImmediateExit(on bool) {
