@@ -27,23 +27,7 @@ func TestKVMOnMMIOWriteSignalsInsteadOfExiting(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	writeDword := func(v byte) []byte { // mov dword [es:0x50], v
-		return []byte{0x66, 0x26, 0xc7, 0x06, 0x50, 0x00, v, 0x00, 0x00, 0x00}
-	}
-	code := []byte{0xb8, 0x00, 0x20, 0x8e, 0xc0} // mov ax, 0x2000; mov es, ax
-	for range 3 {
-		code = append(code, writeDword(1)...)
-	}
-	code = append(code, writeDword(2)...)
-	code = append(code, 0xe6, portDone, 0xeb, 0xfe) // out portDone, al; jmp $
-	load(t, vm.Memory(), codeAddr, code)
-	realMode(t, vm.VCPU(0), codeAddr)
-	if err := vm.Start(); err != nil {
-		t.Fatal(err)
-	}
-	if e := waitExit(t, vm.VM); e.Kind != ExitPowerOff {
-		t.Fatalf("exit %v", e)
-	}
+	runDwordWrites(t, vm, 0x50, 1, 1, 1, 2)
 	select {
 	case <-called:
 	case <-time.After(30 * time.Second):
@@ -76,14 +60,25 @@ func TestKVMAbsorbMMIOWriteNeverReachesTheBus(t *testing.T) {
 	if err := vm.AbsorbMMIOWrite(0x20064, 4, 1); err != nil {
 		t.Fatal(err)
 	}
-	writeDword := func(v byte) []byte { // mov dword [es:0x64], v
-		return []byte{0x66, 0x26, 0xc7, 0x06, 0x64, 0x00, v, 0x00, 0x00, 0x00}
+	runDwordWrites(t, vm, 0x64, 1, 1, 1, 3)
+	if got := dev.got(); !equalAccesses(got, [][]byte{{3, 0, 0, 0}}) {
+		t.Errorf("bus saw writes % x; want only the write of 3", got)
 	}
+	if err := vm.CloseIOEvents(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// runDwordWrites runs a real-mode guest that writes each value as a dword
+// at 0x20000+offset (in MMIO above the test VM's RAM) and powers off, and
+// waits for it to end.
+func runDwordWrites(t *testing.T, vm *testVM, offset byte, values ...byte) {
+	t.Helper()
 	code := []byte{0xb8, 0x00, 0x20, 0x8e, 0xc0} // mov ax, 0x2000; mov es, ax
-	for range 3 {
-		code = append(code, writeDword(1)...)
+	for _, v := range values {
+		// mov dword [es:offset], v
+		code = append(code, 0x66, 0x26, 0xc7, 0x06, offset, 0x00, v, 0x00, 0x00, 0x00)
 	}
-	code = append(code, writeDword(3)...)
 	code = append(code, 0xe6, portDone, 0xeb, 0xfe) // out portDone, al; jmp $
 	load(t, vm.Memory(), codeAddr, code)
 	realMode(t, vm.VCPU(0), codeAddr)
@@ -92,11 +87,5 @@ func TestKVMAbsorbMMIOWriteNeverReachesTheBus(t *testing.T) {
 	}
 	if e := waitExit(t, vm.VM); e.Kind != ExitPowerOff {
 		t.Fatalf("exit %v", e)
-	}
-	if got := dev.got(); !equalAccesses(got, [][]byte{{3, 0, 0, 0}}) {
-		t.Errorf("bus saw writes % x; want only the write of 3", got)
-	}
-	if err := vm.CloseIOEvents(); err != nil {
-		t.Fatal(err)
 	}
 }
