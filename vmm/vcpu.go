@@ -38,8 +38,8 @@ func (t *vcpuThread) kick() {
 // the kernel's numbering) that nothing else here sends. The Go runtime
 // installs its handler for every real-time signal and, when the program
 // has not asked for one with os/signal, returns from it without effect,
-// so a kick never kills the process. It is the only signal the guest's
-// execution lets through (guestSignals).
+// so a kick never kills the process. It is one of the two signals that
+// interrupt the guest's execution (guestSignals).
 const kickSignal = unix.Signal(40)
 
 // perThreadSyscallSignal is the Go runtime's signal for a system call

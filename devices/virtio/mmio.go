@@ -188,7 +188,7 @@ func (m *MMIO) readRegister(offset uint64) uint32 {
 		// Linux's handler reads this register and writes the same bits to
 		// InterruptACK, so nothing changes for it; but the ACK then
 		// carries no information, and a VMM can let KVM absorb it
-		// (AckWrites) instead of paying an exit per interrupt. Bits raised
+		// (AckValues) instead of paying an exit per interrupt. Bits raised
 		// after the read stay set for the next one.
 		return m.intStatus.Swap(0)
 	case MMIOStatus:
