@@ -57,9 +57,25 @@ func RunGoTestWith(t testing.TB, gt GoTest) Result {
 	return res
 }
 
-// frozenRetries is how many times TryGoTest runs a run again whose outer
-// guest froze.
+// frozenRetries is how many times RunThroughFreezes runs a run again whose
+// outer guest froze.
 const frozenRetries = 2
+
+// RunThroughFreezes is Run, run again up to frozenRetries times while its
+// outer guest froze (ErrOuterFroze: the emulator's doing, not the
+// payload's; freeze.go). again, when set, is called before each new run
+// with its number and the freeze, e.g. to say so and to drop what the
+// frozen run left in the payload directory.
+func RunThroughFreezes(ctx context.Context, opts Options, again func(retry, of int, froze error)) (Result, error) {
+	res, err := Run(ctx, opts)
+	for retry := 1; retry <= frozenRetries && errors.Is(err, ErrOuterFroze); retry++ {
+		if again != nil {
+			again(retry, frozenRetries, err)
+		}
+		res, err = Run(ctx, opts)
+	}
+	return res, err
+}
 
 // TryGoTest runs gt inside the outer guest like RunGoTestWith but leaves
 // judging the result to the caller: an error means no result (the outer
@@ -105,16 +121,14 @@ func TryGoTest(t testing.TB, gt GoTest) (Result, error) {
 		QemuLog:         gt.QemuLog,
 		SingleThreadTCG: gt.SingleThreadTCG,
 	}
-	res, err := Run(ctx, opts)
-	for retry := 1; retry <= frozenRetries && errors.Is(err, ErrOuterFroze); retry++ {
-		// Not the tests' doing (freeze.go): what the frozen run's tests
-		// recorded is dropped, as they run again.
-		t.Logf("nested run of %s: %v; running it again (%d of %d)", gt.Pkg, err, retry, frozenRetries)
+	res, err := RunThroughFreezes(ctx, opts, func(retry, of int, froze error) {
+		// What the frozen run's tests recorded is dropped, as they run
+		// again.
+		t.Logf("nested run of %s: %v; running it again (%d of %d)", gt.Pkg, froze, retry, of)
 		if rmErr := os.Remove(filepath.Join(payload, payloadLedger)); rmErr != nil && !errors.Is(rmErr, os.ErrNotExist) {
 			t.Errorf("nested run of %s: %v", gt.Pkg, rmErr)
 		}
-		res, err = Run(ctx, opts)
-	}
+	})
 	if mergeErr := mergeNestedLedger(payload); mergeErr != nil {
 		t.Errorf("nested run of %s: %v", gt.Pkg, mergeErr)
 	}

@@ -20,6 +20,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -133,9 +134,11 @@ func runNested(ctx context.Context, opts bench.Options, cpus int, timeout time.D
 	if opts.Peers != "" {
 		cmd = append(cmd, "--peers", opts.Peers)
 	}
-	res, err := nested.Run(ctx, nested.Options{
+	res, err := nested.RunThroughFreezes(ctx, nested.Options{
 		PayloadDir: payload, Files: files, Cmd: cmd, CPUs: cpus,
 		MemMiB: max(nested.DefaultMemMiB, 2*opts.MemMiB+512), Timeout: timeout, Stdout: console,
+	}, func(retry, of int, froze error) {
+		fmt.Fprintf(stderr, "cowork-bench: nested harness: %v; running the bench again (%d of %d)\n", strings.SplitN(froze.Error(), "\n", 2)[0], retry, of)
 	})
 	if err != nil {
 		return fmt.Errorf("nested harness: %w", err)
