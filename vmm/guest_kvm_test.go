@@ -146,6 +146,26 @@ func waitExit(t testing.TB, vm *VM) Exit {
 	}
 }
 
+// startRealMode loads code at codeAddr and starts the VM with vCPU 0 on
+// it in real mode.
+func startRealMode(t testing.TB, vm *testVM, code []byte) {
+	t.Helper()
+	load(t, vm.Memory(), codeAddr, code)
+	realMode(t, vm.VCPU(0), codeAddr)
+	if err := vm.Start(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// waitPowerOff waits for the guest to power off (its write to portDone),
+// failing the test on any other end.
+func waitPowerOff(t testing.TB, vm *VM) {
+	t.Helper()
+	if e := waitExit(t, vm); e.Kind != ExitPowerOff {
+		t.Fatalf("exit %v", e)
+	}
+}
+
 // waitWrote waits for the guest's first write to p.
 func waitWrote(t testing.TB, p *guestPort) {
 	t.Helper()
@@ -179,16 +199,9 @@ func TestKVMRealModePortIO(t *testing.T) {
 		0xe6, portDone, // out portDone, al
 		0xeb, 0xfe, // jmp $
 	}
-	load(t, vm.Memory(), codeAddr, code)
 	load(t, vm.Memory(), dataAddr, []byte("hello"))
-	realMode(t, vm.VCPU(0), codeAddr)
-	if err := vm.Start(); err != nil {
-		t.Fatal(err)
-	}
-	e := waitExit(t, vm.VM)
-	if e.Kind != ExitPowerOff {
-		t.Fatalf("exit %v", e)
-	}
+	startRealMode(t, vm, code)
+	waitPowerOff(t, vm.VM)
 	want := [][]byte{{0x42}, {0x34, 0x12}, {'h'}, {'e'}, {'l'}, {'l'}, {'o'}}
 	if got := vm.data.got(); !equalAccesses(got, want) {
 		t.Errorf("data port writes %q, want %q", got, want)
@@ -235,14 +248,8 @@ func TestKVMRealModeMMIO(t *testing.T) {
 		0xe6, portDone, // out portDone, al
 		0xeb, 0xfe, // jmp $
 	}
-	load(t, vm.Memory(), codeAddr, code)
-	realMode(t, vm.VCPU(0), codeAddr)
-	if err := vm.Start(); err != nil {
-		t.Fatal(err)
-	}
-	if e := waitExit(t, vm.VM); e.Kind != ExitPowerOff {
-		t.Fatalf("exit %v", e)
-	}
+	startRealMode(t, vm, code)
+	waitPowerOff(t, vm.VM)
 	if got := dev.got(); !equalAccesses(got, [][]byte{{0x5a}}) {
 		t.Errorf("MMIO writes % x", got)
 	}
@@ -313,9 +320,7 @@ func TestKVMLongModePortIOAndMMIO(t *testing.T) {
 	if err := vm.Start(); err != nil {
 		t.Fatal(err)
 	}
-	if e := waitExit(t, vm.VM); e.Kind != ExitPowerOff {
-		t.Fatalf("exit %v", e)
-	}
+	waitPowerOff(t, vm.VM)
 	if got := vm.data.got(); !equalAccesses(got, [][]byte{{0x42}}) {
 		t.Errorf("port writes % x", got)
 	}
@@ -360,9 +365,7 @@ func TestKVMTwoVCPUsRunCode(t *testing.T) {
 	if err := vm.Start(); err != nil {
 		t.Fatal(err)
 	}
-	if e := waitExit(t, vm.VM); e.Kind != ExitPowerOff {
-		t.Fatalf("exit %v", e)
-	}
+	waitPowerOff(t, vm.VM)
 	mu.Lock()
 	defer mu.Unlock()
 	if !seen[0xa0] || !seen[0xa1] {
@@ -377,11 +380,7 @@ func TestKVMStopSpinningAndHaltedGuests(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			vm := newTestVM(t, 2, 1<<20)
-			load(t, vm.Memory(), codeAddr, code)
-			realMode(t, vm.VCPU(0), codeAddr)
-			if err := vm.Start(); err != nil {
-				t.Fatal(err)
-			}
+			startRealMode(t, vm, code)
 			waitWrote(t, vm.data)
 			e, err := vm.Stop()
 			if err != nil {
@@ -407,11 +406,7 @@ func TestKVMOnlyTheKickInterruptsTheGuest(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			vm := newTestVM(t, 1, 1<<20)
-			load(t, vm.Memory(), codeAddr, code)
-			realMode(t, vm.VCPU(0), codeAddr)
-			if err := vm.Start(); err != nil {
-				t.Fatal(err)
-			}
+			startRealMode(t, vm, code)
 			waitWrote(t, vm.data)
 			vt := vm.vcpus[0]
 			vt.mu.Lock()
@@ -525,11 +520,7 @@ func TestKVMNoLeaksOver50StartStopCycles(t *testing.T) {
 		if err := vm.OnMMIOWrite(0x20050, 4, 0, func() {}); err != nil {
 			t.Fatal(err)
 		}
-		load(t, vm.Memory(), codeAddr, []byte{0xe6, portData, 0xeb, 0xfe})
-		realMode(t, vm.VCPU(0), codeAddr)
-		if err := vm.Start(); err != nil {
-			t.Fatal(err)
-		}
+		startRealMode(t, vm, []byte{0xe6, portData, 0xeb, 0xfe})
 		waitWrote(t, vm.data)
 		if _, err := vm.Stop(); err != nil {
 			t.Fatal(err)

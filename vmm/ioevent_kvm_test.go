@@ -80,12 +80,6 @@ func runDwordWrites(t *testing.T, vm *testVM, offset byte, values ...byte) {
 		code = append(code, 0x66, 0x26, 0xc7, 0x06, offset, 0x00, v, 0x00, 0x00, 0x00)
 	}
 	code = append(code, 0xe6, portDone, 0xeb, 0xfe) // out portDone, al; jmp $
-	load(t, vm.Memory(), codeAddr, code)
-	realMode(t, vm.VCPU(0), codeAddr)
-	if err := vm.Start(); err != nil {
-		t.Fatal(err)
-	}
-	if e := waitExit(t, vm.VM); e.Kind != ExitPowerOff {
-		t.Fatalf("exit %v", e)
-	}
+	startRealMode(t, vm, code)
+	waitPowerOff(t, vm.VM)
 }
