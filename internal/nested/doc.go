@@ -12,5 +12,5 @@
 // cmd/nested (make nested PAYLOAD=dir CMD='...'). An outer guest that
 // freezes (qemu's TCG with nested SVM sometimes stops for good) is found by
 // qemu's CPU time standing still and ends its run with ErrOuterFroze, which
-// TryGoTest runs again (freeze.go).
+// RunThroughFreezes (TryGoTest's and cowork-bench's) runs again (freeze.go).
 package nested

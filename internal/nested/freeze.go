@@ -13,7 +13,7 @@ package nested
 // outer guest is never that still: its vCPU runs the nested VM's and its
 // own timers. So the harness watches qemu's CPU time, ends a run in which
 // qemu has used almost none for freezeWindow (ErrOuterFroze), and
-// TryGoTest runs such a run again.
+// RunThroughFreezes runs such a run again.
 
 import (
 	"context"
