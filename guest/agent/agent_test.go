@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"os"
 	"os/exec"
@@ -621,4 +622,19 @@ func TestChildAgentFileMountOverReadOnlyDirectory(t *testing.T) {
 	// Nothing leaked into the host directory.
 	_, err := os.Stat(filepath.Join(sys, "claude"))
 	require.ErrorIs(t, err, os.ErrNotExist)
+}
+
+// TestConsoleLogLevel: in the VM the agent logs warnings and errors to the
+// serial console, and everything only when the kernel command line has the
+// word cowork.debug.
+func TestConsoleLogLevel(t *testing.T) {
+	for cmdline, want := range map[string]slog.Level{
+		"console=ttyS0 panic=-1 quiet":              slog.LevelWarn,
+		"console=ttyS0 quiet cowork.debug panic=-1": slog.LevelDebug,
+		"cowork.debug":            slog.LevelDebug,
+		"cowork.debugger=1 quiet": slog.LevelWarn,
+		"":                        slog.LevelWarn,
+	} {
+		require.Equal(t, want, consoleLogLevel(cmdline), "cmdline %q", cmdline)
+	}
 }

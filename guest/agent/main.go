@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"slices"
 	"strings"
 	"time"
 
@@ -42,7 +43,11 @@ func ProcessMain(args []string) int {
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
-	log := newLogger(os.Stderr, *debug)
+	level := slog.LevelInfo
+	if *debug {
+		level = slog.LevelDebug
+	}
+	log := newLogger(os.Stderr, level)
 	if *fd < 3 {
 		log.Error("agent: --fd must name an inherited descriptor (3 or more)", "fd", *fd)
 		return 2
@@ -88,16 +93,14 @@ func ProcessMain(args []string) int {
 // reset, which the VMM treats as the end; the kernel command line has
 // reboot=k). It does not return.
 func VMMain() {
-	log := newLogger(os.Stderr, false)
+	log := newLogger(os.Stderr, slog.LevelWarn)
 	writeBootTimer(log)
 	if err := leaveRootfs(); err != nil {
 		// Spawns then fail (closed): their roots need pivot_root.
 		log.Error("agent: cannot move off the rootfs; spawned processes cannot be isolated and will not start", "err", err)
 	}
 	mountKernelFilesystems(log)
-	if strings.Contains(readCmdline(), "cowork.debug") {
-		log = newLogger(os.Stderr, true)
-	}
+	log = newLogger(os.Stderr, consoleLogLevel(readCmdline()))
 	notDumpable(log)
 	stop := absorbSignals(log)
 	defer stop()
@@ -287,11 +290,21 @@ func absorbSignals(log *slog.Logger) (stop func()) {
 	return func() { signal.Stop(ch); close(done) }
 }
 
-func newLogger(w io.Writer, debug bool) *slog.Logger {
-	level := slog.LevelInfo
-	if debug {
-		level = slog.LevelDebug
+// consoleLogLevel is the agent's log level in the VM, whose log is the
+// serial console: warnings and errors, or everything with cowork.debug on
+// the kernel command line (the helper's GuestDebug). Each console byte
+// costs the vCPU two or more port I/O exits and the tty's drain competes
+// with the agent for it, so an info line (~120 bytes: "process started",
+// "stepped the guest's wall clock") cost a set-up step ~100 ms and a spawn
+// two of them, nested; the helper logs the same events on its side.
+func consoleLogLevel(cmdline string) slog.Level {
+	if slices.Contains(strings.Fields(cmdline), "cowork.debug") {
+		return slog.LevelDebug
 	}
+	return slog.LevelWarn
+}
+
+func newLogger(w io.Writer, level slog.Level) *slog.Logger {
 	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: level})).With("component", "agent")
 }
 

@@ -80,8 +80,9 @@ type Options struct {
 	// 64-bit Linux boot protocol.
 	PVH bool
 	// Console, when set, also receives every line of the guest's serial
-	// console (the agent logs there; the kernel is quiet unless it fails),
-	// as the process backend's agent log goes to its Stderr.
+	// console (the agent logs its warnings there, everything with
+	// GuestDebug; the kernel is quiet unless it fails), as the process
+	// backend's agent log goes to its Stderr.
 	Console io.Writer
 	// BootTimeout: see DefaultBootTimeout.
 	BootTimeout time.Duration
