@@ -32,6 +32,8 @@ type fakeBackend struct {
 	// systemSharer makes the guests implement SystemSharer, as the kvm
 	// backend's do.
 	systemSharer bool
+	// holdSetup: the next guests' agents never answer setup.
+	holdSetup bool
 }
 
 func (b *fakeBackend) Name() string { return "fake" }
@@ -47,6 +49,7 @@ func (b *fakeBackend) Start(ctx context.Context, cfg GuestConfig) (Guest, error)
 	}
 	g := &fakeGuest{cfg: cfg, helperEnd: helperEnd, done: make(chan struct{}), egress: egress}
 	g.agent = newFakeAgent(agentEnd, g)
+	g.agent.holdSetup = b.holdSetup
 	b.mu.Lock()
 	b.guests = append(b.guests, g)
 	b.mu.Unlock()
@@ -150,6 +153,17 @@ func (g *fakeGuest) die(err error) {
 	})
 }
 
+// endLeavingConn ends the guest as a VM whose kernel panicked does: its
+// agent connection stays open until Stop.
+func (g *fakeGuest) endLeavingConn(err error) {
+	g.once.Do(func() {
+		g.mu.Lock()
+		g.err = err
+		g.mu.Unlock()
+		close(g.done)
+	})
+}
+
 func (g *fakeGuest) Stop(ctx context.Context) error {
 	g.mu.Lock()
 	g.stopped = true
@@ -175,6 +189,8 @@ type fakeAgent struct {
 	stdin      map[string]string
 	files      map[string][]byte
 	ignorePing bool
+	// holdSetup leaves setup unanswered, as an agent whose guest hangs.
+	holdSetup bool
 	// delayPing delays the answer to the next ping that much (once).
 	delayPing time.Duration
 	pings     int // pings answered
@@ -276,6 +292,10 @@ func (a *fakeAgent) handle(f protocol.AgentFrame) {
 		var p protocol.SetupParams
 		_ = json.Unmarshal(f.Params, &p)
 		a.setup = &p
+		if a.holdSetup {
+			a.mu.Unlock()
+			return
+		}
 		reply.Result = json.RawMessage(`{"steps":[{"name":"mount:/usr","us":1}]}`)
 	case protocol.AgentMethodMount:
 		var p protocol.MountParams

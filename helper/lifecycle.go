@@ -202,7 +202,7 @@ func (s *Service) step(step, status string) {
 func (inst *guestInstance) run() {
 	s := inst.s
 	defer close(inst.ended)
-	err := inst.connect()
+	err := inst.connectWhileAlive()
 	if err == nil {
 		s.log.Info("guest agent connected", "kernel", inst.agent.hello.Kernel)
 		go inst.pingLoop()
@@ -243,6 +243,35 @@ func (inst *guestInstance) run() {
 		s.guest = nil
 	}
 	s.mu.Unlock()
+}
+
+// connectWhileAlive runs connect, cut short when the guest ends first: a
+// VM that died (a kernel panic) may leave its agent connection open until
+// it is stopped, and a call waiting on that connection would wait out its
+// whole timeout. The guest's own reason wins over the call's error.
+func (inst *guestInstance) connectWhileAlive() error {
+	connected := make(chan struct{})
+	go func() {
+		select {
+		case <-inst.guest.Done():
+			inst.cancel() // fails the pending wait or call at once
+		case <-connected:
+		}
+	}()
+	err := inst.connect()
+	close(connected)
+	if err == nil {
+		return nil
+	}
+	select {
+	case <-inst.guest.Done():
+		if gerr := inst.guest.Err(); gerr != nil {
+			return gerr
+		}
+		return fmt.Errorf("the guest exited while its agent connected: %w", err)
+	default:
+		return err
+	}
 }
 
 // connect waits for the agent, reads its hello and sends setup.

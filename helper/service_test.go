@@ -630,6 +630,35 @@ func TestGuestDeath(t *testing.T) {
 	assert.Len(t, e.backend.guests, 2)
 }
 
+// TestGuestDeathDuringSetup: a guest that ends while the helper waits for
+// its agent's setup reply (a kernel panic, whose VM leaves the agent's
+// connection open) fails the start at once with the guest's reason, not
+// after the call's timeout.
+func TestGuestDeathDuringSetup(t *testing.T) {
+	e := newTestEnv(t)
+	e.backend.holdSetup = true
+	e.mustCall("startVM", map[string]any{"bundlePath": "/nonexistent"}, nil)
+	g := e.backend.last()
+	waitFor(t, "setup sent", func() bool {
+		g.agent.mu.Lock()
+		defer g.agent.mu.Unlock()
+		return g.agent.setup != nil
+	})
+	began := time.Now()
+	g.endLeavingConn(errCrash)
+	ev := e.next(protocol.EventError)
+	require.NotNil(t, ev.Fatal)
+	assert.True(t, *ev.Fatal)
+	assert.Contains(t, ev.Message, errCrash.Error())
+	assert.Less(t, time.Since(began), agentCallTimeout/2, "the start failed only when the setup call timed out")
+	waitFor(t, "isRunning false", func() bool {
+		var r protocol.IsRunningResult
+		e.mustCall("isRunning", nil, &r)
+		return !r.Running
+	})
+	assert.True(t, g.stopped)
+}
+
 func TestUnansweredPingsDisconnect(t *testing.T) {
 	backend := &fakeBackend{t: t}
 	s, err := New(Options{
