@@ -15,7 +15,9 @@
 //     memory; without a Slicer, bounce buffers.
 //   - go-fuse's fuse.ProtocolServer parses each request and encodes its
 //     reply (github.com/hanwen/go-fuse/v2: the same code its own virtio-fs
-//     server uses); we only adapt the transport.
+//     server uses); we only adapt the transport. SYNCFS, which go-fuse
+//     does not serve, the session answers itself: the guest's sync(2)
+//     syncs the host file systems of the writable exports.
 //   - fs.go, names.go, io.go, nodes.go: the FUSE file system, over the
 //     export layer of package p9/fs, the one the virtio-9p device uses. A
 //     FUSE node is a p9.File of that layer, keyed by (export, host device,

@@ -563,6 +563,28 @@ func TestMatrixFsyncFlushRelease(t *testing.T) {
 	require.Equal(t, syscall.EBADF, r.flush(t, f, fh))
 }
 
+// TestMatrixSyncfs: the guest's sync(2) of the mount (FUSE_SYNCFS) is
+// served, not refused with ENOSYS (after which the guest never asks
+// again): the host file systems of the writable exports are synced. With
+// the writable export withdrawn there is nothing left to sync, and that
+// succeeds too. A SYNCFS without its fuse_syncfs_in is refused.
+func TestMatrixSyncfs(t *testing.T) {
+	type syncfsIn struct{ Padding uint64 }
+	r := newRig(t, Options{})
+	r.export(t, "rw", false, map[string]string{"f": "x"})
+	r.export(t, "ro", true, map[string]string{"g": "y"})
+	r.initSession(t)
+	f := r.walk(t, "rw", "f")
+	fh, errno := r.open(t, f, syscall.O_RDWR)
+	require.Zero(t, errno)
+	_, errno = r.write(t, f, fh, 0, []byte("synced"))
+	require.Zero(t, errno)
+	require.Zero(t, r.call(t, opSyncfs, fuse.FUSE_ROOT_ID, syncfsIn{}).errno)
+	r.exports.Remove("rw")
+	require.Zero(t, r.call(t, opSyncfs, fuse.FUSE_ROOT_ID, syncfsIn{}).errno, "with the writable export withdrawn")
+	require.NotZero(t, r.call(t, opSyncfs, fuse.FUSE_ROOT_ID, nil).errno, "a SYNCFS without its fuse_syncfs_in")
+}
+
 func TestMatrixStatfs(t *testing.T) {
 	r := newRig(t, Options{})
 	dir := r.export(t, "e1", false, map[string]string{"f": "x"})

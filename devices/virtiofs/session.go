@@ -162,6 +162,9 @@ func (s *session) handle(chain *virtio.Chain) uint32 {
 		s.d.guestLog.Warn("virtio-fs: reading a request", "err", err)
 		return errorReply(chain, nil, fuse.EIO)
 	}
+	if opcodeOf(msg.in) == fuseSyncFS && chain.ReadableLen() >= syncFSRequestSize {
+		return errorReply(chain, msg.in, s.syncFS())
+	}
 	n, st := s.run(msg.in, msg.out)
 	if !st.Ok() {
 		return errorReply(chain, msg.in, st)
@@ -186,8 +189,7 @@ func (s *session) handle(chain *virtio.Chain) uint32 {
 // run calls the protocol server; a panic in it (go-fuse parsing a request
 // it did not expect, or a file operation) is EIO for this request only.
 func (s *session) run(in, out [][]byte) (n int, st fuse.Status) {
-	var opcode [8]byte
-	if copyFromIov(opcode[:], in); binary.LittleEndian.Uint32(opcode[4:]) == fuseInit {
+	if opcodeOf(in) == fuseInit {
 		s.initMu.Lock()
 		defer s.initMu.Unlock()
 	} else {
@@ -203,8 +205,39 @@ func (s *session) run(in, out [][]byte) (n int, st fuse.Status) {
 	return s.server.HandleRequest(in, out)
 }
 
-// fuseInit is FUSE_INIT's opcode.
-const fuseInit = 26
+// hostSyncer is the export layer's sync of the host file systems under
+// its writable exports (an *fs.Exports).
+type hostSyncer interface{ SyncWritable() error }
+
+// syncFS answers FUSE_SYNCFS, the guest's sync(2) or syncfs(2) of the
+// mount, which go-fuse does not serve (the guest would take its ENOSYS as
+// "nothing to do" and never ask again): what the guest wrote reaches the
+// host's disk, not only its page cache. A root with nothing writable (the
+// system directories' device) has nothing to sync.
+func (s *session) syncFS() fuse.Status {
+	if sy, ok := s.d.opts.Root.(hostSyncer); ok {
+		return status(sy.SyncWritable())
+	}
+	return fuse.OK
+}
+
+// opcodeOf returns the opcode of the request whose header is in (0 when
+// the request is shorter than its opcode).
+func opcodeOf(in [][]byte) uint32 {
+	var hdr [8]byte // len[4] opcode[4]
+	copyFromIov(hdr[:], in)
+	return binary.LittleEndian.Uint32(hdr[4:])
+}
+
+// FUSE opcodes the session serves itself, around go-fuse: INIT (under
+// initMu) and SYNCFS, whose request is a header (40 bytes) and a
+// fuse_syncfs_in (8 bytes of padding); a shorter one goes to go-fuse,
+// which refuses it.
+const (
+	fuseInit          = 26
+	fuseSyncFS        = 50
+	syncFSRequestSize = 48
+)
 
 // outHeaderSize is the size of a FUSE reply header: len[4] error[4]
 // unique[8].
