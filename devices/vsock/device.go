@@ -283,6 +283,7 @@ func (w *worker) run(stop, done chan struct{}) {
 	for {
 		select {
 		case <-stop:
+			w.flushTx()
 			return
 		case <-w.d.kick:
 		}
@@ -300,6 +301,21 @@ func (w *worker) run(stop, done chan struct{}) {
 			if !more {
 				break
 			}
+		}
+	}
+}
+
+// flushTx handles the tx packets still queued when the device resets, so
+// that what the guest sent before it reset the device reaches the host's
+// connections ahead of the reset (Read returns it, then the reset's
+// error): a guest agent answers the helper's shutdown and powers off at
+// once, and the guest's shutdown resets the device, maybe before the
+// worker woke for the answer. At most one queue's worth: the guest is
+// resetting, and more is not its to send.
+func (w *worker) flushTx() {
+	for range queueSize/txBudget + 1 {
+		if more, err := w.processTx(); !more || err != nil {
+			return
 		}
 	}
 }

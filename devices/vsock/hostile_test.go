@@ -3,6 +3,7 @@ package vsock_test
 import (
 	"context"
 	"errors"
+	"io"
 	"net"
 	"syscall"
 	"testing"
@@ -224,6 +225,36 @@ func TestDeviceResetEndsConnections(t *testing.T) {
 	}
 	if _, err := d.Dial(context.Background(), 5000); !errors.Is(err, vsock.ErrNotActive) {
 		t.Fatalf("Dial after device reset = %v, want ErrNotActive", err)
+	}
+}
+
+// TestDeviceResetDeliversSentData: what the guest sent before it reset
+// the device reaches the host's end of the connection ahead of the reset,
+// also when the device had not yet been woken for it (a guest agent that
+// answers and powers off at once: its reply was in the tx queue when the
+// guest's shutdown reset the device).
+func TestDeviceResetDeliversSentData(t *testing.T) {
+	d := newDevice(t, vsock.Config{})
+	g := startGuest(t, d, vsocktest.Options{})
+	gl := g.Listen(5000)
+	hc, err := d.Dial(context.Background(), 5000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hc.Close()
+	if _, err := gl.Accept(waitLimit); err != nil {
+		t.Fatal(err)
+	}
+	g.Stop()
+	rw := guestHeader(vsock.OpRW, 5000, hc.LocalAddr().(vsock.Addr).Port)
+	rw.Len = uint32(len("reply"))
+	if _, err := g.Driver.Queue(1).Add(virtiotest.Readable(append(rw.Bytes(), "reply"...))); err != nil {
+		t.Fatal(err)
+	}
+	g.Driver.Reset() // no kick came before it
+	got, err := io.ReadAll(hc)
+	if string(got) != "reply" || !errors.Is(err, syscall.ECONNRESET) {
+		t.Fatalf("the host read %q, then %v; want the reply, then ECONNRESET", got, err)
 	}
 }
 
