@@ -209,15 +209,7 @@ func TestConnectionLimitAndBacklog(t *testing.T) {
 func TestDeviceResetEndsConnections(t *testing.T) {
 	d := newDevice(t, vsock.Config{})
 	g := startGuest(t, d, vsocktest.Options{})
-	gl := g.Listen(5000)
-	hc, err := d.Dial(context.Background(), 5000)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer hc.Close()
-	if _, err := gl.Accept(waitLimit); err != nil {
-		t.Fatal(err)
-	}
+	hc, _ := hostDialsGuest(t, d, g, 5000)
 	g.Stop()
 	g.Driver.Reset()
 	if _, err := hc.Read(make([]byte, 1)); !errors.Is(err, syscall.ECONNRESET) {
@@ -236,15 +228,7 @@ func TestDeviceResetEndsConnections(t *testing.T) {
 func TestDeviceResetDeliversSentData(t *testing.T) {
 	d := newDevice(t, vsock.Config{})
 	g := startGuest(t, d, vsocktest.Options{})
-	gl := g.Listen(5000)
-	hc, err := d.Dial(context.Background(), 5000)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer hc.Close()
-	if _, err := gl.Accept(waitLimit); err != nil {
-		t.Fatal(err)
-	}
+	hc, _ := hostDialsGuest(t, d, g, 5000)
 	g.Stop()
 	rw := guestHeader(vsock.OpRW, 5000, hc.LocalAddr().(vsock.Addr).Port)
 	rw.Len = uint32(len("reply"))

@@ -97,16 +97,7 @@ func TestLargeTransferGuestToHost(t *testing.T) {
 func TestLargeTransferHostToGuest(t *testing.T) {
 	d := newDevice(t, vsock.Config{})
 	g := startGuest(t, d, vsocktest.Options{BufAlloc: 48 << 10, SplitRxHeader: true})
-	gl := g.Listen(5000)
-	hc, err := d.Dial(context.Background(), 5000)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer hc.Close()
-	gc, err := gl.Accept(waitLimit)
-	if err != nil {
-		t.Fatal(err)
-	}
+	hc, gc := hostDialsGuest(t, d, g, 5000)
 	size := transferSize(t)
 	sent := make(chan []byte, 1)
 	go func() {
@@ -136,20 +127,11 @@ func TestLargeTransferHostToGuest(t *testing.T) {
 func TestDeadlines(t *testing.T) {
 	d := newDevice(t, vsock.Config{})
 	g := startGuest(t, d, vsocktest.Options{BufAlloc: 16 << 10})
-	gl := g.Listen(5000)
-	hc, err := d.Dial(context.Background(), 5000)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer hc.Close()
-	gc, err := gl.Accept(waitLimit)
-	if err != nil {
-		t.Fatal(err)
-	}
+	hc, gc := hostDialsGuest(t, d, g, 5000)
 
 	// Read with nothing to read.
 	hc.SetReadDeadline(time.Now().Add(20 * time.Millisecond))
-	_, err = hc.Read(make([]byte, 10))
+	_, err := hc.Read(make([]byte, 10))
 	var ne net.Error
 	if !errors.Is(err, os.ErrDeadlineExceeded) || !errors.As(err, &ne) || !ne.Timeout() {
 		t.Fatalf("Read past deadline = %v, want a timeout", err)
@@ -247,16 +229,7 @@ func TestCloseMidTransfer(t *testing.T) {
 func TestGuestResetMidTransfer(t *testing.T) {
 	d := newDevice(t, vsock.Config{})
 	g := startGuest(t, d, vsocktest.Options{BufAlloc: 16 << 10})
-	gl := g.Listen(5000)
-	hc, err := d.Dial(context.Background(), 5000)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer hc.Close()
-	gc, err := gl.Accept(waitLimit)
-	if err != nil {
-		t.Fatal(err)
-	}
+	hc, gc := hostDialsGuest(t, d, g, 5000)
 	writeErr := make(chan error, 1)
 	go func() { _, err := hc.Write(make([]byte, 4<<20)); writeErr <- err }()
 	time.Sleep(20 * time.Millisecond)

@@ -49,6 +49,23 @@ func startGuest(t *testing.T, d *vsock.Device, opts vsocktest.Options) *vsocktes
 	return g
 }
 
+// hostDialsGuest has the host dial port in the guest g, which listens and
+// accepts, and returns both ends; the host's is closed when the test ends.
+func hostDialsGuest(t *testing.T, d *vsock.Device, g *vsocktest.Guest, port uint32) (net.Conn, *vsocktest.GuestConn) {
+	t.Helper()
+	gl := g.Listen(port)
+	hc, err := d.Dial(context.Background(), port)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { hc.Close() })
+	gc, err := gl.Accept(waitLimit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return hc, gc
+}
+
 func acceptOne(t *testing.T, l net.Listener) <-chan net.Conn {
 	t.Helper()
 	ch := make(chan net.Conn, 1)
@@ -291,16 +308,7 @@ func TestHostHalfClose(t *testing.T) {
 func TestGuestShutdownRcvFailsHostWrites(t *testing.T) {
 	d := newDevice(t, vsock.Config{})
 	g := startGuest(t, d, vsocktest.Options{})
-	gl := g.Listen(5000)
-	hc, err := d.Dial(context.Background(), 5000)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer hc.Close()
-	gc, err := gl.Accept(waitLimit)
-	if err != nil {
-		t.Fatal(err)
-	}
+	hc, gc := hostDialsGuest(t, d, g, 5000)
 	if err := gc.Shutdown(vsock.ShutdownRcv); err != nil {
 		t.Fatal(err)
 	}
