@@ -143,23 +143,22 @@ func (g *fakeGuest) Err() error {
 }
 
 // die ends the guest as a crash would.
-func (g *fakeGuest) die(err error) {
-	g.once.Do(func() {
-		g.mu.Lock()
-		g.err = err
-		g.mu.Unlock()
-		g.agent.conn.Close()
-		close(g.done)
-	})
-}
+func (g *fakeGuest) die(err error) { g.end(err, true) }
 
 // endLeavingConn ends the guest as a VM whose kernel panicked does: its
 // agent connection stays open until Stop.
-func (g *fakeGuest) endLeavingConn(err error) {
+func (g *fakeGuest) endLeavingConn(err error) { g.end(err, false) }
+
+// end records err as the guest's end, closes its agent's side of the
+// connection if closeConn, and closes done; only the first end counts.
+func (g *fakeGuest) end(err error, closeConn bool) {
 	g.once.Do(func() {
 		g.mu.Lock()
 		g.err = err
 		g.mu.Unlock()
+		if closeConn {
+			g.agent.conn.Close()
+		}
 		close(g.done)
 	})
 }
@@ -168,10 +167,7 @@ func (g *fakeGuest) Stop(ctx context.Context) error {
 	g.mu.Lock()
 	g.stopped = true
 	g.mu.Unlock()
-	g.once.Do(func() {
-		g.agent.conn.Close()
-		close(g.done)
-	})
+	g.end(nil, true) // a guest that ended already keeps its reason
 	return nil
 }
 
