@@ -143,9 +143,26 @@ func jsonEqual(a, b json.RawMessage) bool {
 	if a == nil || b == nil {
 		return a == nil && b == nil
 	}
-	var va, vb any
-	if json.Unmarshal(a, &va) != nil || json.Unmarshal(b, &vb) != nil {
+	va, erra := decodeNumbersAsText(a)
+	vb, errb := decodeNumbersAsText(b)
+	if erra != nil || errb != nil {
 		return false
 	}
 	return reflect.DeepEqual(va, vb)
+}
+
+// decodeNumbersAsText decodes raw keeping each number as its literal
+// (json.Number): valid JSON may hold a number beyond float64 (1e911),
+// which the client's params may carry and a float64 cannot.
+func decodeNumbersAsText(raw json.RawMessage) (any, error) {
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.UseNumber()
+	var v any
+	if err := dec.Decode(&v); err != nil {
+		return nil, err
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return nil, errors.New("data after the JSON value")
+	}
+	return v, nil
 }
