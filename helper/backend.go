@@ -89,3 +89,17 @@ type SystemSharer interface {
 type SetupAdjuster interface {
 	AdjustSetup(*protocol.SetupParams)
 }
+
+// Restorable may be implemented by a Guest that can start from a snapshot
+// of an earlier guest instead of booting (the kvm backend's warm start).
+// When such a guest ends before its agent is set up, the helper discards
+// the snapshot and boots the guest again, cold: the user gets a slower
+// start instead of a failed one, and the next start does not restore a
+// snapshot that may be bad.
+type Restorable interface {
+	// Restored says whether the guest started from a snapshot.
+	Restored() bool
+	// DiscardSnapshot removes the snapshot the guest started from, so the
+	// backend's next start boots cold (and takes a new one).
+	DiscardSnapshot()
+}

@@ -34,6 +34,23 @@ type fakeBackend struct {
 	systemSharer bool
 	// holdSetup: the next guests' agents never answer setup.
 	holdSetup bool
+	// restored: the next guests say they were restored from a snapshot
+	// (Restorable).
+	restored bool
+}
+
+// setNext sets holdSetup and restored for the guests started next.
+func (b *fakeBackend) setNext(holdSetup, restored bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.holdSetup, b.restored = holdSetup, restored
+}
+
+// started returns the guests started so far.
+func (b *fakeBackend) started() []*fakeGuest {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return slices.Clone(b.guests)
 }
 
 func (b *fakeBackend) Name() string { return "fake" }
@@ -49,8 +66,8 @@ func (b *fakeBackend) Start(ctx context.Context, cfg GuestConfig) (Guest, error)
 	}
 	g := &fakeGuest{cfg: cfg, helperEnd: helperEnd, done: make(chan struct{}), egress: egress}
 	g.agent = newFakeAgent(agentEnd, g)
-	g.agent.holdSetup = b.holdSetup
 	b.mu.Lock()
+	g.agent.holdSetup, g.restored = b.holdSetup, b.restored
 	b.guests = append(b.guests, g)
 	b.mu.Unlock()
 	go g.agent.serve()
@@ -97,9 +114,12 @@ type fakeGuest struct {
 	// systemShares are the host paths ShareSystem got (systemSharingGuest).
 	systemShares []string
 	stopped      bool
-	err          error
-	done         chan struct{}
-	once         sync.Once
+	// restored is what Restored says; discarded counts DiscardSnapshot.
+	restored  bool
+	discarded int
+	err       error
+	done      chan struct{}
+	once      sync.Once
 }
 
 func (g *fakeGuest) Agent(ctx context.Context) (io.ReadWriteCloser, error) { return g.helperEnd, nil }
@@ -133,6 +153,23 @@ func (g *fakeGuest) shareState() (sharedPaths []string, unshares []protocol.Moun
 }
 
 func (g *fakeGuest) Done() <-chan struct{} { return g.done }
+
+// Restored implements Restorable.
+func (g *fakeGuest) Restored() bool { return g.restored }
+
+// DiscardSnapshot implements Restorable: it counts the calls.
+func (g *fakeGuest) DiscardSnapshot() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.discarded++
+}
+
+// discards returns how often DiscardSnapshot was called.
+func (g *fakeGuest) discards() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.discarded
+}
 
 func (g *fakeGuest) Egress() net.Listener { return g.egress }
 

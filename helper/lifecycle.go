@@ -55,6 +55,10 @@ type guestInstance struct {
 	ctx     context.Context
 	cancel  context.CancelFunc
 
+	// config is what the guest is started with (again, for a cold boot
+	// after a failed warm start: retryCold).
+	config GuestConfig
+
 	connected atomic.Bool
 	// sessionTmp: the sessions' /tmp is on the guest's root disk, which
 	// pruneSessionCaches and deleteSessionDirs clean through the agent.
@@ -141,22 +145,11 @@ func (s *Service) startVM(ctx context.Context, p protocol.StartVMParams) (empty,
 		return fail(fmt.Errorf("the %s backend is unavailable: %w%s", s.opts.Backend, err, s.fallbackHint(err)))
 	}
 	inst.backend = backend
+	inst.config = GuestConfig{MemoryMiB: mem, CPUCount: cpus, StepFunc: s.step, RootDisk: s.rootDiskFor(backend)}
 	s.log.Info("starting guest", "backend", backend.Name(), "memoryMB", mem, "cpus", cpus)
-	s.step(StepLaunchGuest, protocol.StepStarted)
-	guest, err := backend.Start(vmCtx, GuestConfig{MemoryMiB: mem, CPUCount: cpus, StepFunc: s.step, RootDisk: s.rootDiskFor(backend)})
-	if err != nil {
-		s.step(StepLaunchGuest, protocol.StepFailed)
-		return fail(fmt.Errorf("starting the guest (%s backend): %w%s", backend.Name(), err, s.fallbackHint(err)))
+	if err := inst.launch(); err != nil {
+		return fail(err)
 	}
-	if err := s.serveEgress(vmCtx, guest); err != nil {
-		_ = guest.Stop(context.Background())
-		s.step(StepLaunchGuest, protocol.StepFailed)
-		return fail(fmt.Errorf("starting the guest (%s backend): %w", backend.Name(), err))
-	}
-	s.step(StepLaunchGuest, protocol.StepCompleted)
-	inst.mu.Lock()
-	inst.guest = guest
-	inst.mu.Unlock()
 	go inst.run()
 	s.monitorNetwork(vmCtx, p.APIProbeURL)
 	return nil, nil
@@ -197,12 +190,37 @@ func (s *Service) step(step, status string) {
 	s.hub.Publish(protocol.Event{Type: protocol.EventStartupStep, Step: step, Status: status})
 }
 
+// launch starts a guest of inst.config on the instance's backend, serves
+// its egress and makes it the instance's guest.
+func (inst *guestInstance) launch() error {
+	s, backend := inst.s, inst.backend
+	s.step(StepLaunchGuest, protocol.StepStarted)
+	guest, err := backend.Start(inst.ctx, inst.config)
+	if err != nil {
+		s.step(StepLaunchGuest, protocol.StepFailed)
+		return fmt.Errorf("starting the guest (%s backend): %w%s", backend.Name(), err, s.fallbackHint(err))
+	}
+	if err := s.serveEgress(inst.ctx, guest); err != nil {
+		_ = guest.Stop(context.Background())
+		s.step(StepLaunchGuest, protocol.StepFailed)
+		return fmt.Errorf("starting the guest (%s backend): %w", backend.Name(), err)
+	}
+	s.step(StepLaunchGuest, protocol.StepCompleted)
+	inst.mu.Lock()
+	inst.guest = guest
+	inst.mu.Unlock()
+	return nil
+}
+
 // run connects to the agent, sets the guest up, watches it, and tears it
 // down when it is stopped or dies.
 func (inst *guestInstance) run() {
 	s := inst.s
 	defer close(inst.ended)
 	err := inst.connectWhileAlive()
+	if err != nil {
+		err = inst.retryCold(err)
+	}
 	if err == nil {
 		s.log.Info("guest agent connected", "kernel", inst.agent.hello.Kernel)
 		go inst.pingLoop()
@@ -250,22 +268,30 @@ func (inst *guestInstance) run() {
 // it is stopped, and a call waiting on that connection would wait out its
 // whole timeout. The guest's own reason wins over the call's error.
 func (inst *guestInstance) connectWhileAlive() error {
-	connected := make(chan struct{})
+	inst.mu.Lock()
+	guest := inst.guest
+	inst.mu.Unlock()
+	ctx, cancel := context.WithCancel(inst.ctx)
+	defer cancel()
+	connected, watched := make(chan struct{}), make(chan struct{})
 	go func() {
+		defer close(watched)
 		select {
-		case <-inst.guest.Done():
-			inst.cancel() // fails the pending wait or call at once
+		case <-guest.Done():
+			cancel()          // fails a wait for the agent or its hello at once,
+			inst.closeAgent() // and a call to it
 		case <-connected:
 		}
 	}()
-	err := inst.connect()
+	err := inst.connect(ctx)
 	close(connected)
+	<-watched // it closes no agent of a later attempt (retryCold)
 	if err == nil {
 		return nil
 	}
 	select {
-	case <-inst.guest.Done():
-		if gerr := inst.guest.Err(); gerr != nil {
+	case <-guest.Done():
+		if gerr := guest.Err(); gerr != nil {
 			return gerr
 		}
 		return fmt.Errorf("the guest exited while its agent connected: %w", err)
@@ -274,17 +300,57 @@ func (inst *guestInstance) connectWhileAlive() error {
 	}
 }
 
+// closeAgent closes the connection to the agent, if it has one: its
+// pending calls fail.
+func (inst *guestInstance) closeAgent() {
+	inst.mu.Lock()
+	agent := inst.agent
+	inst.mu.Unlock()
+	if agent != nil {
+		agent.Close()
+	}
+}
+
+// retryCold boots the guest again, cold, when the one started failed to
+// connect (cause) because it was restored from a snapshot (Restorable)
+// and ended; the snapshot is discarded first. Any other failure, or a
+// stop, returns cause: a cold boot would not mend it.
+func (inst *guestInstance) retryCold(cause error) error {
+	inst.mu.Lock()
+	guest := inst.guest
+	inst.mu.Unlock()
+	warm, ok := guest.(Restorable)
+	if !ok || !warm.Restored() || inst.stopping.Load() || inst.ctx.Err() != nil {
+		return cause
+	}
+	select {
+	case <-guest.Done():
+	default:
+		return cause
+	}
+	inst.s.log.Warn("the guest restored from the snapshot ended before its agent was set up; discarding the snapshot and booting cold", "err", cause)
+	warm.DiscardSnapshot()
+	inst.forceStop()
+	inst.mu.Lock()
+	inst.agent = nil
+	inst.mu.Unlock()
+	if err := inst.launch(); err != nil {
+		return fmt.Errorf("%w (booting cold after the guest restored from the snapshot ended: %v)", err, cause)
+	}
+	return inst.connectWhileAlive()
+}
+
 // connect waits for the agent, reads its hello and sends setup.
-func (inst *guestInstance) connect() error {
+func (inst *guestInstance) connect(ctx context.Context) error {
 	s := inst.s
 	s.step(StepConnectAgent, protocol.StepStarted)
 	defer s.step(StepConnectAgent, protocol.StepCompleted)
-	conn, err := inst.guest.Agent(inst.ctx)
+	conn, err := inst.guest.Agent(ctx)
 	if err != nil {
 		return fmt.Errorf("waiting for the guest agent: %w", err)
 	}
 	s.step(StepAgentHello, protocol.StepStarted)
-	agent, err := dialAgent(inst.ctx, conn, s.log, func(ev protocol.Event) { s.onAgentEvent(inst, ev) })
+	agent, err := dialAgent(ctx, conn, s.log, func(ev protocol.Event) { s.onAgentEvent(inst, ev) })
 	if err != nil {
 		return err
 	}
@@ -292,6 +358,9 @@ func (inst *guestInstance) connect() error {
 	inst.mu.Lock()
 	inst.agent = agent
 	inst.mu.Unlock()
+	if err := ctx.Err(); err != nil {
+		return err // the guest ended as the agent said hello (connectWhileAlive)
+	}
 
 	s.step(StepGuestSetup, protocol.StepStarted)
 	if err := inst.setUpRoot(); err != nil {

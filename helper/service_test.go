@@ -657,6 +657,47 @@ func TestGuestDeathDuringSetup(t *testing.T) {
 		return !r.Running
 	})
 	assert.True(t, g.stopped)
+	assert.Len(t, e.backend.started(), 1, "a guest that was not restored from a snapshot was booted again")
+	assert.Zero(t, g.discards())
+}
+
+// TestRestoredGuestDeathBootsCold: a guest restored from a snapshot that
+// ends before its agent is set up (the first restore's kernel panic seen
+// in the nested harness) costs a cold boot, not the start: the snapshot is
+// discarded, the guest boots again and connects, and the client sees no
+// error.
+func TestRestoredGuestDeathBootsCold(t *testing.T) {
+	e := newTestEnv(t)
+	e.backend.setNext(true, true)
+	e.mustCall("startVM", map[string]any{"bundlePath": "/nonexistent"}, nil)
+	warm := e.backend.last()
+	waitFor(t, "setup sent", func() bool {
+		warm.agent.mu.Lock()
+		defer warm.agent.mu.Unlock()
+		return warm.agent.setup != nil
+	})
+	e.backend.setNext(false, false)
+	warm.endLeavingConn(errCrash)
+	for {
+		ev := e.next(protocol.EventError, protocol.EventStartupStep)
+		require.NotEqual(t, protocol.EventError, ev.Type, "the client saw an error: %s", ev.Message)
+		if ev.Step == StepGuestSetup && ev.Status == protocol.StepCompleted {
+			break
+		}
+	}
+	var r protocol.IsGuestConnectedResult
+	e.mustCall("isGuestConnected", nil, &r)
+	assert.True(t, r.Connected)
+	guests := e.backend.started()
+	require.Len(t, guests, 2)
+	assert.Equal(t, 1, warm.discards(), "the snapshot of the guest that died was kept")
+	warm.mu.Lock()
+	assert.True(t, warm.stopped, "the dead guest was not stopped")
+	warm.mu.Unlock()
+	assert.False(t, guests[1].restored)
+	e.spawn(map[string]any{"id": "p1", "name": "s1", "command": "/bin/true"})
+	_, ok := guests[1].agent.spawned("p1")
+	assert.True(t, ok, "the guest booted cold did not get the spawn")
 }
 
 func TestUnansweredPingsDisconnect(t *testing.T) {

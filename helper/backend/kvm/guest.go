@@ -54,6 +54,8 @@ type guest struct {
 	// once started); nil for a cold boot.
 	restoreFrom *snapshot.File
 	restored    bool // started from a snapshot
+	// snapshotPath is the snapshot file a restored guest started from.
+	snapshotPath string
 
 	accepted  chan acceptResult // the agent's connection (capacity 1)
 	connected chan struct{}     // closed when the agent has connected
@@ -156,6 +158,18 @@ func (g *guest) raiseFileLimit() int {
 			"limit", limit, "want", fdlimit.Low)
 	}
 	return fdlimit.NodeBudget(limit, shareDeviceCount+1, virtiofs.DefaultMaxNodes)
+}
+
+// Restored implements helper.Restorable.
+func (g *guest) Restored() bool { return g.restored }
+
+// DiscardSnapshot implements helper.Restorable: it removes the snapshot
+// the guest was restored from (the next start boots cold and takes a new
+// one).
+func (g *guest) DiscardSnapshot() {
+	if g.restored {
+		removeSnapshot(g.snapshotPath)
+	}
 }
 
 // start runs the machine: boots the kernel, or goes on from the snapshot.

@@ -12,6 +12,7 @@ import (
 
 	"github.com/cowork-vmm/cowork-vmm/helper"
 	"github.com/cowork-vmm/cowork-vmm/protocol"
+	"github.com/cowork-vmm/cowork-vmm/vmm/snapshot"
 )
 
 // Two guests restored from one snapshot are two machines: each gets its
@@ -93,4 +94,30 @@ func runGuestScript(t *testing.T, b *Backend, script string) (string, bool) {
 	}
 	shutdownGuest(t, g, a)
 	return out, g.(*guest).restored
+}
+
+// TestDiscardSnapshot: a restored guest's DiscardSnapshot (the helper's
+// answer to its death before set-up) removes its snapshot and the check
+// record beside it, so the next start boots cold; a cold-booted guest's
+// removes nothing.
+func TestDiscardSnapshot(t *testing.T) {
+	dir := t.TempDir()
+	snap := filepath.Join(dir, "0123.snap")
+	for _, p := range []string{snap, snap + snapshot.VerifiedSuffix} {
+		if err := os.WriteFile(p, []byte("x"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var h helper.Restorable = &guest{snapshotPath: snap}
+	h.DiscardSnapshot()
+	if got := Snapshots(dir); len(got) != 1 || h.Restored() {
+		t.Fatalf("a cold-booted guest discarded a snapshot (left %v) or says it was restored", got)
+	}
+	h = &guest{restored: true, snapshotPath: snap}
+	h.DiscardSnapshot()
+	for _, p := range []string{snap, snap + snapshot.VerifiedSuffix} {
+		if _, err := os.Stat(p); !os.IsNotExist(err) {
+			t.Errorf("%s is still there after DiscardSnapshot (%v)", p, err)
+		}
+	}
 }
