@@ -119,6 +119,7 @@ func VMMain() {
 		if !errors.Is(err, ErrShutdown) {
 			log.Error("agent ended", "err", err)
 		}
+		conn.Close() // waits until the helper has what was sent (deliveringConn)
 	}
 	powerOff(log)
 }
