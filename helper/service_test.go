@@ -630,20 +630,28 @@ func TestGuestDeath(t *testing.T) {
 	assert.Len(t, e.backend.guests, 2)
 }
 
+// startHeldAtSetup starts a guest (restored from a snapshot, or not)
+// whose agent never answers setup, and returns it once setup was sent.
+func (e *testEnv) startHeldAtSetup(restored bool) *fakeGuest {
+	e.t.Helper()
+	e.backend.setNext(true, restored)
+	e.mustCall("startVM", map[string]any{"bundlePath": "/nonexistent"}, nil)
+	g := e.backend.last()
+	waitFor(e.t, "setup sent", func() bool {
+		g.agent.mu.Lock()
+		defer g.agent.mu.Unlock()
+		return g.agent.setup != nil
+	})
+	return g
+}
+
 // TestGuestDeathDuringSetup: a guest that ends while the helper waits for
 // its agent's setup reply (a kernel panic, whose VM leaves the agent's
 // connection open) fails the start at once with the guest's reason, not
 // after the call's timeout.
 func TestGuestDeathDuringSetup(t *testing.T) {
 	e := newTestEnv(t)
-	e.backend.holdSetup = true
-	e.mustCall("startVM", map[string]any{"bundlePath": "/nonexistent"}, nil)
-	g := e.backend.last()
-	waitFor(t, "setup sent", func() bool {
-		g.agent.mu.Lock()
-		defer g.agent.mu.Unlock()
-		return g.agent.setup != nil
-	})
+	g := e.startHeldAtSetup(false)
 	began := time.Now()
 	g.endLeavingConn(errCrash)
 	ev := e.next(protocol.EventError)
@@ -668,14 +676,7 @@ func TestGuestDeathDuringSetup(t *testing.T) {
 // error.
 func TestRestoredGuestDeathBootsCold(t *testing.T) {
 	e := newTestEnv(t)
-	e.backend.setNext(true, true)
-	e.mustCall("startVM", map[string]any{"bundlePath": "/nonexistent"}, nil)
-	warm := e.backend.last()
-	waitFor(t, "setup sent", func() bool {
-		warm.agent.mu.Lock()
-		defer warm.agent.mu.Unlock()
-		return warm.agent.setup != nil
-	})
+	warm := e.startHeldAtSetup(true)
 	e.backend.setNext(false, false)
 	warm.endLeavingConn(errCrash)
 	for {
