@@ -1,7 +1,6 @@
 package vsock_test
 
 import (
-	"context"
 	"io"
 	"net"
 	"testing"
@@ -17,17 +16,7 @@ const benchChunk = 64 << 10
 func benchPair(b *testing.B) (net.Conn, *vsocktest.GuestConn) {
 	d := newDevice(b, vsock.Config{})
 	g := vsocktest.Start(b, d, vsocktest.Options{CombinedTx: true})
-	gl := g.Listen(5000)
-	hc, err := d.Dial(context.Background(), 5000)
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { hc.Close() })
-	gc, err := gl.Accept(waitLimit)
-	if err != nil {
-		b.Fatal(err)
-	}
-	return hc, gc
+	return hostDialsGuest(b, d, g, 5000)
 }
 
 func BenchmarkHostToGuest(b *testing.B) {

@@ -2,7 +2,6 @@ package vsock_test
 
 import (
 	"bytes"
-	"context"
 	"crypto/sha256"
 	"errors"
 	"io"
@@ -189,15 +188,7 @@ func TestDeadlines(t *testing.T) {
 func TestCloseMidTransfer(t *testing.T) {
 	d := newDevice(t, vsock.Config{CloseTimeout: 100 * time.Millisecond})
 	g := startGuest(t, d, vsocktest.Options{BufAlloc: 16 << 10})
-	gl := g.Listen(5000)
-	hc, err := d.Dial(context.Background(), 5000)
-	if err != nil {
-		t.Fatal(err)
-	}
-	gc, err := gl.Accept(waitLimit)
-	if err != nil {
-		t.Fatal(err)
-	}
+	hc, gc := hostDialsGuest(t, d, g, 5000)
 	writeErr := make(chan error, 1)
 	go func() { _, err := hc.Write(make([]byte, 4<<20)); writeErr <- err }()
 	readErr := make(chan error, 1)
@@ -253,15 +244,7 @@ func TestCloseTimeoutWhenGuestNeverAnswers(t *testing.T) {
 	d := newDevice(t, vsock.Config{CloseTimeout: 50 * time.Millisecond})
 	g := startGuest(t, d, vsocktest.Options{})
 	g.SetIgnoreShutdown(true)
-	gl := g.Listen(5000)
-	hc, err := d.Dial(context.Background(), 5000)
-	if err != nil {
-		t.Fatal(err)
-	}
-	gc, err := gl.Accept(waitLimit)
-	if err != nil {
-		t.Fatal(err)
-	}
+	hc, gc := hostDialsGuest(t, d, g, 5000)
 	hc.Close()
 	if err := gc.WaitPeerShutdown(vsock.ShutdownRcv|vsock.ShutdownSend, waitLimit); err != nil {
 		t.Fatal(err)

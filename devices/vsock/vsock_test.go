@@ -50,8 +50,9 @@ func startGuest(t *testing.T, d *vsock.Device, opts vsocktest.Options) *vsocktes
 }
 
 // hostDialsGuest has the host dial port in the guest g, which listens and
-// accepts, and returns both ends; the host's is closed when the test ends.
-func hostDialsGuest(t *testing.T, d *vsock.Device, g *vsocktest.Guest, port uint32) (net.Conn, *vsocktest.GuestConn) {
+// accepts, and returns both ends; the host's is closed when the test ends
+// (a no-op for one the test closed itself).
+func hostDialsGuest(t testing.TB, d *vsock.Device, g *vsocktest.Guest, port uint32) (net.Conn, *vsocktest.GuestConn) {
 	t.Helper()
 	gl := g.Listen(port)
 	hc, err := d.Dial(context.Background(), port)
@@ -165,17 +166,7 @@ func TestGuestDialsHostListenerAndEchoes(t *testing.T) {
 func TestHostDialsGuestPort(t *testing.T) {
 	d := newDevice(t, vsock.Config{})
 	g := startGuest(t, d, vsocktest.Options{})
-	gl := g.Listen(5000)
-
-	hc, err := d.Dial(context.Background(), 5000)
-	if err != nil {
-		t.Fatalf("Dial: %v", err)
-	}
-	defer hc.Close()
-	gc, err := gl.Accept(waitLimit)
-	if err != nil {
-		t.Fatal(err)
-	}
+	hc, gc := hostDialsGuest(t, d, g, 5000)
 	if a := hc.RemoteAddr().(vsock.Addr); a.CID != testCID || a.Port != 5000 {
 		t.Errorf("RemoteAddr = %+v", a)
 	}
@@ -266,17 +257,8 @@ func TestGuestHalfClose(t *testing.T) {
 func TestHostHalfClose(t *testing.T) {
 	d := newDevice(t, vsock.Config{})
 	g := startGuest(t, d, vsocktest.Options{})
-	gl := g.Listen(5001)
-	c, err := d.Dial(context.Background(), 5001)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c, gc := hostDialsGuest(t, d, g, 5001)
 	hc := c.(*vsock.Conn)
-	defer hc.Close()
-	gc, err := gl.Accept(waitLimit)
-	if err != nil {
-		t.Fatal(err)
-	}
 	if _, err := hc.Write([]byte("data")); err != nil {
 		t.Fatal(err)
 	}
