@@ -268,9 +268,7 @@ func (inst *guestInstance) run() {
 // it is stopped, and a call waiting on that connection would wait out its
 // whole timeout. The guest's own reason wins over the call's error.
 func (inst *guestInstance) connectWhileAlive() error {
-	inst.mu.Lock()
-	guest := inst.guest
-	inst.mu.Unlock()
+	guest, _ := inst.current()
 	ctx, cancel := context.WithCancel(inst.ctx)
 	defer cancel()
 	connected, watched := make(chan struct{}), make(chan struct{})
@@ -300,13 +298,18 @@ func (inst *guestInstance) connectWhileAlive() error {
 	}
 }
 
+// current returns the instance's guest and its agent's connection (nil
+// until launched, and until the agent said hello).
+func (inst *guestInstance) current() (Guest, *agentClient) {
+	inst.mu.Lock()
+	defer inst.mu.Unlock()
+	return inst.guest, inst.agent
+}
+
 // closeAgent closes the connection to the agent, if it has one: its
 // pending calls fail.
 func (inst *guestInstance) closeAgent() {
-	inst.mu.Lock()
-	agent := inst.agent
-	inst.mu.Unlock()
-	if agent != nil {
+	if _, agent := inst.current(); agent != nil {
 		agent.Close()
 	}
 }
@@ -316,9 +319,7 @@ func (inst *guestInstance) closeAgent() {
 // and ended; the snapshot is discarded first. Any other failure, or a
 // stop, returns cause: a cold boot would not mend it.
 func (inst *guestInstance) retryCold(cause error) error {
-	inst.mu.Lock()
-	guest := inst.guest
-	inst.mu.Unlock()
+	guest, _ := inst.current()
 	warm, ok := guest.(Restorable)
 	if !ok || !warm.Restored() || inst.stopping.Load() || inst.ctx.Err() != nil {
 		return cause
@@ -494,9 +495,7 @@ func systemLink(dir string, dirs []string) (string, bool) {
 
 // call sends one request to the agent with the ordinary timeout.
 func (inst *guestInstance) call(method string, params, result any) error {
-	inst.mu.Lock()
-	agent := inst.agent
-	inst.mu.Unlock()
+	_, agent := inst.current()
 	if agent == nil {
 		return errors.New("the guest agent is not connected")
 	}
@@ -561,9 +560,7 @@ func (inst *guestInstance) stop(ctx context.Context) error {
 // then SIGKILL after the grace period) and exits; then the backend frees it.
 func (inst *guestInstance) shutdown() {
 	grace := inst.s.opts.StopGrace
-	inst.mu.Lock()
-	agent, guest := inst.agent, inst.guest
-	inst.mu.Unlock()
+	guest, agent := inst.current()
 	if agent != nil && agent.Err() == nil {
 		ctx, cancel := context.WithTimeout(context.Background(), grace+5*time.Second)
 		err := agent.Call(ctx, protocol.AgentMethodShutdown, protocol.ShutdownParams{GraceMillis: int(grace / time.Millisecond)}, nil)
@@ -587,9 +584,7 @@ func (inst *guestInstance) shutdown() {
 // forceStop frees the guest and waits for the agent's read loop, so every
 // event the agent sent has been published before exits are synthesised.
 func (inst *guestInstance) forceStop() {
-	inst.mu.Lock()
-	agent, guest := inst.agent, inst.guest
-	inst.mu.Unlock()
+	guest, agent := inst.current()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if guest != nil {

@@ -53,8 +53,8 @@ type guest struct {
 	// restoreFrom is the snapshot a restored machine starts from (closed
 	// once started); nil for a cold boot.
 	restoreFrom *snapshot.File
-	restored    bool // started from a snapshot
-	// snapshotPath is the snapshot file a restored guest started from.
+	// snapshotPath is the snapshot file a restored guest started from; ""
+	// for a cold boot.
 	snapshotPath string
 
 	accepted  chan acceptResult // the agent's connection (capacity 1)
@@ -161,13 +161,13 @@ func (g *guest) raiseFileLimit() int {
 }
 
 // Restored implements helper.Restorable.
-func (g *guest) Restored() bool { return g.restored }
+func (g *guest) Restored() bool { return g.snapshotPath != "" }
 
 // DiscardSnapshot implements helper.Restorable: it removes the snapshot
 // the guest was restored from (the next start boots cold and takes a new
 // one).
 func (g *guest) DiscardSnapshot() {
-	if g.restored {
+	if g.Restored() {
 		removeSnapshot(g.snapshotPath)
 	}
 }

@@ -180,7 +180,7 @@ func TestKVMBootAgentMountsAndShutdown(t *testing.T) {
 		if round == 0 && g.Egress() == nil {
 			t.Error("the guest offers no egress listener (Guest.Egress): its processes would have no network")
 		}
-		if restored := g.(*guest).restored; restored != (round == 2) {
+		if restored := g.(*guest).Restored(); restored != (round == 2) {
 			t.Errorf("round %d: restored from a snapshot %v, want %v", round, restored, round == 2)
 		}
 		exerciseGuest(t, g, a, kind)

@@ -93,7 +93,7 @@ func runGuestScript(t *testing.T, b *Backend, script string) (string, bool) {
 		t.Errorf("shell exit %+v, output %q", exit, out)
 	}
 	shutdownGuest(t, g, a)
-	return out, g.(*guest).restored
+	return out, g.(*guest).Restored()
 }
 
 // TestDiscardSnapshot: a restored guest's DiscardSnapshot (the helper's
@@ -108,12 +108,12 @@ func TestDiscardSnapshot(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	var h helper.Restorable = &guest{snapshotPath: snap}
+	var h helper.Restorable = &guest{}
 	h.DiscardSnapshot()
 	if got := Snapshots(dir); len(got) != 1 || h.Restored() {
 		t.Fatalf("a cold-booted guest discarded a snapshot (left %v) or says it was restored", got)
 	}
-	h = &guest{restored: true, snapshotPath: snap}
+	h = &guest{snapshotPath: snap}
 	h.DiscardSnapshot()
 	for _, p := range []string{snap, snap + snapshot.VerifiedSuffix} {
 		if _, err := os.Stat(p); !os.IsNotExist(err) {
