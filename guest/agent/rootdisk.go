@@ -50,6 +50,10 @@ const (
 	// ext4IocResizeFS is EXT4_IOC_RESIZE_FS, _IOW('f', 16, __u64): grow a
 	// mounted ext4 to a block count.
 	ext4IocResizeFS = 0x40086610
+	// ext4IocCheckpoint is EXT4_IOC_CHECKPOINT, _IOW('f', 43, __u32)
+	// (Linux 5.13): commit the journal, write its blocks home and mark it
+	// empty. Flags 0: no discard or zeroing of the journal's blocks.
+	ext4IocCheckpoint = 0x4004662b
 	// rootDiskMountData are the disk's ext4 mount options. noinit_itable:
 	// no background zeroing of the inode tables mke2fs left uninitialised
 	// (lazy_itable_init). The disk is a sparse file whose holes already
@@ -257,8 +261,9 @@ func (m *mounter) overlaySystem(disk string, timer *stepTimer) error {
 
 // syncRootDisk makes what was written to the root disk durable (syncfs:
 // the journal committed, the disk flushed), so that a shutdown loses
-// nothing: the helper stops the VM once the agent has answered. Without a
-// root disk it does nothing.
+// nothing: the helper stops the VM once the agent has answered. It then
+// empties the journal (checkpointJournal). Without a root disk it does
+// nothing.
 func (m *mounter) syncRootDisk() error {
 	m.mu.Lock()
 	overlaid := m.overlaid
@@ -271,7 +276,27 @@ func (m *mounter) syncRootDisk() error {
 		return err
 	}
 	defer unix.Close(fd)
-	return unix.Syncfs(fd)
+	if err := unix.Syncfs(fd); err != nil {
+		return err
+	}
+	if err := checkpointJournal(fd); err != nil {
+		m.log.Warn("the root disk's next mount replays its journal", "err", err)
+	}
+	return nil
+}
+
+// checkpointJournal writes every block of the ext4 journal of the file
+// system open at fd to its home and marks the journal empty, so that the
+// next mount has nothing to replay. The disk is never unmounted (the VM
+// powers off), so without this each start replayed the journal of the
+// session before: nested, the mount took 420–940 ms with the replay and
+// 150 ms without. What the journal holds is already durable (syncfs), so
+// a failure here costs only that replay.
+func checkpointJournal(fd int) error {
+	if err := unix.IoctlSetPointerInt(fd, ext4IocCheckpoint, 0); err != nil {
+		return fmt.Errorf("checkpointing the journal: %w", err)
+	}
+	return nil
 }
 
 // upperLayer is where the overlay of the system path target keeps its
