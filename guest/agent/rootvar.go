@@ -136,8 +136,17 @@ func inUpperLayer(disk, p string) bool {
 }
 
 // chmodHeld sets the mode of the directory p holds (O_PATH descriptors
-// cannot be fchmod'ed: it is reopened through /proc/self/fd).
+// cannot be fchmod'ed: it is reopened through /proc/self/fd). A directory
+// that has the mode already is left alone: at each start the skeleton is
+// there, and a chmod would still write its inode (ctime) to the disk.
 func chmodHeld(p mountPoint, mode uint32) error {
+	var st unix.Stat_t
+	if err := unix.Fstat(p.fd, &st); err != nil {
+		return err
+	}
+	if st.Mode&0o7777 == mode {
+		return nil
+	}
 	fd, err := unix.Open(p.procPath(), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return err

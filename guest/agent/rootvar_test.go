@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -129,4 +130,36 @@ func TestWriteAptSandboxConf(t *testing.T) {
 	assert.ErrorIs(t, errs.link, unix.ELOOP)
 	assert.NoFileExists(t, filepath.Join(outside, filepath.Base(aptSandboxConf)))
 	require.NoError(t, errs.upper, "the upper layer has it: /etc (a symlink here) is not walked")
+}
+
+// TestMakeSkeletonMendsOnlyWhatChanged: the skeleton gets back a mode a
+// session changed, and leaves the directories that have theirs untouched
+// (their inodes not written: same ctime) at the next start.
+func TestMakeSkeletonMendsOnlyWhatChanged(t *testing.T) {
+	dir := t.TempDir()
+	require.NoError(t, os.Mkdir(filepath.Join(dir, "tmp"), 0o700))
+	require.NoError(t, os.Chmod(filepath.Join(dir, "tmp"), 0o700))
+	fd, err := openRoot(dir)
+	require.NoError(t, err)
+	defer unix.Close(fd)
+
+	require.NoError(t, makeSkeleton(fd))
+	ctimes := make(map[string]unix.Timespec)
+	for _, d := range varSkeleton {
+		var st unix.Stat_t
+		require.NoError(t, unix.Stat(filepath.Join(dir, d.dir), &st), d.dir)
+		assert.Equal(t, d.mode, st.Mode&0o7777, "/var/%s's mode", d.dir)
+		ctimes[d.dir] = st.Ctim
+	}
+	time.Sleep(10 * time.Millisecond) // past a coarse file-system clock's tick
+	require.NoError(t, os.Chmod(filepath.Join(dir, "tmp"), 0o755))
+	require.NoError(t, makeSkeleton(fd))
+	for _, d := range varSkeleton {
+		var st unix.Stat_t
+		require.NoError(t, unix.Stat(filepath.Join(dir, d.dir), &st), d.dir)
+		assert.Equal(t, d.mode, st.Mode&0o7777, "/var/%s's mode at the next start", d.dir)
+		if d.dir != "tmp" {
+			assert.Equal(t, ctimes[d.dir], st.Ctim, "/var/%s was written again", d.dir)
+		}
+	}
 }
