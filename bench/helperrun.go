@@ -433,3 +433,27 @@ func setupBreakdown(path string) string {
 	}
 	return ""
 }
+
+// SetupStep is one timed step of a guest's set-up, as the helper logs it
+// (share, setup, agent.hello, agent.mount:/usr, agent.root_disk.mount …).
+type SetupStep struct {
+	Name     string
+	Duration time.Duration
+}
+
+// parseSetupSteps returns the timed steps of a set-up record's attributes
+// (setupBreakdown's), in their order; attributes that are not durations
+// (profile=…, rootDisk="…") are skipped.
+func parseSetupSteps(attrs string) []SetupStep {
+	var steps []SetupStep
+	for _, field := range strings.Fields(attrs) {
+		name, value, ok := strings.Cut(field, "=")
+		if !ok || name == "" {
+			continue
+		}
+		if d, err := time.ParseDuration(value); err == nil {
+			steps = append(steps, SetupStep{Name: name, Duration: d})
+		}
+	}
+	return steps
+}

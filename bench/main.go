@@ -413,6 +413,7 @@ func (b *benchRun) measureOurs(ctx context.Context, run int, system string) {
 	res, err := h.run(ctx)
 	if steps := setupBreakdown(filepath.Join(h.Dir, "helper.log")); steps != "" {
 		b.show.line("run %d %s: guest set-up steps: %s", run, system, steps)
+		b.results.AddSetupSteps(system, parseSetupSteps(steps))
 	}
 	b.results.AddRun(system, res.Phases, res.Memory)
 	if err != nil {

@@ -33,6 +33,10 @@ type systemResults struct {
 	samples  map[string][]time.Duration
 	memory   []Memory
 	failures []string
+	// stepOrder and steps: the guest set-up's steps, in the order they
+	// were first seen, and each one's samples.
+	stepOrder []string
+	steps     map[string][]time.Duration
 }
 
 // NewResults returns empty results.
@@ -59,6 +63,23 @@ func (r *Results) AddRun(id string, phases map[string]time.Duration, mem *Memory
 	}
 	if mem != nil {
 		s.memory = append(s.memory, *mem)
+	}
+}
+
+// AddSetupSteps records one run's guest set-up steps.
+func (r *Results) AddSetupSteps(id string, steps []SetupStep) {
+	s := r.systems[id]
+	if s == nil {
+		return
+	}
+	if s.steps == nil {
+		s.steps = make(map[string][]time.Duration)
+	}
+	for _, st := range steps {
+		if _, seen := s.steps[st.Name]; !seen {
+			s.stepOrder = append(s.stepOrder, st.Name)
+		}
+		s.steps[st.Name] = append(s.steps[st.Name], st.Duration)
 	}
 }
 
@@ -115,6 +136,9 @@ type SystemReport struct {
 	Phases   []PhaseReport `json:"phases"`
 	Memory   *MemoryReport `json:"memory,omitempty"`
 	Failures []string      `json:"failures,omitempty"`
+	// SetupSteps are the guest set-up's steps (ours only), each with its
+	// samples: a step some runs lack (the root disk's format) has fewer.
+	SetupSteps []PhaseReport `json:"setup_steps,omitempty"`
 }
 
 // PhaseReport is one phase's samples and their spread, in milliseconds.
@@ -162,16 +186,12 @@ func (r *Results) Report(meta Report) Report {
 		s := r.systems[id]
 		sr := SystemReport{ID: id, Label: s.label, Peer: s.peer, Failures: s.failures}
 		for _, p := range Phases {
-			samples := s.samples[p.ID]
-			if len(samples) == 0 {
-				continue
+			if samples := s.samples[p.ID]; len(samples) > 0 {
+				sr.Phases = append(sr.Phases, phaseReport(p.ID, p.Label, samples))
 			}
-			sum := Summarize(samples)
-			pr := PhaseReport{ID: p.ID, Label: p.Label, MinMS: ms(sum.Min), MedianMS: ms(sum.Median), MaxMS: ms(sum.Max)}
-			for _, d := range samples {
-				pr.SamplesMS = append(pr.SamplesMS, ms(d))
-			}
-			sr.Phases = append(sr.Phases, pr)
+		}
+		for _, name := range s.stepOrder {
+			sr.SetupSteps = append(sr.SetupSteps, phaseReport(name, name, s.steps[name]))
 		}
 		if len(s.memory) > 0 {
 			sr.Memory = memoryReport(s.memory)
@@ -203,6 +223,16 @@ func (r *Results) Report(meta Report) Report {
 		}
 	}
 	return rep
+}
+
+// phaseReport summarises one phase's (or set-up step's) samples.
+func phaseReport(id, label string, samples []time.Duration) PhaseReport {
+	sum := Summarize(samples)
+	pr := PhaseReport{ID: id, Label: label, MinMS: ms(sum.Min), MedianMS: ms(sum.Median), MaxMS: ms(sum.Max)}
+	for _, d := range samples {
+		pr.SamplesMS = append(pr.SamplesMS, ms(d))
+	}
+	return pr
 }
 
 func (s SystemReport) phase(id string) *PhaseReport {
@@ -327,6 +357,7 @@ func WriteMarkdown(w io.Writer, rep Report) error {
 		}
 	}
 	b.WriteString("\n")
+	writeSetupSteps(&b, rep)
 	var memRows [][]string
 	for _, s := range rep.Systems {
 		if s.Memory == nil {
@@ -368,6 +399,62 @@ func WriteMarkdown(w io.Writer, rep Report) error {
 	}
 	_, err := io.WriteString(w, b.String())
 	return err
+}
+
+// writeSetupSteps writes the guest set-up's steps as a table: a row per
+// step (in the order the first system logged them), a column per system
+// that has them (median, min–max, and how many runs had the step when
+// not all did).
+func writeSetupSteps(b *strings.Builder, rep Report) {
+	var systems []SystemReport
+	var order []string
+	seen := map[string]bool{}
+	for _, s := range rep.Systems {
+		if len(s.SetupSteps) == 0 {
+			continue
+		}
+		systems = append(systems, s)
+		for _, st := range s.SetupSteps {
+			if !seen[st.ID] {
+				seen[st.ID] = true
+				order = append(order, st.ID)
+			}
+		}
+	}
+	if len(systems) == 0 {
+		return
+	}
+	header := []string{"guest set-up step (helper log)"}
+	sep := []string{"---"}
+	for _, s := range systems {
+		header = append(header, s.Label)
+		sep = append(sep, "---:")
+	}
+	writeRow(b, header)
+	writeRow(b, sep)
+	for _, name := range order {
+		row := []string{name}
+		for _, s := range systems {
+			row = append(row, fmtStep(s, name, rep.Runs))
+		}
+		writeRow(b, row)
+	}
+	b.WriteString("\n")
+}
+
+// fmtStep is one cell of the set-up step table.
+func fmtStep(s SystemReport, name string, runs int) string {
+	for _, st := range s.SetupSteps {
+		if st.ID != name {
+			continue
+		}
+		cell := fmt.Sprintf("%s (%s–%s)", fmtMS(st.MedianMS), fmtMS(st.MinMS), fmtMS(st.MaxMS))
+		if n := len(st.SamplesMS); n != runs {
+			cell += fmt.Sprintf(", %d of %d runs", n, runs)
+		}
+		return cell
+	}
+	return "—"
 }
 
 func (rep Report) ratio(phase, system, peer string) (float64, bool) {

@@ -55,6 +55,14 @@ func sampleResults() *Results {
 		r.AddRun(SystemQemuMicro, map[string]time.Duration{"start_to_init": 264*ms + 2*d}, &Memory{RSSKiB: 60000, HWMKiB: 61000, GuestKiB: 20000, VMMKiB: 40000, Separated: true})
 		r.AddRun(SystemQemuQ35, map[string]time.Duration{"start_to_init": 528*ms + 4*d}, nil)
 	}
+	for i := range 3 {
+		d := time.Duration(i) * ms
+		steps := []SetupStep{{"setup", 10*ms + d}, {"agent.hello", 2*ms + d}}
+		if i == 0 {
+			steps = append(steps, SetupStep{"agent.root_disk.format", 50 * ms})
+		}
+		r.AddSetupSteps(SystemOurs, steps)
+	}
 	r.AddFailure(SystemQemuQ35, "one boot timed out")
 	return r
 }
@@ -127,6 +135,10 @@ func TestMarkdownTable(t *testing.T) {
 	}
 	assert.Equal(t, "| start → /init (total) | 133.0 ms (132.0 ms–134.0 ms) | 266.0 ms (264.0 ms–268.0 ms) | 532.0 ms (528.0 ms–536.0 ms) | 0.50× | 0.25× |", rows["start → /init (total)"])
 	assert.Equal(t, "| kernel entry → /init (boot timer) | 101.0 ms (100.0 ms–102.0 ms) | — | — | — | — |", rows["kernel entry → /init (boot timer)"])
+	assert.Equal(t, "| guest set-up step (helper log) | cowork-vmm (kvm backend) |", rows["guest set-up step (helper log)"])
+	assert.Equal(t, "| setup | 11.0 ms (10.0 ms–12.0 ms) |", rows["setup"])
+	assert.Equal(t, "| agent.hello | 3.00 ms (2.00 ms–4.00 ms) |", rows["agent.hello"])
+	assert.Equal(t, "| agent.root_disk.format | 50.0 ms (50.0 ms–50.0 ms), 1 of 3 runs |", rows["agent.root_disk.format"])
 	assert.Contains(t, rows, "cowork-vmm (kvm backend)", "memory row")
 	assert.Contains(t, rows["cowork-vmm (kvm backend)"], "9.8 MiB (9.8–9.8)", "VMM without guest RAM")
 	assert.Contains(t, md, "Binary: 10.0 MiB")

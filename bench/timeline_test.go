@@ -117,3 +117,16 @@ time=x level=INFO msg="guest agent connected"
 	assert.Equal(t, "share=120µs setup=80ms agent.mount:/usr=30ms", setupBreakdown(path))
 	assert.Empty(t, setupBreakdown(t.TempDir()+"/missing.log"))
 }
+
+// TestParseSetupSteps: the timed attributes of a set-up record, as the
+// helper logs them, in order; the others are not steps.
+func TestParseSetupSteps(t *testing.T) {
+	attrs := `profile=cowork-vmm-bench share=5.902ms setup=1.35732s agent.hello=123.789ms agent.mount:/lib64=41µs ` +
+		`agent.root_disk.overlay:/usr=117.428ms rootDisk="formatted and mounted" sessionTmpOnDisk=true`
+	assert.Equal(t, []SetupStep{
+		{"share", 5902 * time.Microsecond}, {"setup", 1357320 * time.Microsecond},
+		{"agent.hello", 123789 * time.Microsecond}, {"agent.mount:/lib64", 41 * time.Microsecond},
+		{"agent.root_disk.overlay:/usr", 117428 * time.Microsecond},
+	}, parseSetupSteps(attrs))
+	assert.Empty(t, parseSetupSteps(""))
+}
