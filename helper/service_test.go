@@ -686,9 +686,13 @@ func TestRestoredGuestDeathBootsCold(t *testing.T) {
 			break
 		}
 	}
-	var r protocol.IsGuestConnectedResult
-	e.mustCall("isGuestConnected", nil, &r)
-	assert.True(t, r.Connected)
+	// The step's completion comes just before the guest counts as
+	// connected (connect sets it last).
+	waitFor(t, "isGuestConnected true", func() bool {
+		var r protocol.IsGuestConnectedResult
+		e.mustCall("isGuestConnected", nil, &r)
+		return r.Connected
+	})
 	guests := e.backend.started()
 	require.Len(t, guests, 2)
 	assert.Equal(t, 1, warm.discards(), "the snapshot of the guest that died was kept")
