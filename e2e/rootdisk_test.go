@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -103,6 +104,7 @@ echo changed`)}, nil)
 
 	checkSessionTmpOnDisk(t, a, evA)
 	a.call("stopVM", nil, nil)
+	checkJournalEmpty(t, disks[0])
 	a.call("startVM", map[string]any{"bundlePath": filepath.Join(t.TempDir(), "bundle"), "memoryGB": 1.0, "cpuCount": 1}, nil)
 	started = time.Now()
 	waitConnected(t, a)
@@ -165,4 +167,26 @@ func checkSessionTmpOnDisk(t *testing.T, c *client, ev *events) {
 		"args": sh(`test -e /tmp/big && echo kept || echo pruned; echo x > /tmp/left`)}, nil)
 	ev.exit("tmp-gone")
 	assert.Equal(t, "pruned\n", ev.output("stdout", "tmp-gone"))
+}
+
+// checkJournalEmpty checks that the ext4 root disk img was left with an
+// empty journal (dumpe2fs's "Journal start: 0"): the agent checkpoints it
+// at shutdown, after the session's writes, so that the next start's mount
+// replays nothing. It needs e2fsprogs' dumpe2fs, as the guest's formatting
+// needs its mke2fs.
+func checkJournalEmpty(t *testing.T, img string) {
+	t.Helper()
+	dumpe2fs, err := exec.LookPath("dumpe2fs")
+	for _, p := range []string{"/usr/sbin/dumpe2fs", "/sbin/dumpe2fs"} {
+		if err != nil {
+			dumpe2fs, err = exec.LookPath(p) // PATH may lack the sbin directories
+		}
+	}
+	if err != nil {
+		t.Logf("no dumpe2fs here, the root disk's journal is not checked: %v", err)
+		return
+	}
+	out, err := exec.Command(dumpe2fs, "-h", img).Output()
+	require.NoError(t, err, "dumpe2fs -h %s", img)
+	assert.Regexp(t, `(?m)^Journal start:\s+0$`, string(out), "the root disk's journal after stopVM")
 }
