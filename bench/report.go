@@ -235,10 +235,13 @@ func phaseReport(id, label string, samples []time.Duration) PhaseReport {
 	return pr
 }
 
-func (s SystemReport) phase(id string) *PhaseReport {
-	for i := range s.Phases {
-		if s.Phases[i].ID == id {
-			return &s.Phases[i]
+func (s SystemReport) phase(id string) *PhaseReport { return findPhase(s.Phases, id) }
+
+// findPhase returns the phase (or set-up step) id of ps, or nil.
+func findPhase(ps []PhaseReport, id string) *PhaseReport {
+	for i := range ps {
+		if ps[i].ID == id {
+			return &ps[i]
 		}
 	}
 	return nil
@@ -342,7 +345,7 @@ func WriteMarkdown(w io.Writer, rep Report) error {
 				continue
 			}
 			any = true
-			row = append(row, fmt.Sprintf("%s (%s–%s)", fmtMS(pr.MedianMS), fmtMS(pr.MinMS), fmtMS(pr.MaxMS)))
+			row = append(row, fmtSpread(pr))
 		}
 		for _, o := range ours {
 			for _, peer := range peers {
@@ -444,17 +447,20 @@ func writeSetupSteps(b *strings.Builder, rep Report) {
 
 // fmtStep is one cell of the set-up step table.
 func fmtStep(s SystemReport, name string, runs int) string {
-	for _, st := range s.SetupSteps {
-		if st.ID != name {
-			continue
-		}
-		cell := fmt.Sprintf("%s (%s–%s)", fmtMS(st.MedianMS), fmtMS(st.MinMS), fmtMS(st.MaxMS))
-		if n := len(st.SamplesMS); n != runs {
-			cell += fmt.Sprintf(", %d of %d runs", n, runs)
-		}
-		return cell
+	st := findPhase(s.SetupSteps, name)
+	if st == nil {
+		return "—"
 	}
-	return "—"
+	cell := fmtSpread(st)
+	if n := len(st.SamplesMS); n != runs {
+		cell += fmt.Sprintf(", %d of %d runs", n, runs)
+	}
+	return cell
+}
+
+// fmtSpread is a phase's median, then min–max.
+func fmtSpread(pr *PhaseReport) string {
+	return fmt.Sprintf("%s (%s–%s)", fmtMS(pr.MedianMS), fmtMS(pr.MinMS), fmtMS(pr.MaxMS))
 }
 
 func (rep Report) ratio(phase, system, peer string) (float64, bool) {
