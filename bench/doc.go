@@ -5,8 +5,9 @@
 // created → vCPUs running → /init (the boot timer) → agent connected,
 // spawn → exit, first stdout byte, stopVM → VM gone), samples the helper's
 // RSS apart from the guest RAM it touched, and boots the same kernel and
-// initramfs under qemu-system-x86_64 (-M microvm, -M q35) interleaved with
-// ours as the peer every figure is a ratio against.
+// initramfs under qemu-system-x86_64 (-M microvm; -M q35 with SeaBIOS and
+// with OVMF, the official helper's firmware) interleaved with ours as the
+// peers every figure is a ratio against.
 //
 // Then it benchmarks file sharing (fs.go): the test guest of
 // internal/nested/guestboot runs the same workloads as that package's

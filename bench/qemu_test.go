@@ -16,23 +16,84 @@ import (
 )
 
 func TestQemuPeers(t *testing.T) {
-	peers, notes := qemuPeers("/k/vmlinux", "", map[string]bool{"microvm": true})
+	peers, notes := qemuPeers("/k/vmlinux", "", map[string]bool{"microvm": true}, false)
 	require.Len(t, peers, 1)
 	assert.Empty(t, notes)
 	args, err := peers[0].args(t.TempDir())
 	require.NoError(t, err)
 	assert.Equal(t, []string{"-M", "microvm,acpi=off", "-kernel", "/k/vmlinux"}, args)
 
-	peers, _ = qemuPeers("/k/vmlinux", "", nil)
-	require.Len(t, peers, 2)
+	peers, notes = qemuPeers("/k/vmlinux", "", nil, false)
+	require.Len(t, peers, 2, "no OVMF row without a bzImage")
 	assert.Equal(t, SystemQemuQ35, peers[1].ID)
+	assert.Equal(t, "qemu q35 + SeaBIOS", peers[1].Label)
 	args, err = peers[1].args(t.TempDir())
 	require.NoError(t, err)
-	assert.Contains(t, args, "q35")
+	assert.Equal(t, []string{"-M", "q35", "-kernel", "/k/vmlinux"}, args, "without a bzImage q35 boots vmlinux (PVH)")
+	require.Len(t, notes, 2)
+	assert.Contains(t, notes[1], "no q35 + OVMF row")
+
+	// A relocatable bzImage without an EFI stub: OVMF's Linux loader boots it.
+	bz := filepath.Join(t.TempDir(), "bzImage")
+	require.NoError(t, os.WriteFile(bz, setupHeader(0x20f, 1), 0o644))
+	peers, notes = qemuPeers("/k/vmlinux", bz, map[string]bool{"ovmf": true}, false)
 	if code, _ := findOVMF(); code == "" {
-		assert.Equal(t, "qemu q35 + SeaBIOS", peers[1].Label)
+		assert.Empty(t, peers)
+		assert.Equal(t, []string{"no q35 + OVMF row (the official helper's firmware): no OVMF firmware found (apt-get install ovmf)"}, notes)
+		return
 	}
-	assert.Equal(t, "/k/vmlinux", args[len(args)-1], "without a bzImage q35 boots vmlinux (PVH)")
+	require.Len(t, peers, 1)
+	assert.Empty(t, notes)
+	assert.Equal(t, SystemQemuQ35OVMF, peers[0].ID)
+	work := t.TempDir()
+	args, err = peers[0].args(work)
+	require.NoError(t, err)
+	assert.Equal(t, bz, args[len(args)-1])
+	assert.Contains(t, args, "if=pflash,format=raw,unit=1,file="+filepath.Join(work, "OVMF_VARS.fd"), "each boot writes its own copy of the variable store")
+	assert.FileExists(t, filepath.Join(work, "OVMF_VARS.fd"))
+
+	// In the nested harness only when asked for by name.
+	peers, notes = qemuPeers("/k/vmlinux", bz, nil, true)
+	require.Len(t, peers, 2)
+	assert.NotEqual(t, SystemQemuQ35OVMF, peers[1].ID)
+	assert.Contains(t, notes[len(notes)-1], "no q35 + OVMF row: inside the nested harness")
+	peers, _ = qemuPeers("/k/vmlinux", bz, map[string]bool{"ovmf": true}, true)
+	require.Len(t, peers, 1)
+	assert.Equal(t, SystemQemuQ35OVMF, peers[0].ID)
+
+	require.NoError(t, os.WriteFile(bz, setupHeader(0x20f, 0), 0o644))
+	peers, notes = qemuPeers("/k/vmlinux", bz, map[string]bool{"ovmf": true}, false)
+	assert.Empty(t, peers, "a kernel that is neither relocatable nor an EFI stub")
+	require.Len(t, notes, 1)
+	assert.Contains(t, notes[0], "neither an EFI stub nor CONFIG_RELOCATABLE")
+}
+
+// setupHeader returns the start of a bzImage whose boot protocol is
+// version and whose relocatable_kernel byte is relocatable.
+func setupHeader(version uint16, relocatable byte) []byte {
+	b := make([]byte, 0x400)
+	b[0x1fe], b[0x1ff] = 0x55, 0xaa
+	copy(b[0x202:], "HdrS")
+	binary.LittleEndian.PutUint16(b[0x206:], version)
+	b[0x234] = relocatable
+	return b
+}
+
+func TestIsRelocatable(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name string, b []byte) string {
+		p := filepath.Join(dir, name)
+		require.NoError(t, os.WriteFile(p, b, 0o644))
+		return p
+	}
+	assert.True(t, isRelocatable(write("reloc", setupHeader(0x20f, 1))))
+	assert.False(t, isRelocatable(write("fixed", setupHeader(0x20f, 0))))
+	assert.False(t, isRelocatable(write("old", setupHeader(0x204, 1))), "relocatable_kernel is only defined from protocol 2.05")
+	noMagic := setupHeader(0x20f, 1)
+	copy(noMagic[0x202:], "XXXX")
+	assert.False(t, isRelocatable(write("nomagic", noMagic)))
+	assert.False(t, isRelocatable(write("short", setupHeader(0x20f, 1)[:0x230])))
+	assert.False(t, isRelocatable(filepath.Join(dir, "missing")))
 }
 
 // TestQemuPeerReachesInit boots the guest initramfs under qemu's emulator
@@ -54,7 +115,12 @@ func TestQemuPeerReachesInit(t *testing.T) {
 	work := t.TempDir()
 	initrd := filepath.Join(work, "initramfs.cpio")
 	require.NoError(t, writeInitramfs(initrd, bin))
-	peers, _ := qemuPeers(vmlinux, "", nil)
+	// With the bzImage beside vmlinux, as the bench runs them: q35 boots
+	// it under SeaBIOS and under OVMF (when installed).
+	peers, notes := qemuPeers(vmlinux, BzImageBeside(vmlinux), nil, false)
+	for _, n := range notes {
+		t.Log(n)
+	}
 	for _, p := range peers {
 		t.Run(p.ID, func(t *testing.T) {
 			dir := filepath.Join(work, p.ID)

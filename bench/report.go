@@ -16,8 +16,10 @@ const (
 	SystemOursWarm  = "cowork-vmm-warm"
 	SystemQemuMicro = "qemu-microvm"
 	SystemQemuQ35   = "qemu-q35"
-	reportVersion   = 1
-	kibPerMiB       = 1024
+	// SystemQemuQ35OVMF is q35 with OVMF, the official helper's firmware.
+	SystemQemuQ35OVMF = "qemu-q35-ovmf"
+	reportVersion     = 1
+	kibPerMiB         = 1024
 )
 
 // Results accumulates the samples of a bench run, system by system, in the
@@ -504,11 +506,4 @@ func fmtRatio(v float64, ok bool) string {
 func fmtKiB(s KiBStats) string {
 	f := func(k int64) string { return fmt.Sprintf("%.1f", float64(k)/kibPerMiB) }
 	return fmt.Sprintf("%s MiB (%s–%s)", f(s.Median), f(s.Min), f(s.Max))
-}
-
-// Rename changes a system's label (a peer that changed firmware mid-run).
-func (r *Results) Rename(id, label string) {
-	if s := r.systems[id]; s != nil {
-		s.label = label
-	}
 }

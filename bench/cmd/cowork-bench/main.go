@@ -45,7 +45,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	out := fs.String("out", "build/bench", "directory for report.md, report.json, report.svg")
 	kernelPath := fs.String("kernel", "", "guest vmlinux (default: the kernel build cache)")
 	mem := fs.Int("mem", bench.DefaultMemMiB, "guest memory in MiB")
-	peers := fs.String("peers", "", `qemu peers: "microvm", "q35" (default both)`)
+	peers := fs.String("peers", "", `qemu peers, comma-separated: "microvm", "q35" (SeaBIOS), "ovmf" (q35 + OVMF) (default all)`)
 	direct := fs.Bool("direct", false, "run here even without a KVM that boots Linux (the process backend then)")
 	outerCPUs := fs.Int("nested-cpus", 1, "vCPUs of the nested harness's outer guest")
 	timeout := fs.Duration("nested-timeout", 0, "bound on the whole nested run (default: 4 min per run, at least 10 min)")
@@ -53,11 +53,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fsRuns := fs.Int("fs-runs", bench.DefaultFSRuns, "runs per system of the file-sharing and block-device benchmarks (0: none)")
 	fsSizes := fs.String("fs-sizes", "full", `file-sharing and block-device benchmark sizes: "full" or "ci"`)
 	fsInitrd := fs.String("fs-initrd", "", "the file-sharing test guest's initramfs (default: built here)")
+	inHarness := fs.Bool("in-nested-harness", false, "set by this program on its run inside the nested harness: q35 + OVMF only when --peers names it")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
 	opts := bench.Options{Runs: *runs, Out: *out, Backend: "auto", Binary: *binary, Kernel: *kernelPath, MemMiB: *mem, Peers: *peers,
-		FSRuns: *fsRuns, FSSizes: *fsSizes, FSInitrd: *fsInitrd}
+		FSRuns: *fsRuns, FSSizes: *fsSizes, FSInitrd: *fsInitrd, InHarness: *inHarness}
 	ok, why := bench.HostCanBootVMs()
 	if ok || *direct {
 		if _, err := bench.Run(ctx, opts, stderr); err != nil {
@@ -116,7 +117,7 @@ func runNested(ctx context.Context, opts bench.Options, cpus int, timeout time.D
 	cmd := []string{"/payload/cowork-bench", "--direct", "--binary", "/payload/cowork-vmm",
 		"--kernel", "/payload/kernel/vmlinux", "--runs", strconv.Itoa(opts.Runs),
 		"--mem", strconv.Itoa(opts.MemMiB), "--out", "/payload/out",
-		"--fs-runs", strconv.Itoa(opts.FSRuns), "--fs-sizes", opts.FSSizes}
+		"--fs-runs", strconv.Itoa(opts.FSRuns), "--fs-sizes", opts.FSSizes, "--in-nested-harness"}
 	if opts.FSRuns > 0 {
 		// The test guest's /init is built here: the outer guest has the go
 		// tool but no build cache, and compiling under the emulator is slow.
