@@ -17,6 +17,7 @@ import (
 
 	"github.com/cowork-vmm/cowork-vmm/guest/initramfs"
 	kvmbackend "github.com/cowork-vmm/cowork-vmm/helper/backend/kvm"
+	"github.com/cowork-vmm/cowork-vmm/vmm/x86"
 )
 
 // Boot timer: the guest agent writes bootTimerValue to port bootTimerPort
@@ -312,24 +313,24 @@ func hasEFIStub(bzImage string) bool {
 }
 
 // isRelocatable reports whether a bzImage says it can run at any address
-// (the boot protocol's relocatable_kernel, protocol 2.05 and later), which
-// OVMF's Linux loader requires of a kernel without an EFI stub.
+// (the setup header's relocatable_kernel, boot protocol 2.05 and later),
+// which OVMF's Linux loader requires of a kernel without an EFI stub.
 func isRelocatable(bzImage string) bool {
 	f, err := os.Open(bzImage)
 	if err != nil {
 		return false
 	}
 	defer f.Close()
-	var hdr [0x235]byte
+	var hdr [x86.SHRelocatable + 1]byte
 	if _, err := io.ReadFull(f, hdr[:]); err != nil {
 		return false
 	}
-	const (
-		magicOff       = 0x202 // "HdrS"
-		versionOff     = 0x206
-		relocatableOff = 0x234
-	)
-	return string(hdr[magicOff:magicOff+4]) == "HdrS" &&
-		binary.LittleEndian.Uint16(hdr[versionOff:]) >= 0x205 &&
-		hdr[relocatableOff] != 0
+	le := binary.LittleEndian
+	return le.Uint32(hdr[x86.SHHeader:]) == x86.HeaderMagic &&
+		le.Uint16(hdr[x86.SHVersion:]) >= minRelocatableVersion &&
+		hdr[x86.SHRelocatable] != 0
 }
+
+// minRelocatableVersion is boot protocol 2.05, the first with
+// relocatable_kernel.
+const minRelocatableVersion = 0x0205

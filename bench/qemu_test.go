@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/cowork-vmm/cowork-vmm/guest/kernel"
+	"github.com/cowork-vmm/cowork-vmm/vmm/x86"
 )
 
 func TestQemuPeers(t *testing.T) {
@@ -72,27 +73,33 @@ func TestQemuPeers(t *testing.T) {
 // version and whose relocatable_kernel byte is relocatable.
 func setupHeader(version uint16, relocatable byte) []byte {
 	b := make([]byte, 0x400)
-	b[0x1fe], b[0x1ff] = 0x55, 0xaa
-	copy(b[0x202:], "HdrS")
-	binary.LittleEndian.PutUint16(b[0x206:], version)
-	b[0x234] = relocatable
+	binary.LittleEndian.PutUint16(b[x86.SHBootFlag:], x86.BootFlagMagic)
+	binary.LittleEndian.PutUint32(b[x86.SHHeader:], x86.HeaderMagic)
+	binary.LittleEndian.PutUint16(b[x86.SHVersion:], version)
+	b[x86.SHRelocatable] = relocatable
 	return b
 }
 
-func TestIsRelocatable(t *testing.T) {
-	dir := t.TempDir()
-	write := func(name string, b []byte) string {
+// fileWriter returns a function that writes a file of dir and returns its
+// path.
+func fileWriter(t *testing.T, dir string) func(name string, b []byte) string {
+	return func(name string, b []byte) string {
 		p := filepath.Join(dir, name)
 		require.NoError(t, os.WriteFile(p, b, 0o644))
 		return p
 	}
+}
+
+func TestIsRelocatable(t *testing.T) {
+	dir := t.TempDir()
+	write := fileWriter(t, dir)
 	assert.True(t, isRelocatable(write("reloc", setupHeader(0x20f, 1))))
 	assert.False(t, isRelocatable(write("fixed", setupHeader(0x20f, 0))))
 	assert.False(t, isRelocatable(write("old", setupHeader(0x204, 1))), "relocatable_kernel is only defined from protocol 2.05")
 	noMagic := setupHeader(0x20f, 1)
-	copy(noMagic[0x202:], "XXXX")
+	copy(noMagic[x86.SHHeader:], "XXXX")
 	assert.False(t, isRelocatable(write("nomagic", noMagic)))
-	assert.False(t, isRelocatable(write("short", setupHeader(0x20f, 1)[:0x230])))
+	assert.False(t, isRelocatable(write("short", setupHeader(0x20f, 1)[:x86.SHRelocatable])))
 	assert.False(t, isRelocatable(filepath.Join(dir, "missing")))
 }
 
@@ -138,11 +145,7 @@ func TestQemuPeerReachesInit(t *testing.T) {
 
 func TestHasEFIStub(t *testing.T) {
 	dir := t.TempDir()
-	write := func(name string, b []byte) string {
-		p := filepath.Join(dir, name)
-		require.NoError(t, os.WriteFile(p, b, 0o644))
-		return p
-	}
+	write := fileWriter(t, dir)
 	pe := make([]byte, 0x100)
 	copy(pe, "MZ")
 	binary.LittleEndian.PutUint32(pe[0x3c:], 0x80)
