@@ -7,7 +7,8 @@
 // RSS apart from the guest RAM it touched, and boots the same kernel and
 // initramfs under qemu-system-x86_64 (-M microvm; -M q35 with SeaBIOS and
 // with OVMF, the official helper's firmware) interleaved with ours as the
-// peers every figure is a ratio against.
+// peers every figure is a ratio against. The report judges issue #17's
+// boot-latency targets against those medians (targets.go).
 //
 // Then it benchmarks file sharing (fs.go): the test guest of
 // internal/nested/guestboot runs the same workloads as that package's

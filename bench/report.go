@@ -102,7 +102,9 @@ type Report struct {
 	BinaryBytes int64          `json:"binary_bytes"`
 	Systems     []SystemReport `json:"systems"`
 	Ratios      []RatioReport  `json:"ratios,omitempty"`
-	Notes       []string       `json:"notes,omitempty"`
+	// BootTargets are issue #17's targets (targets.go), on the kvm backend.
+	BootTargets []BootTargetReport `json:"boot_targets,omitempty"`
+	Notes       []string           `json:"notes,omitempty"`
 	// FS is the file-sharing benchmark (fs.go) and Blk the block-device
 	// one, when they ran.
 	FS  *FSReport `json:"fs,omitempty"`
@@ -224,6 +226,7 @@ func (r *Results) Report(meta Report) Report {
 			}
 		}
 	}
+	rep.BootTargets = bootTargetReports(rep.Backend, rep.Systems)
 	return rep
 }
 
@@ -362,6 +365,7 @@ func WriteMarkdown(w io.Writer, rep Report) error {
 		}
 	}
 	b.WriteString("\n")
+	writeBootTargets(&b, rep.BootTargets)
 	writeSetupSteps(&b, rep)
 	var memRows [][]string
 	for _, s := range rep.Systems {
