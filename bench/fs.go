@@ -139,7 +139,7 @@ func (r *fsResults) report(suite guestboot.FSSuite) *FSReport {
 	}
 	for _, s := range samples.Speedups() {
 		if s.System == suite.Ours {
-			rep.Speedups = append(rep.Speedups, FSSpeedupReport{Metric: s.Metric, System: s.System, Versus: s.Versus, Speedup: math.Round(s.Speedup*1000) / 1000})
+			rep.Speedups = append(rep.Speedups, FSSpeedupReport{Metric: s.Metric, System: s.System, Versus: s.Versus, Speedup: roundRatio(s.Speedup)})
 		}
 	}
 	for _, t := range guestboot.FSTargets {
@@ -243,14 +243,7 @@ func writeFSMarkdown(b *strings.Builder, r *FSReport) {
 		if m, ok := fsbench.MetricByID(t.Metric); ok {
 			label = m.Label
 		}
-		switch {
-		case !t.Measured:
-			fmt.Fprintf(b, "- target: %s, %s ≥ %g× %s: not measured\n", label, r.Short, t.Min, t.Versus)
-		case t.Met:
-			fmt.Fprintf(b, "- target: %s, %s ≥ %g× %s: %.2f×, met\n", label, r.Short, t.Min, t.Versus, t.Speedup)
-		default:
-			fmt.Fprintf(b, "- target: %s, %s ≥ %g× %s: %.2f×, not met\n", label, r.Short, t.Min, t.Versus, t.Speedup)
-		}
+		fmt.Fprintf(b, "- target: %s, %s ≥ %g× %s: %s\n", label, r.Short, t.Min, t.Versus, verdict(t.Measured, t.Met, t.Speedup))
 	}
 	for _, s := range r.Systems {
 		if s.Skipped != "" {

@@ -37,6 +37,12 @@ func TestQemuPeers(t *testing.T) {
 	// A relocatable bzImage without an EFI stub: OVMF's Linux loader boots it.
 	bz := filepath.Join(t.TempDir(), "bzImage")
 	require.NoError(t, os.WriteFile(bz, setupHeader(0x20f, 1), 0o644))
+	// In the nested harness, whatever is installed, not unless asked for.
+	peers, notes = qemuPeers("/k/vmlinux", bz, nil, true)
+	require.Len(t, peers, 2)
+	assert.NotEqual(t, SystemQemuQ35OVMF, peers[1].ID)
+	assert.Contains(t, notes[len(notes)-1], "no q35 + OVMF row: inside the nested harness")
+
 	peers, notes = qemuPeers("/k/vmlinux", bz, map[string]bool{"ovmf": true}, false)
 	if code, _ := findOVMF(); code == "" {
 		assert.Empty(t, peers)
@@ -54,10 +60,6 @@ func TestQemuPeers(t *testing.T) {
 	assert.FileExists(t, filepath.Join(work, "OVMF_VARS.fd"))
 
 	// In the nested harness only when asked for by name.
-	peers, notes = qemuPeers("/k/vmlinux", bz, nil, true)
-	require.Len(t, peers, 2)
-	assert.NotEqual(t, SystemQemuQ35OVMF, peers[1].ID)
-	assert.Contains(t, notes[len(notes)-1], "no q35 + OVMF row: inside the nested harness")
 	peers, _ = qemuPeers("/k/vmlinux", bz, map[string]bool{"ovmf": true}, true)
 	require.Len(t, peers, 1)
 	assert.Equal(t, SystemQemuQ35OVMF, peers[0].ID)

@@ -221,7 +221,7 @@ func (r *Results) Report(meta Report) Report {
 				}
 				ratio := Ratio(fromMS(a.MedianMS), fromMS(b.MedianMS))
 				if !math.IsNaN(ratio) {
-					rep.Ratios = append(rep.Ratios, RatioReport{Phase: p.ID, System: ours.ID, Peer: peer.ID, Ratio: math.Round(ratio*1000) / 1000})
+					rep.Ratios = append(rep.Ratios, RatioReport{Phase: p.ID, System: ours.ID, Peer: peer.ID, Ratio: roundRatio(ratio)})
 				}
 			}
 		}
@@ -467,6 +467,19 @@ func fmtStep(s SystemReport, name string, runs int) string {
 // fmtSpread is a phase's median, then min–max.
 func fmtSpread(pr *PhaseReport) string {
 	return fmt.Sprintf("%s (%s–%s)", fmtMS(pr.MedianMS), fmtMS(pr.MinMS), fmtMS(pr.MaxMS))
+}
+
+// verdict is how a report states a target: the figure and whether it was
+// met, or that it was not measured.
+func verdict(measured, met bool, figure float64) string {
+	switch {
+	case !measured:
+		return "not measured"
+	case met:
+		return fmt.Sprintf("%.2f×, met", figure)
+	default:
+		return fmt.Sprintf("%.2f×, not met", figure)
+	}
 }
 
 func (rep Report) ratio(phase, system, peer string) (float64, bool) {

@@ -53,3 +53,6 @@ func summarizeInt64(samples []int64) (lo, median, hi int64) {
 	}
 	return s[0], median, s[n-1]
 }
+
+// roundRatio rounds a ratio or speed-up to the thousandths a report keeps.
+func roundRatio(r float64) float64 { return math.Round(r*1000) / 1000 }

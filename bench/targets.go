@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"strings"
+	"time"
 )
 
 // BootTargetReport is one of issue #17's boot-latency targets: the median
@@ -42,22 +43,22 @@ func bootTargetReports(backend string, systems []SystemReport) []BootTargetRepor
 	if backend != "kvm" {
 		return nil
 	}
-	median := func(system, phase string) (float64, bool) {
+	median := func(system, phase string) time.Duration {
 		for _, s := range systems {
-			if p := s.phase(phase); s.ID == system && p != nil && p.MedianMS > 0 {
-				return p.MedianMS, true
+			if s.ID != system {
+				continue
+			}
+			if p := s.phase(phase); p != nil {
+				return fromMS(p.MedianMS)
 			}
 		}
-		return 0, false
+		return 0
 	}
 	out := make([]BootTargetReport, 0, len(bootTargets))
 	for _, t := range bootTargets {
-		a, okA := median(t.System, t.Phase)
-		b, okB := median(t.Versus, t.VersusPhase)
-		if okA && okB {
-			ratio := a / b
+		if ratio := Ratio(median(t.System, t.Phase), median(t.Versus, t.VersusPhase)); !math.IsNaN(ratio) {
 			t.Measured = true
-			t.Ratio = math.Round(ratio*1000) / 1000
+			t.Ratio = roundRatio(ratio)
 			t.Met = ratio < t.MaxRatio || (!t.Below && ratio == t.MaxRatio)
 		}
 		out = append(out, t)
@@ -69,14 +70,7 @@ func bootTargetReports(backend string, systems []SystemReport) []BootTargetRepor
 // was met.
 func writeBootTargets(b *strings.Builder, targets []BootTargetReport) {
 	for _, t := range targets {
-		switch {
-		case !t.Measured:
-			fmt.Fprintf(b, "- target: %s: not measured\n", t.Label)
-		case t.Met:
-			fmt.Fprintf(b, "- target: %s: %.2f×, met\n", t.Label, t.Ratio)
-		default:
-			fmt.Fprintf(b, "- target: %s: %.2f×, not met\n", t.Label, t.Ratio)
-		}
+		fmt.Fprintf(b, "- target: %s: %s\n", t.Label, verdict(t.Measured, t.Met, t.Ratio))
 	}
 	if len(targets) > 0 {
 		b.WriteString("\n")
