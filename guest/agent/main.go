@@ -102,6 +102,9 @@ func VMMain() {
 	mountKernelFilesystems(log)
 	log = newLogger(os.Stderr, consoleLogLevel(readCmdline()))
 	notDumpable(log)
+	if err := slowAgentTimers(); err != nil {
+		log.Info("agent: its timers keep the default slack (more timer interrupts while it is in system calls)", "err", err)
+	}
 	stop := absorbSignals(log)
 	defer stop()
 	// The spawns' cgroups are made before the snapshot point, so that a

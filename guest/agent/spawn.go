@@ -292,7 +292,7 @@ func (t *processTable) fork(l *launch, attr *syscall.ProcAttr) error {
 	if _, dup := t.byID[l.sp.ID]; dup {
 		return refuse(errors.New("a process with this id is still running"))
 	}
-	pid, err := syscall.ForkExec(execPath, execArgv, attr)
+	pid, err := forkExec(execPath, execArgv, attr)
 	if err != nil {
 		return err
 	}

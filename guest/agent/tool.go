@@ -37,7 +37,7 @@ func (t *processTable) runTool(timeout time.Duration, path string, args ...strin
 		Sys:   &syscall.SysProcAttr{Setpgid: true},
 	}
 	t.mu.Lock()
-	pid, err := syscall.ForkExec(path, append([]string{path}, args...), attr)
+	pid, err := forkExec(path, append([]string{path}, args...), attr)
 	if err == nil {
 		p.pid = pid
 		t.byPID[pid] = p
