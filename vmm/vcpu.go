@@ -1,8 +1,10 @@
 package vmm
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"runtime"
 	"sync"
 
@@ -78,6 +80,7 @@ func (v *VM) runVCPU(t *vcpuThread) {
 		t.alive = false
 		t.mu.Unlock()
 	}()
+	defer v.logCounters(t)
 
 	for !v.exitRequested.Load() {
 		if v.pause.request.Load() {
@@ -102,6 +105,32 @@ func (v *VM) runVCPU(t *vcpuThread) {
 			return
 		}
 	}
+}
+
+// loggedCounters are the KVM counters logCounters reports: every exit, the
+// exits userspace sees, and those it does not (host interrupts, interrupt
+// windows, nested page faults, emulated instructions).
+var loggedCounters = []string{"exits", "io_exits", "mmio_exits", "halt_exits", "irq_exits",
+	"irq_window_exits", "irq_injections", "insn_emulation", "pf_taken", "signal_exits"}
+
+// logCounters logs, at debug level, what vCPU t's guest cost in exits
+// over its life (KVM's counters, kvm.VCPU.Counters).
+func (v *VM) logCounters(t *vcpuThread) {
+	if !v.log.Enabled(context.Background(), slog.LevelDebug) {
+		return
+	}
+	counters, err := t.vcpu.Counters()
+	if err != nil {
+		v.log.Debug("vmm: no KVM counters for the vCPU", "vcpu", t.index, "err", err)
+		return
+	}
+	attrs := []any{"vcpu", t.index}
+	for _, name := range loggedCounters {
+		if n, ok := counters[name]; ok {
+			attrs = append(attrs, name, n)
+		}
+	}
+	v.log.Debug("vmm: the vCPU's exits (KVM's counters)", attrs...)
 }
 
 // handleExit serves one exit. It returns end=true with the reason when the

@@ -245,4 +245,13 @@ func TestKVMSystemVMAndVCPU(t *testing.T) {
 	if err := c.Run(); !errors.Is(err, unix.EINTR) {
 		t.Fatalf("Run with immediate_exit: %v, want EINTR", err)
 	}
+	counters, err := c.Counters()
+	if err != nil {
+		t.Fatalf("Counters: %v", err)
+	}
+	for _, name := range []string{"exits", "io_exits", "irq_injections", "halt_exits"} {
+		if _, ok := counters[name]; !ok {
+			t.Errorf("Counters has no %q: %v", name, counters)
+		}
+	}
 }

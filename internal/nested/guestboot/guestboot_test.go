@@ -111,6 +111,7 @@ func TestBootCoworkVMM(t *testing.T) {
 		}
 		b := Boot{VMM: "cowork-vmm", CPUs: cpus, Exit: time.Since(start)}
 		b.BootTimer, _ = m.BootTime()
+		counters, countersErr := m.VM().VCPU(0).Counters()
 		_, stopErr := m.Stop()
 		require.NoError(t, stopErr)
 		var ok bool
@@ -119,6 +120,15 @@ func TestBootCoworkVMM(t *testing.T) {
 		require.True(t, exit.Clean(), "cpus=%d: the VM ended with %v", cpus, exit)
 		require.NotZero(t, b.BootTimer, "cpus=%d: the boot timer was not written", cpus)
 		require.Equal(t, onlineWant(cpus), b.GuestCPUs)
+		// KVM counted the boot's exits: the boot timer's port write and the
+		// console's are I/O exits, the tick's interrupts injections.
+		require.NoError(t, countersErr, "cpus=%d: KVM's counters", cpus)
+		require.NotZero(t, counters["io_exits"], "cpus=%d: %v", cpus, counters)
+		require.NotZero(t, counters["irq_injections"], "cpus=%d: %v", cpus, counters)
+		require.GreaterOrEqual(t, counters["exits"], counters["io_exits"]+counters["mmio_exits"], "cpus=%d: %v", cpus, counters)
+		t.Logf("cpus=%d: vCPU 0 exits %d (I/O %d, MMIO %d, halt %d, interrupt windows %d), interrupts injected %d, nested page faults %d, instructions emulated %d",
+			cpus, counters["exits"], counters["io_exits"], counters["mmio_exits"], counters["halt_exits"], counters["irq_window_exits"],
+			counters["irq_injections"], counters["pf_taken"], counters["insn_emulation"])
 		t.Log(b.FigureLine())
 	}
 	nested.RecordLinuxBoot(t)
