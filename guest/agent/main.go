@@ -18,6 +18,7 @@ import (
 
 	"github.com/cowork-vmm/cowork-vmm/egress/fdpass"
 	"github.com/cowork-vmm/cowork-vmm/guest/proxy"
+	"github.com/cowork-vmm/cowork-vmm/guest/timerslack"
 )
 
 // Boot timer: the VM agent writes BootTimerValue to I/O port BootTimerPort as
@@ -102,7 +103,9 @@ func VMMain() {
 	mountKernelFilesystems(log)
 	log = newLogger(os.Stderr, consoleLogLevel(readCmdline()))
 	notDumpable(log)
-	if err := slowAgentTimers(); err != nil {
+	// sysmon's 20 µs sleeps in system calls would each be a timer
+	// interrupt (package timerslack).
+	if err := timerslack.Raise(timerslack.GuestTick); err != nil {
 		log.Info("agent: its timers keep the default slack (more timer interrupts while it is in system calls)", "err", err)
 	}
 	stop := absorbSignals(log)

@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/cowork-vmm/cowork-vmm/guest/proxy"
+	"github.com/cowork-vmm/cowork-vmm/guest/timerslack"
 	"github.com/cowork-vmm/cowork-vmm/protocol"
 )
 
@@ -258,6 +259,17 @@ func (t *processTable) start(l *launch, attr *syscall.ProcAttr) error {
 	default:
 		return fork()
 	}
+}
+
+// forkExec is syscall.ForkExec with the kernel's default timer slack for
+// the process it starts: the agent's threads have a raised one
+// (timerslack.Raise in VMMain), which a child would otherwise inherit.
+func forkExec(path string, argv []string, attr *syscall.ProcAttr) (pid int, err error) {
+	err = timerslack.WithDefault(func() error {
+		pid, err = syscall.ForkExec(path, argv, attr)
+		return err
+	})
+	return pid, err
 }
 
 // fork enters an isolated spawn's namespace (and makes its guest-request

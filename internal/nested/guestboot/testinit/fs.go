@@ -19,6 +19,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/cowork-vmm/cowork-vmm/guest/readahead"
+	"github.com/cowork-vmm/cowork-vmm/guest/timerslack"
 	"github.com/cowork-vmm/cowork-vmm/internal/nested/guestboot/fsbench"
 )
 
@@ -470,7 +471,7 @@ func (e *fsEnv) chrooted(dir string, env []string, prog string, args ...string) 
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	start := time.Now()
-	err := cmd.Run()
+	err := timerslack.WithDefault(cmd.Run) // prog gets the default slack, as a user's would
 	d := time.Since(start)
 	if err != nil {
 		return d, "", fmt.Errorf("%s %s in the host's root: %w: %s", prog, strings.Join(args, " "), err, strings.TrimSpace(lastLine(stderr.String())))

@@ -1,7 +1,6 @@
 package agent
 
 import (
-	"fmt"
 	"os"
 	"runtime"
 	"strconv"
@@ -12,44 +11,14 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
-)
 
-// slackOf reads a thread's timer slack.
-func slackOf(t *testing.T, tid int) int64 {
-	t.Helper()
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/timerslack_ns", tid))
-	require.NoError(t, err)
-	v, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
-	require.NoError(t, err)
-	return v
-}
+	"github.com/cowork-vmm/cowork-vmm/guest/timerslack"
+)
 
 func requireTimerSlackFiles(t *testing.T) {
 	t.Helper()
 	if _, err := os.Stat("/proc/self/timerslack_ns"); err != nil {
 		t.Skipf("this kernel's /proc has no timerslack_ns (Linux 4.6): %v", err)
-	}
-}
-
-// TestSlowAgentTimers runs on this test binary's own threads: each gets
-// agentTimerSlack.
-func TestSlowAgentTimers(t *testing.T) {
-	requireTimerSlackFiles(t)
-	if os.Geteuid() != 0 {
-		t.Skip("setting another thread's timer slack needs CAP_SYS_NICE (run as root)")
-	}
-	t.Cleanup(func() { // every thread back to its default
-		tids, _ := threadIDs()
-		for _, tid := range tids {
-			_ = os.WriteFile(fmt.Sprintf("/proc/%d/timerslack_ns", tid), []byte("0"), 0)
-		}
-	})
-	require.NoError(t, slowAgentTimers())
-	tids, err := threadIDs()
-	require.NoError(t, err)
-	require.NotEmpty(t, tids)
-	for _, tid := range tids {
-		assert.Equal(t, agentTimerSlack.Nanoseconds(), slackOf(t, tid), "thread %d", tid)
 	}
 }
 
@@ -61,14 +30,14 @@ func TestForkExecDefaultSlack(t *testing.T) {
 	defer runtime.UnlockOSThread()
 	own, err := unix.PrctlRetInt(unix.PR_GET_TIMERSLACK, 0, 0, 0, 0)
 	require.NoError(t, err)
-	require.NoError(t, unix.Prctl(unix.PR_SET_TIMERSLACK, uintptr(agentTimerSlack.Nanoseconds()), 0, 0, 0))
+	require.NoError(t, unix.Prctl(unix.PR_SET_TIMERSLACK, uintptr(timerslack.GuestTick.Nanoseconds()), 0, 0, 0))
 	defer unix.Prctl(unix.PR_SET_TIMERSLACK, uintptr(own), 0, 0, 0)
 
 	out := runForSlack(t)
-	assert.Equal(t, strconv.FormatInt(defaultTimerSlack.Nanoseconds(), 10), out)
+	assert.Equal(t, strconv.FormatInt(timerslack.Default.Nanoseconds(), 10), out)
 	after, err := unix.PrctlRetInt(unix.PR_GET_TIMERSLACK, 0, 0, 0, 0)
 	require.NoError(t, err)
-	assert.Equal(t, agentTimerSlack.Nanoseconds(), int64(after))
+	assert.Equal(t, timerslack.GuestTick.Nanoseconds(), int64(after))
 }
 
 // runForSlack starts /bin/sh through forkExec to print its own timer slack
