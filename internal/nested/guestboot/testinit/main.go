@@ -26,8 +26,6 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
-
-	"github.com/cowork-vmm/cowork-vmm/guest/timerslack"
 )
 
 const (
@@ -48,12 +46,6 @@ func main() {
 	fmt.Printf("TESTINIT OK cpus=%s uptime=%s\n", readTrimmed("/sys/devices/system/cpu/online"), uptime())
 	cmdline := readTrimmed("/proc/cmdline")
 	ticks(cmdline)
-	// The file-system workloads are system calls: without a slack the runtime's
-	// sysmon would add a guest timer interrupt every 20 µs of them, which
-	// the programs users run (cat, git) do not (package timerslack).
-	if err := timerslack.Raise(timerslack.GuestTick); err != nil {
-		fmt.Println("testinit: timer slack:", err)
-	}
 	fsMode(cmdline, os.Stdout)
 	if err := writeBootTimer(); err != nil {
 		fmt.Println("testinit: boot timer:", err)
