@@ -37,7 +37,26 @@ func TestInitNegotiatesMaxWrite(t *testing.T) {
 	out := r.initSession(t)
 	require.EqualValues(t, 7, out.Major)
 	require.EqualValues(t, MaxWrite, out.MaxWrite)
+	require.EqualValues(t, MaxWrite/os.Getpagesize(), out.MaxPages)
 	require.NotZero(t, out.Flags&uint32(fuse.CAP_READDIRPLUS))
+}
+
+// linuxHeaderDescriptors is what Linux's virtio-fs driver keeps of a
+// queue's descriptors for a request's headers: it caps a request's pages
+// at the queue size minus this (FUSE_HEADER_OVERHEAD, fs/fuse/virtio_fs.c).
+const linuxHeaderDescriptors = 4
+
+// TestDefaultQueueHoldsTheLargestRequest: with the default queue size,
+// Linux's driver can send a READ or WRITE of the max_pages FUSE_INIT
+// offers. A smaller queue cuts every large request short (256 entries
+// gave 252 pages: each MiB read as 1008 KiB and 16 KiB, twice the
+// requests).
+func TestDefaultQueueHoldsTheLargestRequest(t *testing.T) {
+	r := newRig(t, Options{})
+	out := r.initSession(t)
+	for i, size := range r.dev.QueueMaxSizes() {
+		require.GreaterOrEqual(t, int(size)-linuxHeaderDescriptors, int(out.MaxPages), "queue %d", i)
+	}
 }
 
 func TestLookupReadAndWriteAFile(t *testing.T) {

@@ -10,9 +10,13 @@ import (
 // §5.11.4): a tag of exactly 36 bytes has no NUL.
 const MaxTagLen = 36
 
-// Defaults for Options' zero values.
+// Defaults for Options' zero values. DefaultQueueSize leaves room for the
+// largest request: Linux's driver caps a request's pages at the queue size
+// less 4 descriptors for its headers, so 256 entries would cut each 1 MiB
+// READ or WRITE into 1008 KiB and 16 KiB, twice the requests (and each
+// request, nested, costs a millisecond or more).
 const (
-	DefaultQueueSize   = 256
+	DefaultQueueSize   = 1024
 	DefaultMaxInFlight = 16
 	DefaultMaxNodes    = 1 << 18
 	DefaultMaxHandles  = 1 << 14
