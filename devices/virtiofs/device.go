@@ -63,6 +63,9 @@ func New(opts Options) (*Device, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
+	if opts.NoOpen && !opts.Cached {
+		return nil, errors.New("virtio-fs: NoOpen is for a Cached device (the guest keeps what it opens without asking)")
+	}
 	if opts.QueueSize == 0 {
 		opts.QueueSize = DefaultQueueSize
 	}

@@ -26,6 +26,7 @@ func TestNewRefusesBadOptions(t *testing.T) {
 		{Tag: string(make([]byte, MaxTagLen+1)), Root: exports},
 		{Tag: "x"},
 		{Tag: "x", Root: exports, QueueSize: 100},
+		{Tag: "x", Root: exports, NoOpen: true}, // NoOpen needs Cached
 	} {
 		_, err := New(opts)
 		require.Error(t, err, "%+v", opts)

@@ -37,7 +37,10 @@
 // each open, so an open after a host edit reads the edit (close-to-open,
 // as NFS), an open through a name the host replaced gets ESTALE and the
 // guest's fresh lookup, and a changed name or attribute is seen within a
-// second.
+// second. A cached device may also be NoOpen (Options.NoOpen; the helper's
+// system directories, all read-only): its OPEN is ENOSYS, so the guest
+// opens files without asking and reads them by node, with no OPEN or
+// RELEASE round trip for each file a program opens.
 //
 // The guest is hostile:
 //   - a request's readable bytes are bounded (maxMessage, else E2BIG) and
@@ -51,6 +54,8 @@
 //     ESTALE or EBADF, FORGET of more than was looked up forgets the node,
 //     and both tables are bounded (MaxNodes, MaxHandles: each entry is a
 //     host descriptor), beyond which lookups and opens fail with ENFILE;
+//     a NoOpen device's nodes keeping a reader are bounded by MaxHandles
+//     too, beyond which each READ opens and closes its own;
 //   - a request the server cannot take is answered with an error header,
 //     never left pending.
 //

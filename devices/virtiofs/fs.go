@@ -28,6 +28,7 @@ type fileSystem struct {
 	fuse.RawFileSystem // ENOSYS for everything not below
 	t                  *table
 	cached             bool
+	noOpen             bool
 }
 
 func newFileSystem(root p9.File, opts Options) *fileSystem {
@@ -35,6 +36,7 @@ func newFileSystem(root p9.File, opts Options) *fileSystem {
 		RawFileSystem: fuse.NewDefaultRawFileSystem(),
 		t:             newTable(root, opts.MaxNodes, opts.MaxHandles),
 		cached:        opts.Cached,
+		noOpen:        opts.NoOpen,
 	}
 }
 

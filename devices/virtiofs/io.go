@@ -93,8 +93,18 @@ func (f *fileSystem) checkStillLinked(file p9.File, dir bool) fuse.Status {
 	return fuse.OK
 }
 
-// Open implements fuse.RawFileSystem.
+// Open implements fuse.RawFileSystem. A NoOpen device answers ENOSYS,
+// which makes the guest kernel open its files without asking from then on
+// (FUSE's "no open"): no OPEN and no RELEASE, two round trips saved for
+// every file a program opens, while the guest keeps its page cache as
+// KEEP_CACHE would. Its READs then name the node instead of a handle
+// (readNode), a FLUSH or FSYNC is ENOSYS (nothing to flush: its files do
+// not change), and a file the host does not let the helper read fails at
+// the first read rather than at open.
 func (f *fileSystem) Open(_ <-chan struct{}, in *fuse.OpenIn, out *fuse.OpenOut) fuse.Status {
+	if f.noOpen {
+		return fuse.ENOSYS
+	}
 	fh, st := f.openNode(in.NodeId, in.Flags, false)
 	if !st.Ok() {
 		return st
@@ -126,24 +136,51 @@ func (f *fileSystem) ReleaseDir(in *fuse.ReleaseIn) { f.t.release(in.Fh, true) }
 // whenever the room is more than one piece (a page-cache read is one
 // buffer per page).
 func (f *fileSystem) Read(_ <-chan struct{}, in *fuse.ReadIn, buf []byte) (fuse.ReadResult, fuse.Status) {
+	if in.Offset > math.MaxInt64 {
+		return nil, fuse.EINVAL
+	}
+	r := &readResult{f: f, fh: in.Fh, offset: int64(in.Offset), size: int(min(uint64(in.Size), uint64(len(buf))))}
+	if f.unopened(in.Fh) {
+		r.fh, r.nodeID = 0, in.NodeId
+		return r, f.checkReadable(in.NodeId)
+	}
 	h, st := f.t.handle(in.Fh, false)
 	if !st.Ok() {
 		return nil, st
 	}
 	f.t.putHandle(h)
-	if in.Offset > math.MaxInt64 {
-		return nil, fuse.EINVAL
+	return r, fuse.OK
+}
+
+// unopened says whether fh is the handle of a file the guest opened
+// without asking (a NoOpen device: see Open). Handle ids start at 1.
+func (f *fileSystem) unopened(fh uint64) bool { return f.noOpen && fh == 0 }
+
+// checkReadable answers EISDIR for a READ of a directory and EINVAL for a
+// READ of anything else that is not a regular file.
+func (f *fileSystem) checkReadable(id uint64) fuse.Status {
+	n, st := f.t.node(id)
+	if !st.Ok() {
+		return st
 	}
-	size := min(uint64(in.Size), uint64(len(buf)))
-	return &readResult{f: f, fh: in.Fh, offset: int64(in.Offset), size: int(size)}, fuse.OK
+	defer f.t.putNode(n)
+	switch n.mode {
+	case fuse.S_IFREG:
+		return fuse.OK
+	case fuse.S_IFDIR:
+		return fuse.Status(syscall.EISDIR)
+	}
+	return fuse.EINVAL
 }
 
 // readResult is a READ to be done into the reply's buffers. It names the
-// handle rather than holding it: a RELEASE in between makes it EBADF, and
-// nothing is left open if go-fuse drops the result unread.
+// handle (or, for a file opened without asking, the node) rather than
+// holding it: a RELEASE or FORGET in between makes it EBADF or ESTALE,
+// and nothing is left open if go-fuse drops the result unread.
 type readResult struct {
 	f      *fileSystem
 	fh     uint64
+	nodeID uint64 // set instead of fh for a file opened without asking
 	offset int64
 	size   int
 }
@@ -165,12 +202,37 @@ func (r *readResult) Bytes(buf []byte) ([]byte, fuse.Status) {
 
 // Readv reads into dst, the reply's room (go-fuse's withReadv).
 func (r *readResult) Readv(dst [][]byte) (int, fuse.Status) {
+	if r.nodeID != 0 {
+		return r.readNode(dst)
+	}
 	h, st := r.f.t.handle(r.fh, false)
 	if !st.Ok() {
 		return 0, st
 	}
 	defer r.f.t.putHandle(h)
-	n, err := readv(h.file, dst, r.offset)
+	return readvStatus(h.file, dst, r.offset)
+}
+
+// readNode reads into dst from the node of a file opened without asking.
+func (r *readResult) readNode(dst [][]byte) (int, fuse.Status) {
+	n, st := r.f.t.node(r.nodeID)
+	if !st.Ok() {
+		return 0, st
+	}
+	defer r.f.t.putNode(n)
+	file, transient, st := r.f.t.reader(n)
+	if !st.Ok() {
+		return 0, st
+	}
+	if transient {
+		defer file.Close()
+	}
+	return readvStatus(file, dst, r.offset)
+}
+
+// readvStatus is readv with a FUSE status: a short read is a success.
+func readvStatus(file p9.File, dst [][]byte, offset int64) (int, fuse.Status) {
+	n, err := readv(file, dst, offset)
 	if err != nil && n == 0 {
 		return 0, status(err)
 	}
@@ -236,6 +298,9 @@ func eachBuffer(iov [][]byte, offset int64, op func([]byte, int64) (int, error))
 
 // Flush implements fuse.RawFileSystem: nothing is buffered on the host.
 func (f *fileSystem) Flush(_ <-chan struct{}, in *fuse.FlushIn) fuse.Status {
+	if f.unopened(in.Fh) {
+		return fuse.ENOSYS // the guest stops sending FLUSH
+	}
 	h, st := f.t.handle(in.Fh, false)
 	if st.Ok() {
 		f.t.putHandle(h)
@@ -245,6 +310,9 @@ func (f *fileSystem) Flush(_ <-chan struct{}, in *fuse.FlushIn) fuse.Status {
 
 // Fsync implements fuse.RawFileSystem.
 func (f *fileSystem) Fsync(_ <-chan struct{}, in *fuse.FsyncIn) fuse.Status {
+	if f.unopened(in.Fh) {
+		return fuse.ENOSYS // the guest stops sending FSYNC
+	}
 	return f.fsync(in.Fh, false)
 }
 

@@ -20,6 +20,19 @@ type node struct {
 	mode    uint32 // the host file type bits (S_IFMT), stable for an inode
 	lookups uint64
 	use     // guarded by table.mu
+	// reader is the file opened for reading by the READs of a device
+	// whose guest opens files without asking (see fileSystem.Open), from
+	// the first such READ until the node closes; nil before. Guarded by
+	// table.mu; counted in table.readers.
+	reader p9.File
+}
+
+// close closes the node's files (its last user, out of the table).
+func (n *node) close() {
+	_ = n.file.Close()
+	if n.reader != nil {
+		_ = n.reader.Close()
+	}
 }
 
 // handle is one open file or directory (an open descriptor on the host).
@@ -68,6 +81,7 @@ type table struct {
 	nodes      map[uint64]*node
 	byKey      map[fs.NodeKey]uint64
 	handles    map[uint64]*handle
+	readers    int // nodes holding a reader, bounded by maxHandles
 	nextNode   uint64
 	nextHandle uint64
 }
@@ -104,7 +118,7 @@ func (t *table) putNode(n *node) {
 	last := n.drop()
 	t.mu.Unlock()
 	if last {
-		_ = n.file.Close()
+		n.close()
 	}
 }
 
@@ -166,11 +180,47 @@ func (t *table) forget(id, n uint64) {
 	}
 	delete(t.nodes, id)
 	delete(t.byKey, nd.key)
+	if nd.reader != nil {
+		t.readers--
+	}
 	unused := nd.remove()
 	t.mu.Unlock()
 	if unused {
-		_ = nd.file.Close()
+		nd.close()
 	}
+}
+
+// reader returns node n's file opened for reading, which the caller (a
+// user of n) closes when done if transient is set. The node keeps the
+// first one opened for the READs that follow, unless maxHandles nodes
+// already keep one (each is a host descriptor): then every READ of the
+// node opens its own.
+func (t *table) reader(n *node) (file p9.File, transient bool, st fuse.Status) {
+	t.mu.Lock()
+	file = n.reader
+	t.mu.Unlock()
+	if file != nil {
+		return file, false, fuse.OK
+	}
+	_, clone, err := n.file.Walk(nil)
+	if err != nil {
+		return nil, false, status(err)
+	}
+	if _, _, err := clone.Open(p9.ReadOnly); err != nil {
+		_ = clone.Close()
+		return nil, false, status(err)
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	switch {
+	case n.reader != nil: // another READ's open came first
+		return clone, true, fuse.OK
+	case n.gone || t.readers >= t.maxHandles:
+		return clone, true, fuse.OK
+	}
+	n.reader = clone
+	t.readers++
+	return clone, false, fuse.OK
 }
 
 // open records an open file or directory and returns its handle id.
@@ -244,11 +294,12 @@ func (t *table) closeAll() {
 	handles, nodes := t.handles, t.nodes
 	t.handles, t.nodes = map[uint64]*handle{}, map[uint64]*node{}
 	clear(t.byKey)
+	t.readers = 0
 	t.mu.Unlock()
 	for _, h := range handles {
 		_ = h.file.Close()
 	}
 	for _, n := range nodes {
-		_ = n.file.Close()
+		n.close()
 	}
 }

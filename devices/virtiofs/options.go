@@ -36,6 +36,12 @@ type Options struct {
 	// live CoherentTimeout and every open drops the page cache, so the
 	// guest sees host edits (see CoherentTimeout).
 	Cached bool
+	// NoOpen makes the guest open files without asking the device (FUSE's
+	// "no open", see fileSystem.Open): no OPEN or RELEASE round trip for
+	// each file a program opens. Only for a Cached device whose exports
+	// are all read-only (the system directories): a file opened so is
+	// read through its node, and a WRITE to it fails with EBADF.
+	NoOpen bool
 	// Logger receives the device's log (rate-limited guest misbehaviour).
 	// nil = slog.Default().
 	Logger *slog.Logger

@@ -69,7 +69,9 @@ func newShareDevice(kind, tag string, cached bool, maxNodes int, log *slog.Logge
 	s := &shareDevice{exports: exports, source: protocol.MountSource{Kind: kind, Tag: tag}}
 	switch kind {
 	case protocol.MountKindVirtioFS:
-		dev, err = virtiofs.New(virtiofs.Options{Tag: tag, Root: exports, Cached: cached, MaxNodes: maxNodes, Logger: log})
+		// The cached device serves only read-only exports (ShareSystem),
+		// so its guest may open files without asking (NoOpen).
+		dev, err = virtiofs.New(virtiofs.Options{Tag: tag, Root: exports, Cached: cached, NoOpen: cached, MaxNodes: maxNodes, Logger: log})
 	case protocol.MountKindNineP:
 		if cached {
 			s.source.Cache = protocol.NinePCacheLoose
