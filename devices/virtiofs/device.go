@@ -133,6 +133,7 @@ func (d *Device) Activate(mem virtio.GuestMemory, irq virtio.Interrupt, queues [
 		// symlink's target never changes in place, and a name the host
 		// points elsewhere is a new inode, looked up as any other name.
 		EnableSymlinkCaching: true,
+		DisableReadDirPlus:   d.opts.ListNamesOnly,
 		// go-fuse logs the guest's malformed requests here.
 		Logger: log.New(&guestLogWriter{d.guestLog}, "", 0),
 		// A panic in a file operation is our bug, not the guest's: an

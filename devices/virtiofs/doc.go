@@ -40,7 +40,9 @@
 // second. A cached device may also be NoOpen (Options.NoOpen; the helper's
 // system directories, all read-only): its OPEN is ENOSYS, so the guest
 // opens files without asking and reads them by node, with no OPEN or
-// RELEASE round trip for each file a program opens.
+// RELEASE round trip for each file a program opens. ListNamesOnly
+// (Options.ListNamesOnly, the system directories too) lists directories
+// with READDIR, so a listing costs no host lookup per entry.
 //
 // The guest is hostile:
 //   - a request's readable bytes are bounded (maxMessage, else E2BIG) and

@@ -6,6 +6,7 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/hanwen/go-fuse/v2/fuse"
 	"github.com/stretchr/testify/require"
 )
 
@@ -124,4 +125,21 @@ func FuzzNoOpenRead(f *testing.F) {
 		}
 		require.Equal(t, content[off:end], string(got))
 	})
+}
+
+// A ListNamesOnly device does not offer READDIRPLUS, so the guest lists
+// its directories with READDIR: names, no host lookup per entry.
+func TestListNamesOnly(t *testing.T) {
+	for _, namesOnly := range []bool{false, true} {
+		r := newRig(t, Options{Cached: true, ListNamesOnly: namesOnly})
+		r.export(t, "e1", true, map[string]string{"a": "1", "d/b": "2"})
+		init := r.initSession(t)
+		require.Equal(t, !namesOnly, init.Flags&uint32(fuse.CAP_READDIRPLUS) != 0, "READDIRPLUS offered, ListNamesOnly %v", namesOnly)
+		e1 := r.walk(t, "e1")
+		o, errno := r.opendir(t, e1)
+		require.Zero(t, errno)
+		require.ElementsMatch(t, []string{".", "..", "a", "d"}, r.readdir(t, e1, o.Fh, opReaddir))
+		nodes, _ := r.dev.session.fs.t.counts()
+		require.Equal(t, 2, nodes, "the root and e1: a listing looks nothing up")
+	}
 }

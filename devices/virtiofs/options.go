@@ -42,6 +42,12 @@ type Options struct {
 	// are all read-only (the system directories): a file opened so is
 	// read through its node, and a WRITE to it fails with EBADF.
 	NoOpen bool
+	// ListNamesOnly makes the guest list directories with READDIR (names
+	// and types) instead of READDIRPLUS (every entry looked up on the
+	// host, with its attributes). For directories programs list far more
+	// than they stat: interpreters scan the system directories for their
+	// modules, and stat only the names they import.
+	ListNamesOnly bool
 	// Logger receives the device's log (rate-limited guest misbehaviour).
 	// nil = slog.Default().
 	Logger *slog.Logger

@@ -70,8 +70,11 @@ func newShareDevice(kind, tag string, cached bool, maxNodes int, log *slog.Logge
 	switch kind {
 	case protocol.MountKindVirtioFS:
 		// The cached device serves only read-only exports (ShareSystem),
-		// so its guest may open files without asking (NoOpen).
-		dev, err = virtiofs.New(virtiofs.Options{Tag: tag, Root: exports, Cached: cached, NoOpen: cached, MaxNodes: maxNodes, Logger: log})
+		// so its guest may open files without asking (NoOpen); they are
+		// the system directories, listed by programs' module searches far
+		// more than stat'ed entry by entry (ListNamesOnly).
+		dev, err = virtiofs.New(virtiofs.Options{Tag: tag, Root: exports, Cached: cached, NoOpen: cached, ListNamesOnly: cached,
+			MaxNodes: maxNodes, Logger: log})
 	case protocol.MountKindNineP:
 		if cached {
 			s.source.Cache = protocol.NinePCacheLoose
