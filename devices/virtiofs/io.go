@@ -56,12 +56,8 @@ func (f *fileSystem) openNode(id uint64, flags uint32, dir bool) (uint64, fuse.S
 	case !dir && isDir:
 		return 0, fuse.Status(fuse.EISDIR)
 	}
-	_, clone, err := n.file.Walk(nil)
+	clone, err := openClone(n.file, p9.OpenFlags(flags))
 	if err != nil {
-		return 0, status(err)
-	}
-	if _, _, err := clone.Open(p9.OpenFlags(flags)); err != nil {
-		_ = clone.Close()
 		return 0, status(err)
 	}
 	if st := f.checkStillLinked(clone, dir); !st.Ok() {
@@ -69,6 +65,20 @@ func (f *fileSystem) openNode(id uint64, flags uint32, dir bool) (uint64, fuse.S
 		return 0, st
 	}
 	return f.t.open(clone, dir)
+}
+
+// openClone opens a clone of file with flags: the node keeps its own
+// descriptor, and the clone is the caller's to close.
+func openClone(file p9.File, flags p9.OpenFlags) (p9.File, error) {
+	_, clone, err := file.Walk(nil)
+	if err != nil {
+		return nil, err
+	}
+	if _, _, err := clone.Open(flags); err != nil {
+		_ = clone.Close()
+		return nil, err
+	}
+	return clone, nil
 }
 
 // checkStillLinked answers ESTALE for the open of a file of an uncached

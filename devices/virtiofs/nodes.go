@@ -202,20 +202,14 @@ func (t *table) reader(n *node) (file p9.File, transient bool, st fuse.Status) {
 	if file != nil {
 		return file, false, fuse.OK
 	}
-	_, clone, err := n.file.Walk(nil)
+	clone, err := openClone(n.file, p9.ReadOnly)
 	if err != nil {
-		return nil, false, status(err)
-	}
-	if _, _, err := clone.Open(p9.ReadOnly); err != nil {
-		_ = clone.Close()
 		return nil, false, status(err)
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	switch {
-	case n.reader != nil: // another READ's open came first
-		return clone, true, fuse.OK
-	case n.gone || t.readers >= t.maxHandles:
+	// Another READ's open may have come first, or the node left the table.
+	if n.reader != nil || n.gone || t.readers >= t.maxHandles {
 		return clone, true, fuse.OK
 	}
 	n.reader = clone
