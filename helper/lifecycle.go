@@ -40,6 +40,12 @@ const (
 	// false answer for a dead guest.
 	pingFailuresFatal    = 3
 	pingTimeoutIntervals = 5
+	// shutdownSendTimeout bounds the write of stopVM's shutdown request: a
+	// guest that does not read it by then (its agent hung, or hostile) is
+	// stopped forcibly at once. shutdownExitMargin is how long, past the
+	// grace period, the agent has to answer it and exit.
+	shutdownSendTimeout = 2 * time.Second
+	shutdownExitMargin  = 5 * time.Second
 	// maxEventData caps one stdout/stderr event's data; longer chunks from
 	// the agent are split so no event frame nears the 10 MiB limit.
 	maxEventData = 1 << 20
@@ -556,29 +562,46 @@ func (inst *guestInstance) stop(ctx context.Context) error {
 	}
 }
 
-// shutdown ends the guest cleanly: the agent ends every process (SIGTERM,
-// then SIGKILL after the grace period) and exits; then the backend frees it.
+// shutdown ends the guest cleanly if it cooperates: the agent ends every
+// process (SIGTERM, then SIGKILL after the grace period) and exits. Then,
+// whatever the guest did, the backend frees it (forceStop): a guest that
+// does not read the shutdown request within shutdownSendTimeout, or does
+// not exit within the grace period and shutdownExitMargin, is not waited
+// for any longer.
 func (inst *guestInstance) shutdown() {
-	grace := inst.s.opts.StopGrace
 	guest, agent := inst.current()
 	if agent != nil && agent.Err() == nil {
-		ctx, cancel := context.WithTimeout(context.Background(), grace+5*time.Second)
-		err := agent.Call(ctx, protocol.AgentMethodShutdown, protocol.ShutdownParams{GraceMillis: int(grace / time.Millisecond)}, nil)
-		if err != nil {
-			inst.s.log.Warn("guest agent shutdown request failed", "err", err)
-		} else {
-			// The agent exits once its processes are gone; their exit
-			// events arrive before the connection closes.
-			select {
-			case <-agent.Done():
-			case <-guest.Done():
-			case <-ctx.Done():
-				inst.s.log.Warn("guest agent did not exit after shutdown; stopping the guest forcibly")
-			}
+		if err := inst.askShutdown(guest, agent); err != nil {
+			inst.s.log.Warn("the guest did not shut down cleanly; stopping it forcibly", "err", err)
 		}
-		cancel()
 	}
 	inst.forceStop()
+}
+
+// askShutdown sends the agent's shutdown request and waits for the agent
+// to exit.
+func (inst *guestInstance) askShutdown(guest Guest, agent *agentClient) error {
+	grace := inst.s.opts.StopGrace
+	sendCtx, cancelSend := context.WithTimeout(context.Background(), shutdownSendTimeout)
+	call, err := agent.begin(sendCtx, protocol.AgentMethodShutdown, protocol.ShutdownParams{GraceMillis: int(grace / time.Millisecond)})
+	cancelSend()
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), grace+shutdownExitMargin)
+	defer cancel()
+	if err := call.wait(ctx, nil); err != nil {
+		return err
+	}
+	// The agent exits once its processes are gone; their exit events
+	// arrive before the connection closes.
+	select {
+	case <-agent.Done():
+	case <-guest.Done():
+	case <-ctx.Done():
+		return errors.New("the guest agent did not exit after its shutdown")
+	}
+	return nil
 }
 
 // forceStop frees the guest and waits for the agent's read loop, so every
