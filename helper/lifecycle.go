@@ -252,6 +252,9 @@ func (inst *guestInstance) run() {
 	}
 	inst.ending.Store(true)
 	inst.connected.Store(false)
+	if n := guestRequests.dropGuest(inst); n > 0 {
+		s.log.Info("the guest's waiting guest requests are dropped", "requests", n)
+	}
 	if inst.stopping.Load() {
 		inst.shutdown()
 		s.log.Info("guest stopped")

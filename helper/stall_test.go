@@ -2,6 +2,7 @@ package helper
 
 import (
 	"context"
+	"encoding/json"
 	"testing"
 	"time"
 
@@ -64,4 +65,36 @@ func TestPingsWhoseWriteStallsDeclareTheGuestDead(t *testing.T) {
 	g.mu.Lock()
 	assert.True(t, g.stopped, "the backend stopped the guest")
 	g.mu.Unlock()
+}
+
+// A guest's teardown drops its waiting guest requests and stops their
+// timers; the client's late answer to one finds nothing waiting.
+func TestGuestTeardownDropsItsGuestRequests(t *testing.T) {
+	for name, end := range map[string]func(*testEnv, *fakeGuest){
+		"stopVM": func(e *testEnv, _ *fakeGuest) { e.mustCall("stopVM", nil, nil) },
+		"died":   func(_ *testEnv, g *fakeGuest) { g.die(errCrash) },
+	} {
+		t.Run(name, func(t *testing.T) {
+			e := newTestEnv(t)
+			g := e.start()
+			e.spawn(map[string]any{"id": "p1", "name": "s", "command": "sh"})
+			g.agent.request("p1", protocol.GuestRequest{ID: 7, Method: "askUser", TimeoutMillis: int64(protocol.MaxGuestRequestTimeout / time.Millisecond)})
+			ev := e.next(protocol.EventRequest)
+			guestRequests.mu.Lock()
+			r := guestRequests.byID[ev.ID]
+			guestRequests.mu.Unlock()
+			require.NotNil(t, r)
+
+			end(e, g)
+			waitFor(t, "the guest torn down", func() bool {
+				r, err := e.s.isRunning(context.Background(), struct{}{})
+				require.NoError(t, err)
+				return !r.Running
+			})
+			assert.Zero(t, guestRequests.waiting(e.s), "requests waiting after their guest ended")
+			assert.False(t, r.timer.Stop(), "the request's timer was still running")
+			err := e.call("sendGuestResponse", map[string]any{"id": ev.ID, "resultJson": json.RawMessage(`"{}"`)}, nil)
+			assert.ErrorContains(t, err, "no guest request")
+		})
+	}
 }
