@@ -62,7 +62,8 @@ type Options struct {
 	// stopVM (default 5 s).
 	StopGrace time.Duration
 	// PingInterval is how often a connected agent is pinged (default 2 s).
-	// A ping unanswered within 5 intervals fails; pingFailuresFatal failures
+	// A ping unanswered within 5 intervals fails (also one the guest does
+	// not read: the write is bounded too); pingFailuresFatal failures
 	// in a row declare the guest dead. Until then isGuestConnected stays
 	// true: one slow ping is not a dead guest.
 	PingInterval time.Duration
