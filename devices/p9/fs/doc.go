@@ -56,7 +56,10 @@
 //     xattr error to EINVAL; the virtio-9p device in the parent package
 //     answers Txattrwalk/Txattrcreate itself with the right errno.)
 //   - Ownership: files are created as the helper's uid/gid; the guest's
-//     uid/gid in Tlcreate/Tmkdir are ignored, and chown is refused unless
-//     the helper may do it (EPERM otherwise).
+//     uid/gid in Tlcreate/Tmkdir are ignored, and Tsetattr (virtio-fs's
+//     SETATTR too) never gives a file to another owner: a uid or gid
+//     other than the helper's effective ones is EPERM before the host is
+//     asked, even when the helper runs as root and the host would let it
+//     chown; naming our own (or neither) works.
 //   - Device nodes cannot be created (EPERM); FIFOs and sockets can.
 package fs

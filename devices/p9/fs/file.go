@@ -348,7 +348,8 @@ func (f *file) stat() (*unix.Stat_t, error) {
 }
 
 // SetAttr implements p9.File. Set-user-ID and set-group-ID bits are
-// dropped from a new mode, and cleared before a truncation (killPriv).
+// dropped from a new mode, and cleared before a truncation (killPriv); an
+// owner other than the helper's own is refused (ownersStayOurs).
 func (f *file) SetAttr(valid p9.SetAttrMask, attr p9.SetAttr) error {
 	if err := f.ex.enter(); err != nil {
 		return err
@@ -359,6 +360,9 @@ func (f *file) SetAttr(valid p9.SetAttrMask, attr p9.SetAttr) error {
 	}
 	if f.isViewRoot() {
 		return linux.EPERM // the host directory around the one file
+	}
+	if err := ownersStayOurs(valid, attr); err != nil {
+		return err
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -406,6 +410,21 @@ func (f *file) SetAttr(valid p9.SetAttrMask, attr p9.SetAttr) error {
 		if err := unix.UtimesNanoAt(unix.AT_FDCWD, procPath(f.fd), setTimes(valid, attr), 0); err != nil {
 			return errno(err)
 		}
+	}
+	return nil
+}
+
+// ownersStayOurs refuses (EPERM) a change of owner to any uid or gid
+// but the helper's own effective ones, before anything reaches the host:
+// a helper run as root could otherwise chown, and give a guest's file in
+// a writable export to any user of the host. Naming our own uid or gid
+// (or leaving them unset) is a no-op the host is still asked to do.
+func ownersStayOurs(valid p9.SetAttrMask, attr p9.SetAttr) error {
+	if valid.UID && uint32(attr.UID) != uint32(unix.Geteuid()) {
+		return linux.EPERM
+	}
+	if valid.GID && uint32(attr.GID) != uint32(unix.Getegid()) {
+		return linux.EPERM
 	}
 	return nil
 }
