@@ -130,3 +130,44 @@ func TestNoOpenReadersStayInBudget(t *testing.T) {
 	require.Zero(t, errno)
 	require.Equal(t, "x", string(got))
 }
+
+// openUntilRefused opens node f again and again until the device refuses,
+// returning how many opens succeeded and the refusal.
+func openUntilRefused(t *testing.T, r *rig, f uint64, most int) (int, syscall.Errno) {
+	for i := range most {
+		if _, errno := r.open(t, f, syscall.O_RDONLY); errno != 0 {
+			return i, errno
+		}
+	}
+	return most, 0
+}
+
+// TestDevicesShareOneBudget: two devices drawing from one helper-wide
+// pool each get an equal part, less than one device alone had, and
+// together never hold more than the pool's total.
+func TestDevicesShareOneBudget(t *testing.T) {
+	pool := fdlimit.NewPool(256) // 192 for the devices, 64 kept back
+	first := pool.Share(0)
+	t.Cleanup(first.Close)
+	alone := first.Limit()
+	second := pool.Share(0)
+	t.Cleanup(second.Close)
+	require.Less(t, second.Limit(), alone, "the second device gets less than the first had alone")
+
+	before := openFds(t)
+	for _, share := range []*fdlimit.Share{first, second} {
+		r := newRigOver(t, Options{}, fs.NewExportsWithin(discardLogger(), share))
+		r.export(t, "e1", false, map[string]string{"f": "data"})
+		r.initSession(t)
+		n, errno := openUntilRefused(t, r, r.walk(t, "e1", "f"), pool.Total())
+		require.Equal(t, syscall.ENFILE, errno, "after %d opens", n)
+		require.LessOrEqual(t, share.Held(), share.Limit())
+	}
+	held := openFds(t) - before
+	t.Logf("alone %d, each of two %d, total %d, held %d (%d + %d)", alone, second.Limit(), pool.Total(), held, first.Held(), second.Held())
+	require.LessOrEqual(t, pool.Used(), pool.Total())
+	require.LessOrEqual(t, first.Held()+second.Held(), pool.Total())
+	// Besides the budget: each export's root, opened when the host
+	// registers it (not the guest's doing).
+	require.LessOrEqual(t, held, pool.Total()+2)
+}
