@@ -171,3 +171,29 @@ func TestDevicesShareOneBudget(t *testing.T) {
 	// registers it (not the guest's doing).
 	require.LessOrEqual(t, held, pool.Total()+2)
 }
+
+// TestLookupOfAHeldNameWithTheBudgetSpent: with the budget spent, a
+// LOOKUP of a name whose node the guest holds (its kernel revalidating an
+// entry, every second on an uncached device) is still answered, from the
+// node it has; only a name that needs a new node gets ENFILE.
+func TestLookupOfAHeldNameWithTheBudgetSpent(t *testing.T) {
+	const budget = 8
+	r := newBudgetRig(t, Options{}, budget)
+	r.export(t, "e1", false, map[string]string{"f": "data", "g": "other"})
+	r.initSession(t)
+	e1 := r.walk(t, "e1")
+	f, errno := r.lookup(t, e1, "f")
+	require.Zero(t, errno)
+	n, errno := openUntilRefused(t, r, f.NodeId, budget)
+	require.Equal(t, syscall.ENFILE, errno, "the budget is spent after %d opens", n)
+
+	again, errno := r.lookup(t, e1, "f")
+	require.Zero(t, errno, "a LOOKUP of a held name")
+	require.Equal(t, f.NodeId, again.NodeId)
+	require.Equal(t, f.Attr.Ino, again.Attr.Ino)
+	_, errno = r.lookup(t, e1, "g")
+	require.Equal(t, syscall.ENFILE, errno, "a name that needs a new node")
+	r.forget(t, f.NodeId, 1)
+	_, errno = r.getattr(t, f.NodeId)
+	require.Zero(t, errno, "the held-name LOOKUP counted: one FORGET leaves one lookup")
+}

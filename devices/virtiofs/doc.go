@@ -64,7 +64,9 @@
 //     the export layer's descriptor budget (the Root's, see package
 //     p9/fs), so however the guest orders its lookups, opens and FORGETs,
 //     the device holds at most that budget; past it a lookup, open or
-//     READ fails with ENFILE and the device keeps serving;
+//     READ fails with ENFILE and the device keeps serving (a lookup of a
+//     name whose node the guest holds is still answered, from that node:
+//     fs.ChildKey finds it without opening anything);
 //   - a request the server cannot take is answered with an error header,
 //     never left pending.
 //
