@@ -17,7 +17,11 @@ const MinShare = 64
 // reserve for everything else the helper opens (client sockets, state
 // files, the VMs themselves), so however many VMs of however many
 // profiles run, their devices together never take the descriptors the
-// helper needs to keep serving. Safe for concurrent use.
+// helper needs to keep serving. Parts are not taken back: a device that
+// held more than its part when another started keeps what it holds (its
+// guest's files are open) and gets no more until it is under, so a VM
+// started while the others hold the whole total gets ENFILE until they
+// release some. Safe for concurrent use.
 type Pool struct {
 	mu     sync.Mutex
 	total  int // descriptors the shares may hold together
