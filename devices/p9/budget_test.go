@@ -46,3 +46,41 @@ func TestClunkLadderStaysInBudget(t *testing.T) {
 	require.LessOrEqual(t, held, budget, "descriptors held by a clunked ladder of %d levels", made)
 	require.NoError(t, dir.Close())
 }
+
+// TestOpenLoopStaysInBudget: a guest that walks to one file and opens it
+// again and again (two descriptors per fid) is refused with ENFILE within
+// the budget, and served again once it clunks them.
+func TestOpenLoopStaysInBudget(t *testing.T) {
+	const budget = 16
+	share := fdlimit.NewPool(1 << 20).Share(budget)
+	t.Cleanup(share.Close)
+	r := newRigOver(t, Options{}, fs.NewExportsWithin(discardLogger(), share))
+	r.export(t, "e1", false, map[string]string{"f": "data"})
+	c := r.client(t)
+	before := countFds(t)
+	root, err := c.Attach("e1")
+	require.NoError(t, err)
+	var fids []p9lib.File
+	for range 4 * budget {
+		_, f, err := root.Walk([]string{"f"})
+		if err == nil {
+			fids = append(fids, f)
+			_, _, err = f.Open(p9lib.ReadOnly)
+		}
+		if err != nil {
+			require.ErrorIs(t, err, linux.ENFILE, "after %d fids", len(fids))
+			break
+		}
+	}
+	held := countFds(t) - before
+	t.Logf("fids %d, descriptors held %d", len(fids), held)
+	require.LessOrEqual(t, held, budget)
+	for _, f := range fids {
+		require.NoError(t, f.Close())
+	}
+	f := clientWalk(t, root, "f")
+	_, _, err = f.Open(p9lib.ReadOnly)
+	require.NoError(t, err, "served again once clunked")
+	require.Equal(t, "data", readAt(t, f, 10))
+	require.NoError(t, root.Close())
+}
