@@ -455,8 +455,8 @@ func (f *file) SetAttr(valid p9.SetAttrMask, attr p9.SetAttr) error {
 // ownersStayOurs refuses (EPERM) a change of owner to any uid or gid
 // but the helper's own effective ones, before anything reaches the host:
 // a helper run as root could otherwise chown, and give a guest's file in
-// a writable export to any user of the host. Naming our own uid or gid
-// (or leaving them unset) is a no-op the host is still asked to do.
+// a writable export to any user of the host. Our own uid or gid (or
+// none) goes to the host as asked.
 func ownersStayOurs(valid p9.SetAttrMask, attr p9.SetAttr) error {
 	if valid.UID && uint32(attr.UID) != uint32(unix.Geteuid()) {
 		return linux.EPERM
