@@ -8,6 +8,7 @@ import (
 	"github.com/cowork-vmm/cowork-vmm/helper"
 	kvmbackend "github.com/cowork-vmm/cowork-vmm/helper/backend/kvm"
 	"github.com/cowork-vmm/cowork-vmm/helper/backend/process"
+	"github.com/cowork-vmm/cowork-vmm/internal/fdlimit"
 )
 
 // backendFactories is where backends are plugged in: COWORK_VMM_BACKEND
@@ -15,12 +16,15 @@ import (
 // file-sharing device (virtio-fs, or 9p) and COWORK_VMM_SNAPSHOT=off its
 // warm starts, read at each startVM. agentLog
 // receives the guest agent's log lines (process backend) and the guest's
-// serial console (VM).
+// serial console (VM). Every kvm backend made (one per VM) shares one
+// descriptor budget, so the VMs of every profile together leave the
+// helper the descriptors it needs.
 func backendFactories(log *slog.Logger, agentLog io.Writer) map[string]helper.BackendFactory {
+	descriptors := fdlimit.NewPool(0)
 	return map[string]helper.BackendFactory{
 		helper.BackendKVM: func() (helper.Backend, error) {
 			return kvmbackend.New(kvmbackend.Options{Logger: log, Console: agentLog, Cmdline: os.Getenv(kvmbackend.CmdlineEnv),
-				FileSharing: os.Getenv(kvmbackend.FSEnv), SnapshotDir: kvmbackend.DefaultSnapshotDir()}), nil
+				FileSharing: os.Getenv(kvmbackend.FSEnv), SnapshotDir: kvmbackend.DefaultSnapshotDir(), Descriptors: descriptors}), nil
 		},
 		helper.BackendProcess: func() (helper.Backend, error) {
 			return process.New(process.Options{Logger: log, Stderr: agentLog}), nil

@@ -46,8 +46,10 @@ type Options struct {
 	// MaxInFlight bounds the requests the server handles at once; further
 	// chains wait in the ring.
 	MaxInFlight int
-	// MaxFids bounds the fids the guest may hold (each costs host
-	// descriptors); a request that would exceed it fails with ENFILE.
+	// MaxFids bounds the fids the guest may hold (table entries); a
+	// request that would exceed it fails with ENFILE. The host descriptors
+	// behind them, and behind directories a clunked fid's children keep
+	// open, are bounded by the Attacher's budget (fs.NewExportsWithin).
 	MaxFids int
 	// MaxMessageSize caps the msize a guest may negotiate (Tversion's msize
 	// is lowered to it), and so the memory one request can hold:

@@ -12,7 +12,8 @@
 // EOPNOTSUPP), a chain too small to answer completes with length 0, and the
 // device keeps serving. Requests run concurrently, at most MaxInFlight at
 // once, each under a tag of the device's own (bridge.go); fids are bounded
-// by MaxFids and the msize a guest may negotiate by MaxMessageSize, so a
+// by MaxFids, the host descriptors behind them by the export layer's
+// budget (package p9/fs: ENFILE past it), and the msize a guest may negotiate by MaxMessageSize, so a
 // guest holds at most MaxInFlight × MaxMessageSize bytes of host memory;
 // Treaddir's count is lowered to what an Rreaddir within the negotiated
 // msize carries (the server would build a reply of any count).

@@ -74,7 +74,13 @@ type rig struct {
 
 func newRig(t testing.TB, opts Options) *rig {
 	t.Helper()
-	r := &rig{dir: t.TempDir(), exports: fs.NewExports(discardLogger())}
+	return newRigOver(t, opts, fs.NewExports(discardLogger()))
+}
+
+// newRigOver is newRig over exports of the caller's (a budget of its own).
+func newRigOver(t testing.TB, opts Options, exports *fs.Exports) *rig {
+	t.Helper()
+	r := &rig{dir: t.TempDir(), exports: exports}
 	if opts.Tag == "" {
 		opts.Tag = "cowork"
 	}

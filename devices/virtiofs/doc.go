@@ -54,10 +54,19 @@
 //   - a panic while serving a request is EIO for that request only;
 //   - node and handle ids are never reused in a session, unknown ids are
 //     ESTALE or EBADF, FORGET of more than was looked up forgets the node,
-//     and both tables are bounded (MaxNodes, MaxHandles: each entry is a
-//     host descriptor), beyond which lookups and opens fail with ENFILE;
-//     a NoOpen device's nodes keeping a reader are bounded by MaxHandles
-//     too, beyond which each READ opens and closes its own;
+//     and both tables are bounded (MaxNodes, MaxHandles), beyond which
+//     lookups and opens fail with ENFILE; a NoOpen device's nodes keeping
+//     a reader are bounded by MaxHandles too, beyond which each READ opens
+//     and closes its own;
+//   - the host descriptors behind all of them — a node's one, an open
+//     handle's two (a clone and its open file), a reader's two, and a
+//     forgotten directory's one while a node below it lives — come out of
+//     the export layer's descriptor budget (the Root's, see package
+//     p9/fs), so however the guest orders its lookups, opens and FORGETs,
+//     the device holds at most that budget; past it a lookup, open or
+//     READ fails with ENFILE and the device keeps serving (a lookup of a
+//     name whose node the guest holds is still answered, from that node:
+//     fs.ChildKey finds it without opening anything);
 //   - a request the server cannot take is answered with an error header,
 //     never left pending.
 //

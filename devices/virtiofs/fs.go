@@ -108,6 +108,9 @@ func (f *fileSystem) lookup(parent uint64, name string, out *fuse.EntryOut) fuse
 	}
 	defer f.t.putNode(p)
 	_, child, err := p.file.Walk([]string{name})
+	if errors.Is(err, linux.ENFILE) {
+		return f.lookupHeld(p, name, out)
+	}
 	if err != nil {
 		return status(err)
 	}
@@ -120,11 +123,43 @@ func (f *fileSystem) lookup(parent uint64, name string, out *fuse.EntryOut) fuse
 	if !st.Ok() {
 		return st
 	}
+	f.fillEntry(out, id, qid, attr)
+	return fuse.OK
+}
+
+// lookupHeld answers a lookup of name in p, with the descriptor budget
+// spent, from the node the guest already holds for it (its kernel
+// revalidating an entry it knows): the name's key is had without opening
+// it, and the node's own file gives the attributes. ENFILE when the guest
+// holds no node for it (a new node needs a descriptor).
+func (f *fileSystem) lookupHeld(p *node, name string, out *fuse.EntryOut) fuse.Status {
+	key, err := fs.ChildKey(p.file, name)
+	if err != nil {
+		return status(err)
+	}
+	n, ok := f.t.lookupByKey(key)
+	if !ok {
+		return fuse.Status(syscall.ENFILE)
+	}
+	defer f.t.putNode(n)
+	got, qid, attr, err := fs.Identify(n.file)
+	if err != nil {
+		return status(err)
+	}
+	id, ok := f.t.relookup(key)
+	if !ok || got != key {
+		return fuse.Status(syscall.ENFILE) // forgotten or replaced meanwhile
+	}
+	f.fillEntry(out, id, qid, attr)
+	return fuse.OK
+}
+
+// fillEntry fills a lookup's reply for node id.
+func (f *fileSystem) fillEntry(out *fuse.EntryOut, id uint64, qid p9.QID, attr p9.Attr) {
 	*out = fuse.EntryOut{NodeId: id}
 	out.SetEntryTimeout(f.timeout())
 	out.SetAttrTimeout(f.timeout())
 	fillAttr(&out.Attr, qid, attr)
-	return fuse.OK
 }
 
 // Lookup implements fuse.RawFileSystem. A name the host does not have gets, from a Cached device, a negative

@@ -146,6 +146,18 @@ func (t *table) add(key fs.NodeKey, f p9.File, mode uint32) (uint64, fuse.Status
 	return id, fuse.OK
 }
 
+// relookup records one more lookup of the node of an inode key and
+// returns its id, if the guest still holds it.
+func (t *table) relookup(key fs.NodeKey) (uint64, bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	id, ok := t.byKey[key]
+	if ok {
+		t.nodes[id].lookups++
+	}
+	return id, ok
+}
+
 // lookupByKey returns the node of an inode key, if the guest holds it,
 // for the caller's use until it calls putNode.
 func (t *table) lookupByKey(key fs.NodeKey) (*node, bool) {

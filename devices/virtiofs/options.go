@@ -57,10 +57,12 @@ type Options struct {
 	// MaxInFlight bounds the requests served at once; 0 =
 	// DefaultMaxInFlight.
 	MaxInFlight int
-	// MaxNodes bounds the inodes the guest may hold (each is a host
-	// descriptor); a lookup beyond it fails with ENFILE. 0 = DefaultMaxNodes.
+	// MaxNodes bounds the inodes the guest may hold (table entries); a
+	// lookup beyond it fails with ENFILE. 0 = DefaultMaxNodes. The host
+	// descriptors behind nodes, handles and readers are bounded by the
+	// Root's own budget (fs.NewExportsWithin), whatever these bounds.
 	MaxNodes int
 	// MaxHandles bounds the files and directories the guest may hold open
-	// (each is a host descriptor); 0 = DefaultMaxHandles.
+	// (table entries); 0 = DefaultMaxHandles.
 	MaxHandles int
 }

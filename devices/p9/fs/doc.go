@@ -20,6 +20,19 @@
 //
 // Read-only exports answer every mutating operation with EROFS.
 //
+// Descriptors: every host descriptor a file holds for a client — a walked
+// node's O_PATH one, an open file's, each clone the client opens — is
+// acquired from the Exports' budget (NewExportsWithin: a device's share
+// of the helper-wide fdlimit.Pool) before it is opened, and given back
+// when it is closed; past the budget a walk, open or create fails with
+// ENFILE. A file keeps its parent's descriptor open while it lives
+// (renaming it and setting a symlink's times go through the parent), so a
+// directory the client clunked or forgot stays counted until its last
+// child goes: what the budget counts is what the process holds, however
+// the client orders its clunks. (The descriptors an operation opens and
+// closes before it returns are not counted: a device runs a bounded
+// number of operations at once, and the pool's reserve covers them.)
+//
 // A single-file export (Exports.AddFile) serves one host file as the only
 // entry of a directory: the guest can walk to, list, read and (read-write)
 // write and chmod that file, nothing else of the directory holding it. The
@@ -56,7 +69,10 @@
 //     xattr error to EINVAL; the virtio-9p device in the parent package
 //     answers Txattrwalk/Txattrcreate itself with the right errno.)
 //   - Ownership: files are created as the helper's uid/gid; the guest's
-//     uid/gid in Tlcreate/Tmkdir are ignored, and chown is refused unless
-//     the helper may do it (EPERM otherwise).
+//     uid/gid in Tlcreate/Tmkdir are ignored, and Tsetattr (virtio-fs's
+//     SETATTR too) never gives a file to another owner: a uid or gid
+//     other than the helper's effective ones is EPERM before the host is
+//     asked, even when the helper runs as root and the host would let it
+//     chown; naming our own (or neither) works.
 //   - Device nodes cannot be created (EPERM); FIFOs and sockets can.
 package fs

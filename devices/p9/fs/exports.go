@@ -11,6 +11,8 @@ import (
 	"github.com/hugelgupf/p9/linux"
 	"github.com/hugelgupf/p9/p9"
 	"golang.org/x/sys/unix"
+
+	"github.com/cowork-vmm/cowork-vmm/internal/fdlimit"
 )
 
 // ErrExportExists is returned by Exports.Add for a name already registered.
@@ -22,6 +24,10 @@ var ErrExportExists = errors.New("export name already registered")
 // export with aname=<name>. Safe for concurrent use.
 type Exports struct {
 	log *slog.Logger
+	// budget bounds the host descriptors the files of every export hold
+	// (see the package doc); ownBudget says Close closes it.
+	budget    *fdlimit.Share
+	ownBudget bool
 
 	mu      sync.RWMutex
 	exports map[string]*export
@@ -41,6 +47,10 @@ type export struct {
 	// symlink, resolved at registration).
 	viewName string
 	fileName string
+
+	// budget is the Exports' descriptor budget: every descriptor a file
+	// of the export holds is acquired from it first (acquire).
+	budget *fdlimit.Share
 
 	// gate is held shared by every operation while it uses a descriptor
 	// of the export, and exclusively by revoke, so no descriptor is closed
@@ -84,6 +94,19 @@ func (e *export) track(f *file) {
 	e.filesMu.Unlock()
 }
 
+// acquire takes n descriptors from the budget for a file about to open
+// them: ENFILE when the budget is spent. The caller releases them if the
+// open fails, and closeDescriptors when the file closes them.
+func (e *export) acquire(n int) error {
+	if !e.budget.Acquire(n) {
+		return linux.ENFILE
+	}
+	return nil
+}
+
+// release gives back n descriptors acquired and closed (or never opened).
+func (e *export) release(n int) { e.budget.Release(n) }
+
 // forget drops a file whose descriptors are closed.
 func (e *export) forget(f *file) {
 	e.filesMu.Lock()
@@ -116,12 +139,26 @@ func (e *export) revoke() {
 // isFileView says whether this is a single-file export.
 func (e *export) isFileView() bool { return e.viewName != "" }
 
-// NewExports returns an empty registry. logger nil = slog.Default().
+// NewExports returns an empty registry with a descriptor budget of its
+// own, a pool under the process's current RLIMIT_NOFILE (see
+// NewExportsWithin). logger nil = slog.Default().
 func NewExports(logger *slog.Logger) *Exports {
+	x := NewExportsWithin(logger, fdlimit.NewPool(0).Share(0))
+	x.ownBudget = true
+	return x
+}
+
+// NewExportsWithin returns an empty registry whose files hold at most
+// what budget allows (a device's share of the helper-wide pool): every
+// host descriptor a file holds — a walked node's, an open file's, the
+// clones a client opens — is acquired from it, and an operation that
+// would pass it fails with ENFILE. The caller keeps budget and closes it
+// after Close. logger nil = slog.Default().
+func NewExportsWithin(logger *slog.Logger, budget *fdlimit.Share) *Exports {
 	if logger == nil {
 		logger = slog.Default()
 	}
-	return &Exports{log: logger, exports: make(map[string]*export)}
+	return &Exports{log: logger, budget: budget, exports: make(map[string]*export)}
 }
 
 // Add registers hostDir under name. name must be one safe path component
@@ -187,6 +224,7 @@ func (x *Exports) AddFile(name, hostFile string, readOnly bool) error {
 // register adds ex (which owns an open rootFd) to the registry.
 func (x *Exports) register(ex *export) error {
 	ex.files = make(map[*file]struct{})
+	ex.budget = x.budget
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	if _, ok := x.exports[ex.name]; ok {
@@ -229,10 +267,13 @@ func (x *Exports) Names() []string {
 	return names
 }
 
-// Close unregisters every export.
+// Close unregisters every export (and ends a budget of its own).
 func (x *Exports) Close() {
 	for _, n := range x.Names() {
 		x.Remove(n)
+	}
+	if x.ownBudget {
+		x.budget.Close()
 	}
 }
 

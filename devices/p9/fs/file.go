@@ -46,7 +46,10 @@ type file struct {
 	ex *export
 
 	// refs counts Close-pending owners: the p9 server's own reference
-	// plus one per child whose parent this is. Descriptors are closed at 0.
+	// plus one per child whose parent this is. Descriptors are closed at 0:
+	// a directory the client clunked or forgot keeps its descriptor while
+	// a child holds it (Rename and a symlink's times need it), and that
+	// descriptor stays counted in the export's budget until then.
 	refs atomic.Int32
 
 	mu     sync.Mutex
@@ -59,7 +62,8 @@ type file struct {
 }
 
 // newFile returns a file with one reference, taking a reference on parent;
-// the export tracks it until its descriptors are closed. Called between
+// the export tracks it until its descriptors are closed. fd and openFd
+// (when open) were acquired from the export's budget. Called between
 // ex.enter and ex.exit.
 func newFile(ex *export, fd int, parent *file, name string, mode uint32, openFd int) *file {
 	f := &file{ex: ex, fd: fd, parent: parent, name: name, mode: mode, openFd: openFd}
@@ -88,15 +92,29 @@ func (f *file) unref() {
 }
 
 // closeDescriptors closes whatever host descriptors f still holds (at its
-// last reference, or when its export is revoked).
+// last reference, or when its export is revoked) and gives them back to
+// the budget.
 func (f *file) closeDescriptors() {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	closed := 0
 	for _, fd := range []*int{&f.openFd, &f.fd} {
 		if *fd >= 0 {
 			_ = unix.Close(*fd)
 			*fd = -1
+			closed++
 		}
+	}
+	f.ex.release(closed)
+}
+
+// closeOpen closes the descriptor of an open file, if any, and gives it
+// back to the budget; f.mu is held.
+func (f *file) closeOpen() {
+	if f.openFd >= 0 {
+		_ = unix.Close(f.openFd)
+		f.openFd = -1
+		f.ex.release(1)
 	}
 }
 
@@ -113,6 +131,9 @@ var _ p9.File = (*file)(nil)
 // directory of a single-file export) and its attributes. Called between
 // ex.enter and ex.exit.
 func newRootFile(ex *export) (*file, *unix.Stat_t, error) {
+	if err := ex.acquire(1); err != nil {
+		return nil, nil, err
+	}
 	fd, err := unix.Openat2(ex.rootFd, ".", &unix.OpenHow{
 		Flags:   unix.O_PATH | unix.O_DIRECTORY | unix.O_CLOEXEC,
 		Resolve: resolveFlags,
@@ -121,11 +142,13 @@ func newRootFile(ex *export) (*file, *unix.Stat_t, error) {
 		fd, err = unix.Openat(ex.rootFd, ".", unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	}
 	if err != nil {
+		ex.release(1)
 		return nil, nil, errno(err)
 	}
 	st, err := fstat(fd)
 	if err != nil {
 		_ = unix.Close(fd)
+		ex.release(1)
 		return nil, nil, err
 	}
 	return newFile(ex, fd, nil, "", st.Mode, -1), st, nil
@@ -243,17 +266,32 @@ func (f *file) Walk(names []string) ([]p9.QID, p9.File, error) {
 	defer f.mu.Unlock()
 	switch len(names) {
 	case 0:
+	case 1:
+		if !f.isDir() {
+			return nil, nil, linux.ENOTDIR
+		}
+	default:
+		return nil, nil, linux.EINVAL
+	}
+	if err := f.ex.acquire(1); err != nil {
+		return nil, nil, err
+	}
+	qids, nf, err := f.walkLocked(names)
+	if err != nil {
+		f.ex.release(1)
+	}
+	return qids, nf, err
+}
+
+// walkLocked opens the descriptor of Walk's new file (one, acquired by
+// the caller): a clone of f, or its child names[0]. f.mu is held.
+func (f *file) walkLocked(names []string) ([]p9.QID, p9.File, error) {
+	if len(names) == 0 {
 		fd, err := dupFd(f.fd)
 		if err != nil {
 			return nil, nil, err
 		}
 		return nil, newFile(f.ex, fd, f.parent, f.name, f.mode, -1), nil
-	case 1:
-	default:
-		return nil, nil, linux.EINVAL
-	}
-	if !f.isDir() {
-		return nil, nil, linux.ENOTDIR
 	}
 	if f.isViewRoot() {
 		return f.walkView(names[0])
@@ -348,7 +386,8 @@ func (f *file) stat() (*unix.Stat_t, error) {
 }
 
 // SetAttr implements p9.File. Set-user-ID and set-group-ID bits are
-// dropped from a new mode, and cleared before a truncation (killPriv).
+// dropped from a new mode, and cleared before a truncation (killPriv); an
+// owner other than the helper's own is refused (ownersStayOurs).
 func (f *file) SetAttr(valid p9.SetAttrMask, attr p9.SetAttr) error {
 	if err := f.ex.enter(); err != nil {
 		return err
@@ -359,6 +398,9 @@ func (f *file) SetAttr(valid p9.SetAttrMask, attr p9.SetAttr) error {
 	}
 	if f.isViewRoot() {
 		return linux.EPERM // the host directory around the one file
+	}
+	if err := ownersStayOurs(valid, attr); err != nil {
+		return err
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -410,6 +452,21 @@ func (f *file) SetAttr(valid p9.SetAttrMask, attr p9.SetAttr) error {
 	return nil
 }
 
+// ownersStayOurs refuses (EPERM) a change of owner to any uid or gid
+// but the helper's own effective ones, before anything reaches the host:
+// a helper run as root could otherwise chown, and give a guest's file in
+// a writable export to any user of the host. Our own uid or gid (or
+// none) goes to the host as asked.
+func ownersStayOurs(valid p9.SetAttrMask, attr p9.SetAttr) error {
+	if valid.UID && uint32(attr.UID) != uint32(unix.Geteuid()) {
+		return linux.EPERM
+	}
+	if valid.GID && uint32(attr.GID) != uint32(unix.Getegid()) {
+		return linux.EPERM
+	}
+	return nil
+}
+
 // setTimes builds utimensat's times: given, "now", or left alone.
 func setTimes(valid p9.SetAttrMask, attr p9.SetAttr) []unix.Timespec {
 	ts := []unix.Timespec{{Nsec: unix.UTIME_OMIT}, {Nsec: unix.UTIME_OMIT}}
@@ -432,10 +489,7 @@ func setTimes(valid p9.SetAttrMask, attr p9.SetAttr) []unix.Timespec {
 // stay while children still use this directory.
 func (f *file) Close() error {
 	f.mu.Lock()
-	if f.openFd >= 0 {
-		_ = unix.Close(f.openFd)
-		f.openFd = -1
-	}
+	f.closeOpen()
 	f.mu.Unlock()
 	f.unref()
 	return nil
@@ -471,8 +525,12 @@ func (f *file) Open(flags p9.OpenFlags) (p9.QID, uint32, error) {
 	default:
 		return p9.QID{}, 0, linux.EPERM
 	}
+	if err := f.ex.acquire(1); err != nil {
+		return p9.QID{}, 0, err
+	}
 	fd, err := unix.Open(procPath(f.fd), osFlags|unix.O_CLOEXEC, 0)
 	if err != nil {
+		f.ex.release(1)
 		return p9.QID{}, 0, errno(err)
 	}
 	st, err := fstat(fd)
@@ -481,6 +539,7 @@ func (f *file) Open(flags p9.OpenFlags) (p9.QID, uint32, error) {
 	}
 	if err != nil {
 		_ = unix.Close(fd)
+		f.ex.release(1)
 		return p9.QID{}, 0, err
 	}
 	f.openFd = fd
@@ -611,8 +670,22 @@ func (f *file) Create(name string, flags p9.OpenFlags, perm p9.FileMode, _ p9.UI
 	if err := checkName(name); err != nil {
 		return nil, p9.QID{}, 0, err
 	}
+	if err := f.ex.acquire(2); err != nil { // the open file and its O_PATH
+		return nil, p9.QID{}, 0, err
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	nf, qid, err := f.createLocked(name, flags, perm)
+	if err != nil {
+		f.ex.release(2)
+		return nil, p9.QID{}, 0, err
+	}
+	return nf, qid, 0, nil
+}
+
+// createLocked creates name open with flags and returns its file, holding
+// both descriptors (acquired by the caller). f.mu is held.
+func (f *file) createLocked(name string, flags p9.OpenFlags, perm p9.FileMode) (*file, p9.QID, error) {
 	osFlags := flags.OSFlags() | int(uint32(flags)&passOpenFlags)
 	mode := uint32(perm.Permissions()) &^ privBits
 	openFd, err := unix.Openat2(f.fd, name, &unix.OpenHow{
@@ -624,22 +697,22 @@ func (f *file) Create(name string, flags p9.OpenFlags, perm p9.FileMode, _ p9.UI
 		openFd, err = unix.Openat(f.fd, name, osFlags|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, mode)
 	}
 	if err != nil {
-		return nil, p9.QID{}, 0, errno(err)
+		return nil, p9.QID{}, errno(err)
 	}
 	pathFd, err := unix.Open(procPath(openFd), unix.O_PATH|unix.O_CLOEXEC, 0)
 	if err != nil {
 		_ = unix.Close(openFd)
-		return nil, p9.QID{}, 0, errno(err)
+		return nil, p9.QID{}, errno(err)
 	}
 	st, err := fstat(pathFd)
 	if err == nil {
 		nf := newFile(f.ex, pathFd, f, name, st.Mode, openFd)
 		nf.dev = st.Dev
-		return nf, qidFor(st), 0, nil
+		return nf, qidFor(st), nil
 	}
 	_ = unix.Close(pathFd)
 	_ = unix.Close(openFd)
-	return nil, p9.QID{}, 0, err
+	return nil, p9.QID{}, err
 }
 
 // statChild returns the QID of name in this directory, without following it.

@@ -3,6 +3,7 @@ package fs
 import (
 	"github.com/hugelgupf/p9/linux"
 	"github.com/hugelgupf/p9/p9"
+	"golang.org/x/sys/unix"
 )
 
 // NodeKey identifies the host node a File of this package stands for, for
@@ -45,4 +46,42 @@ func (f *file) identify() (NodeKey, p9.QID, p9.Attr, error) {
 	}
 	_, attr := attrFor(st, p9.AttrMaskAll)
 	return NodeKey{Export: f.ex.serial, Dev: st.Dev, Ino: st.Ino}, qidFor(st), attr, nil
+}
+
+// ChildKey returns the key of name in the directory dir (a File of this
+// package) without opening it, for a client that may already hold that
+// node: when the budget has no room for the descriptor a walk opens, a
+// client that keeps one node per inode can still answer a lookup of a
+// name it holds (the guest revalidating what it knows) from the node it
+// has. The name is one checked component, stat'ed beneath dir's
+// descriptor without following a symlink. The attach root's children
+// (export roots) are EINVAL: walk to them.
+func ChildKey(dir p9.File, name string) (NodeKey, error) {
+	f, ok := dir.(*file)
+	if !ok {
+		return NodeKey{}, linux.EINVAL
+	}
+	if err := checkName(name); err != nil {
+		return NodeKey{}, err
+	}
+	if err := f.ex.enter(); err != nil {
+		return NodeKey{}, err
+	}
+	defer f.ex.exit()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if !f.isDir() {
+		return NodeKey{}, linux.ENOTDIR
+	}
+	if f.isViewRoot() {
+		if name != f.ex.viewName {
+			return NodeKey{}, linux.ENOENT
+		}
+		name = f.ex.fileName
+	}
+	var st unix.Stat_t
+	if err := unix.Fstatat(f.fd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		return NodeKey{}, errno(err)
+	}
+	return NodeKey{Export: f.ex.serial, Dev: st.Dev, Ino: st.Ino}, nil
 }

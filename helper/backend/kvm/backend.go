@@ -12,6 +12,7 @@ import (
 	"github.com/cowork-vmm/cowork-vmm/devices/platform"
 	"github.com/cowork-vmm/cowork-vmm/guest/kernel"
 	"github.com/cowork-vmm/cowork-vmm/helper"
+	"github.com/cowork-vmm/cowork-vmm/internal/fdlimit"
 	"github.com/cowork-vmm/cowork-vmm/machine"
 	"github.com/cowork-vmm/cowork-vmm/protocol"
 	hostkvm "github.com/cowork-vmm/cowork-vmm/vmm/kvm"
@@ -95,6 +96,11 @@ type Options struct {
 	// Logger receives the backend's log and, at debug level, the guest's
 	// console; nil discards.
 	Logger *slog.Logger
+	// Descriptors is the helper-wide descriptor budget every file-sharing
+	// device of every VM takes a share of (internal/fdlimit): one per
+	// helper process, however many backends it makes (one per VM). nil:
+	// the backend makes one of its own.
+	Descriptors *fdlimit.Pool
 	// SnapshotDir, when set, is where the backend keeps the snapshot it
 	// restores for warm starts (snapshot.go; the helper uses
 	// DefaultSnapshotDir); empty: every start boots cold.
@@ -122,6 +128,9 @@ func New(opts Options) *Backend {
 	log := opts.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
+	}
+	if opts.Descriptors == nil {
+		opts.Descriptors = fdlimit.NewPool(0)
 	}
 	return &Backend{
 		opts:       opts,
@@ -292,6 +301,7 @@ type devices struct {
 func (b *Backend) attach(m *machine.Machine, con *console, devs devices) (*guest, error) {
 	g := newGuestState(con, b.log, devs.fsKind)
 	g.bootTimeout = b.opts.BootTimeout
+	g.descriptors = b.opts.Descriptors
 	if err := g.attachDevices(m, devs.rootDisk); err != nil {
 		_ = g.Stop(context.Background())
 		return nil, fmt.Errorf("kvm backend: %w", err)

@@ -15,7 +15,6 @@ import (
 
 	"github.com/cowork-vmm/cowork-vmm/devices/blk"
 	"github.com/cowork-vmm/cowork-vmm/devices/rng"
-	"github.com/cowork-vmm/cowork-vmm/devices/virtiofs"
 	"github.com/cowork-vmm/cowork-vmm/devices/vsock"
 	"github.com/cowork-vmm/cowork-vmm/helper"
 	"github.com/cowork-vmm/cowork-vmm/internal/fdlimit"
@@ -62,11 +61,12 @@ type guest struct {
 
 	mu         sync.Mutex
 	agentTaken bool
-	// nodeBudget bounds the host descriptors each file-sharing device
-	// holds for the guest's looked-up files (fdlimit.NodeBudget).
-	nodeBudget int
-	nextExport int
-	err        error
+	// descriptors is the helper-wide budget each file-sharing device takes
+	// a share of for the host descriptors it holds (Options.Descriptors;
+	// nil in tests: a pool of the guest's own).
+	descriptors *fdlimit.Pool
+	nextExport  int
+	err         error
 
 	done     chan struct{} // closed when the VM has ended and err is set
 	stopOnce sync.Once
@@ -113,7 +113,10 @@ func (g *guest) attachDevices(m *machine.Machine, rootDisk *os.File) (err error)
 	if g.egress, err = vs.Listen(protocol.EgressVSockPort); err != nil {
 		return fmt.Errorf("listening for guest egress on vsock port %d: %w", protocol.EgressVSockPort, err)
 	}
-	g.nodeBudget = g.raiseFileLimit()
+	if g.descriptors == nil {
+		g.descriptors = fdlimit.NewPool(0)
+	}
+	g.descriptors.SetLimit(g.raiseFileLimit())
 	if g.files, err = g.attachShareDevice(m, MountTag, false); err != nil {
 		return err
 	}
@@ -133,7 +136,7 @@ func (g *guest) attachDevices(m *machine.Machine, rootDisk *os.File) (err error)
 // this tag, serving a fresh set of exports. On error nothing is left to
 // release.
 func (g *guest) attachShareDevice(m *machine.Machine, tag string, cached bool) (*shareDevice, error) {
-	s, dev, err := newShareDevice(g.fsKind, tag, cached, g.nodeBudget, g.log)
+	s, dev, err := newShareDevice(g.fsKind, tag, cached, g.descriptors.Share(0), g.log)
 	if err != nil {
 		return nil, err
 	}
@@ -145,9 +148,9 @@ func (g *guest) attachShareDevice(m *machine.Machine, tag string, cached bool) (
 }
 
 // raiseFileLimit lifts the helper's open-file limit for the file-sharing
-// devices (internal/fdlimit) and returns how many descriptors each may
-// hold; a limit too low for large trees is logged.
-func (g *guest) raiseFileLimit() int {
+// devices (internal/fdlimit) and returns it; a limit too low for large
+// trees is logged.
+func (g *guest) raiseFileLimit() uint64 {
 	limit, err := fdlimit.Raise()
 	if err != nil {
 		g.log.Warn("could not raise the open-file limit", "err", err)
@@ -157,7 +160,7 @@ func (g *guest) raiseFileLimit() int {
 			"so large trees (dpkg's database, git status) may fail with \"Too many open files\"; raise it (ulimit -n, systemd LimitNOFILE=)",
 			"limit", limit, "want", fdlimit.Low)
 	}
-	return fdlimit.NodeBudget(limit, shareDeviceCount+1, virtiofs.DefaultMaxNodes)
+	return limit
 }
 
 // Restored implements helper.Restorable.

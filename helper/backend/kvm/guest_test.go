@@ -14,6 +14,7 @@ import (
 
 	"github.com/cowork-vmm/cowork-vmm/guest/kernel"
 	"github.com/cowork-vmm/cowork-vmm/helper"
+	"github.com/cowork-vmm/cowork-vmm/internal/fdlimit"
 	"github.com/cowork-vmm/cowork-vmm/protocol"
 	"github.com/cowork-vmm/cowork-vmm/vmm"
 	hostkvm "github.com/cowork-vmm/cowork-vmm/vmm/kvm"
@@ -42,7 +43,7 @@ func testGuestOf(t *testing.T, kind string) *guest {
 		tag    string
 		cached bool
 	}{{&g.files, MountTag, false}, {&g.sysFiles, SystemMountTag, true}} {
-		s, _, err := newShareDevice(kind, d.tag, d.cached, 0, quiet())
+		s, _, err := newShareDevice(kind, d.tag, d.cached, fdlimit.NewPool(0).Share(0), quiet())
 		if err != nil {
 			t.Fatal(err)
 		}

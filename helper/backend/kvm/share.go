@@ -8,6 +8,7 @@ import (
 	"github.com/cowork-vmm/cowork-vmm/devices/p9/fs"
 	"github.com/cowork-vmm/cowork-vmm/devices/virtio"
 	"github.com/cowork-vmm/cowork-vmm/devices/virtiofs"
+	"github.com/cowork-vmm/cowork-vmm/internal/fdlimit"
 	"github.com/cowork-vmm/cowork-vmm/protocol"
 )
 
@@ -38,17 +39,16 @@ func FileSharingKind(value string) (string, error) {
 	return "", fmt.Errorf("kvm backend: %s=%q names no file-sharing device: use %q (the default) or %q", FSEnv, value, FileSharingVirtioFS, FileSharingNineP)
 }
 
-// shareDeviceCount is how many file-sharing devices a VM has (MountTag's
-// and SystemMountTag's).
-const shareDeviceCount = 2
-
 // shareDevice is one file-sharing device of a VM: the exports it serves
 // (an attach name, "e<n>", per shared host path), the virtio device
 // serving them — virtio-fs or virtio-9p, over the same export layer
 // (devices/p9/fs) — and what every export of it is mounted from.
 type shareDevice struct {
 	exports *fs.Exports
-	dev     interface{ Close() } // nil in tests without a VM
+	// descriptors is the device's share of the helper-wide descriptor
+	// budget, which every host descriptor its exports hold comes from.
+	descriptors *fdlimit.Share
+	dev         interface{ Close() } // nil in tests without a VM
 	// source is the MountSource of its exports without the Aname: the
 	// kind, the tag and, for 9p, the guest's cache mode.
 	source protocol.MountSource
@@ -56,17 +56,18 @@ type shareDevice struct {
 
 // newShareDevice makes the device of kind (protocol.MountKindVirtioFS or
 // MountKindNineP) with this tag over a fresh set of exports, its files
-// cached by the guest if cached is set, holding at most maxNodes looked-up
-// files (virtio-fs; 0: its default). The returned virtio.Device is to
-// be attached; on error nothing is left to release.
-func newShareDevice(kind, tag string, cached bool, maxNodes int, log *slog.Logger) (*shareDevice, virtio.Device, error) {
-	exports := fs.NewExports(log)
+// cached by the guest if cached is set, holding the host descriptors
+// descriptors allows (the device's share of the helper-wide budget, which
+// it owns from now on). The returned virtio.Device is to be attached; on
+// error nothing is left to release.
+func newShareDevice(kind, tag string, cached bool, descriptors *fdlimit.Share, log *slog.Logger) (*shareDevice, virtio.Device, error) {
+	exports := fs.NewExportsWithin(log, descriptors)
 	var dev interface {
 		virtio.Device
 		Close()
 	}
 	var err error
-	s := &shareDevice{exports: exports, source: protocol.MountSource{Kind: kind, Tag: tag}}
+	s := &shareDevice{exports: exports, descriptors: descriptors, source: protocol.MountSource{Kind: kind, Tag: tag}}
 	switch kind {
 	case protocol.MountKindVirtioFS:
 		// The cached device serves only read-only exports (ShareSystem),
@@ -74,7 +75,7 @@ func newShareDevice(kind, tag string, cached bool, maxNodes int, log *slog.Logge
 		// the system directories, listed by programs' module searches far
 		// more than stat'ed entry by entry (ListNamesOnly).
 		dev, err = virtiofs.New(virtiofs.Options{Tag: tag, Root: exports, Cached: cached, NoOpen: cached, ListNamesOnly: cached,
-			MaxNodes: maxNodes, Logger: log})
+			Logger: log})
 	case protocol.MountKindNineP:
 		if cached {
 			s.source.Cache = protocol.NinePCacheLoose
@@ -85,6 +86,7 @@ func newShareDevice(kind, tag string, cached bool, maxNodes int, log *slog.Logge
 	}
 	if err != nil {
 		exports.Close()
+		descriptors.Close()
 		return nil, nil, fmt.Errorf("creating the %s device %q: %w", kind, tag, err)
 	}
 	s.dev = dev
@@ -98,4 +100,5 @@ func (s *shareDevice) close() {
 		s.dev.Close()
 	}
 	s.exports.Close()
+	s.descriptors.Close()
 }

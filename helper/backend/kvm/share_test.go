@@ -14,6 +14,7 @@ import (
 	ninep "github.com/cowork-vmm/cowork-vmm/devices/p9"
 	"github.com/cowork-vmm/cowork-vmm/devices/virtiofs"
 	"github.com/cowork-vmm/cowork-vmm/helper"
+	"github.com/cowork-vmm/cowork-vmm/internal/fdlimit"
 	"github.com/cowork-vmm/cowork-vmm/protocol"
 	hostkvm "github.com/cowork-vmm/cowork-vmm/vmm/kvm"
 )
@@ -187,7 +188,46 @@ func TestDefaultSharesOnVirtioFSDevices(t *testing.T) {
 	if names := g.files.exports.Names(); !slices.Equal(names, []string{src.Aname}) {
 		t.Errorf("exports %v after the Unshare of another kind's source, want [%s]", names, src.Aname)
 	}
-	if _, _, err := newShareDevice("bind", MountTag, false, 0, quiet()); err == nil {
+	if _, _, err := newShareDevice("bind", MountTag, false, fdlimit.NewPool(0).Share(0), quiet()); err == nil {
 		t.Error("a share device of kind bind was made")
+	}
+}
+
+// Issue #39: every VM's file-sharing devices draw from the one pool the
+// helper hands its backends; a second VM's devices each get less than
+// the first VM's had, the parts never add up past the pool's total, and
+// a stopped VM's part goes back to the others.
+func TestShareDevicesDrawFromOneHelperWidePool(t *testing.T) {
+	pool := fdlimit.NewPool(8192)
+	b := New(Options{Descriptors: pool})
+	if b.opts.Descriptors != pool {
+		t.Fatal("the backend does not use the helper's pool")
+	}
+	vm := func() []*shareDevice {
+		var devs []*shareDevice
+		for _, tag := range []string{MountTag, SystemMountTag} {
+			s, _, err := newShareDevice(protocol.MountKindVirtioFS, tag, tag == SystemMountTag, pool.Share(0), quiet())
+			if err != nil {
+				t.Fatal(err)
+			}
+			devs = append(devs, s)
+		}
+		return devs
+	}
+	first := vm()
+	alone := first[0].descriptors.Limit()
+	second := vm()
+	each := second[0].descriptors.Limit()
+	if each >= alone || 4*each > pool.Total() {
+		t.Errorf("with two VMs each device may hold %d (alone %d, total %d)", each, alone, pool.Total())
+	}
+	for _, s := range second {
+		s.close()
+	}
+	if got := first[0].descriptors.Limit(); got != alone {
+		t.Errorf("after the second VM stopped the first's device may hold %d, want %d", got, alone)
+	}
+	for _, s := range first {
+		s.close()
 	}
 }
