@@ -26,6 +26,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/cowork-vmm/cowork-vmm/internal/beneath"
 	"github.com/cowork-vmm/cowork-vmm/protocol"
 )
 
@@ -127,7 +128,7 @@ func inUpperLayer(disk, p string) bool {
 		return false
 	}
 	defer unix.Close(upper)
-	fd, err := unix.Openat2(upper, strings.TrimPrefix(p, "/"), &unix.OpenHow{Flags: unix.O_PATH | unix.O_CLOEXEC, Resolve: resolveBeneath})
+	fd, err := beneath.OpenAt(upper, strings.TrimPrefix(p, "/"), unix.OpenHow{Flags: unix.O_PATH})
 	if err != nil {
 		return false
 	}
