@@ -4,16 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"maps"
-	"os"
 	"path"
 	"slices"
 	"strings"
 	"sync"
 
 	"github.com/cowork-vmm/cowork-vmm/protocol"
-	"golang.org/x/sys/unix"
 )
 
 // defaultGuestEnv is the environment every process starts from; spawn.env
@@ -405,113 +402,4 @@ func (inst *guestInstance) waitRelease(ctx context.Context, session string) erro
 	case <-inst.ended:
 		return errors.New("the VM ended")
 	}
-}
-
-// skelDir is the host's home skeleton (mountSkeletonHome).
-var skelDir = "/etc/skel"
-
-// Bounds of a home skeleton's copy.
-const (
-	maxSkelEntries   = 256
-	maxSkelFileBytes = 1 << 20
-	maxSkelDepth     = 8
-)
-
-// copySkeleton copies the regular files and directories of skel into the
-// session directory home, keeping what home has (never overwriting,
-// never following a symlink: the session is guest-writable), modes without
-// set-id bits, at most maxSkelEntries entries of at most maxSkelFileBytes.
-func copySkeleton(skel, home string) error {
-	src, err := unix.Open(skel, unix.O_DIRECTORY|unix.O_RDONLY|unix.O_CLOEXEC, 0)
-	if errors.Is(err, unix.ENOENT) {
-		return nil
-	}
-	if err != nil {
-		return fmt.Errorf("opening %s: %w", skel, err)
-	}
-	dst, err := unix.Open(home, unix.O_DIRECTORY|unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
-	if err != nil {
-		unix.Close(src)
-		return fmt.Errorf("opening the session directory: %w", err)
-	}
-	left := maxSkelEntries
-	return copySkelDir(src, dst, 0, &left)
-}
-
-// copySkelDir copies the entries of the directory src into dst and closes
-// both.
-func copySkelDir(src, dst, depth int, left *int) error {
-	dir := os.NewFile(uintptr(src), "skel")
-	defer dir.Close()
-	defer unix.Close(dst)
-	names, err := dir.Readdirnames(maxSkelEntries)
-	if err != nil && !errors.Is(err, io.EOF) {
-		return err
-	}
-	var errs []error
-	for _, name := range names {
-		if *left--; *left < 0 {
-			return errors.New("more than the entries a skeleton may have")
-		}
-		var st unix.Stat_t
-		if err := unix.Fstatat(src, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		perm := uint32(st.Mode & 0o777)
-		switch st.Mode & unix.S_IFMT {
-		case unix.S_IFREG:
-			errs = append(errs, copySkelFile(src, dst, name, perm))
-		case unix.S_IFDIR:
-			if depth < maxSkelDepth {
-				errs = append(errs, copySkelSubdir(src, dst, name, perm, depth, left))
-			}
-		}
-	}
-	return errors.Join(errs...)
-}
-
-// copySkelSubdir copies the directory name of src into dst, into what dst
-// has at name if that is a directory.
-func copySkelSubdir(src, dst int, name string, perm uint32, depth int, left *int) error {
-	if err := unix.Mkdirat(dst, name, perm); err != nil && !errors.Is(err, unix.EEXIST) {
-		return fmt.Errorf("%s: %w", name, err)
-	}
-	sub, err := unix.Openat(src, name, unix.O_DIRECTORY|unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return fmt.Errorf("%s: %w", name, err)
-	}
-	subDst, err := unix.Openat(dst, name, unix.O_DIRECTORY|unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
-	if err != nil {
-		unix.Close(sub)
-		return nil // not a directory in the home (a file, a symlink): left as it is
-	}
-	return copySkelDir(sub, subDst, depth+1, left)
-}
-
-// copySkelFile copies the regular file name of src to dst unless dst has
-// that name.
-func copySkelFile(src, dst int, name string, perm uint32) error {
-	in, err := unix.Openat(src, name, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return fmt.Errorf("%s: %w", name, err)
-	}
-	inFile := os.NewFile(uintptr(in), name)
-	defer inFile.Close()
-	out, err := unix.Openat(dst, name, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, perm)
-	if errors.Is(err, unix.EEXIST) {
-		return nil // the home's own
-	}
-	if err != nil {
-		return fmt.Errorf("%s: %w", name, err)
-	}
-	outFile := os.NewFile(uintptr(out), name)
-	_, err = io.Copy(outFile, io.LimitReader(inFile, maxSkelFileBytes))
-	if cerr := outFile.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return fmt.Errorf("%s: %w", name, err)
-	}
-	return nil
 }
