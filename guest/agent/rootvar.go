@@ -224,7 +224,7 @@ func writeAptSandboxConf(disk string) error {
 			return err
 		}
 		defer dir.close()
-		fd, err := unix.Openat(dir.fd, path.Base(aptSandboxConf), unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o644)
+		fd, err := beneath.OpenEntryAt(dir.fd, path.Base(aptSandboxConf), unix.OpenHow{Flags: unix.O_WRONLY | unix.O_CREAT | unix.O_EXCL | unix.O_NOFOLLOW, Mode: 0o644})
 		if errors.Is(err, unix.EEXIST) {
 			return nil
 		}
