@@ -16,8 +16,9 @@ import (
 
 // sessionMounts owns what the helper has mounted in one guest: the mount
 // table, the sessions' uses, and the releases oneShot processes' ends
-// start. Every mount of the guest (a session's home and what lies below
-// it, the SDK, the run subcommand's --mount) goes through it.
+// start. Every mount the helper makes in the guest after its setup (a
+// session's home and what lies below it, the SDK, the run subcommand's
+// --mount) goes through it.
 //
 // A target's record goes through three states:
 //
@@ -115,24 +116,33 @@ type mountRecord struct {
 // unless the same thing is mounted there already. A single file is shared
 // as itself, never as its directory.
 func (m *sessionMounts) mount(host, target string, readOnly bool) error {
+	key, err := mountKeyOf(host, readOnly)
+	if err != nil {
+		return err
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	return m.mountLocked(host, target, readOnly)
+	return m.mountLocked(target, key)
 }
 
-// mountLocked is mount; the caller holds mu.
-func (m *sessionMounts) mountLocked(host, target string, readOnly bool) error {
+// mountKeyOf is the key of a mount of host: a directory, or a single file.
+func mountKeyOf(host string, readOnly bool) (mountKey, error) {
 	fi, err := os.Stat(host)
 	if err != nil {
-		return fmt.Errorf("mount source: %w", err)
+		return mountKey{}, fmt.Errorf("mount source: %w", err)
 	}
 	key := mountKey{host: host, readOnly: readOnly}
 	if !fi.IsDir() {
 		if !fi.Mode().IsRegular() {
-			return fmt.Errorf("mount source %s is neither a directory nor a regular file", host)
+			return mountKey{}, fmt.Errorf("mount source %s is neither a directory nor a regular file", host)
 		}
 		key.file = filepath.Base(host)
 	}
+	return key, nil
+}
+
+// mountLocked is mount of key at target; the caller holds mu.
+func (m *sessionMounts) mountLocked(target string, key mountKey) error {
 	old, had := m.byTarget[target]
 	if had && old.key == key && !old.withdrawn {
 		return nil
@@ -175,11 +185,11 @@ func (m *sessionMounts) drop(target string, keep bool) {
 func (m *sessionMounts) has(session string) bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	return len(m.inSession(session, all)) > 0
+	return len(m.inSession(session, anyTarget)) > 0
 }
 
-// all picks every target.
-func all(string) bool { return true }
+// anyTarget picks every target.
+func anyTarget(string) bool { return true }
 
 // inSession lists the targets of a session's records (its home, and what
 // lies below it) that pick keeps, inner first. The caller holds mu.
@@ -256,7 +266,7 @@ func (m *sessionMounts) busy(session string, ownUses int) bool {
 // idle withdraws a session's mounts when none of its processes runs and
 // no call uses them.
 func (m *sessionMounts) idle(session string) {
-	m.take(session, takeOut{keep: true, pick: all})
+	m.take(session, takeOut{keep: true, pick: anyTarget})
 }
 
 // retire unmounts and withdraws the session's spawn mounts but those in
@@ -271,13 +281,13 @@ func (m *sessionMounts) retire(session string, keep map[string]bool) {
 // home's too (a oneShot process's end): the next spawn mounts afresh,
 // readFile reads the home from the host.
 func (m *sessionMounts) release(session string) {
-	m.take(session, takeOut{unmount: true, pick: all})
+	m.take(session, takeOut{unmount: true, pick: anyTarget})
 }
 
 // forget unshares and forgets every mount of a session whose directory
 // was deleted.
 func (m *sessionMounts) forget(session string) {
-	m.take(session, takeOut{ownUses: -1, pick: all})
+	m.take(session, takeOut{ownUses: -1, pick: anyTarget})
 }
 
 // remount mounts again the session's withdrawn targets that pick keeps,
@@ -287,8 +297,12 @@ func (m *sessionMounts) remount(session string, pick func(string) bool, onFail f
 	defer m.mu.Unlock()
 	targets := m.inSession(session, func(t string) bool { return m.byTarget[t].withdrawn && pick(t) })
 	for _, target := range slices.Backward(targets) {
-		key := m.byTarget[target].key
-		if err := m.mountLocked(key.host, target, key.readOnly); err != nil {
+		// Its source is looked at again: it may have become a file.
+		key, err := mountKeyOf(m.byTarget[target].key.host, m.byTarget[target].key.readOnly)
+		if err == nil {
+			err = m.mountLocked(target, key)
+		}
+		if err != nil {
 			if err := onFail(target, err); err != nil {
 				return err
 			}
