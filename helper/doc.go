@@ -19,10 +19,13 @@
 //     pings, stopVM, guest death — and turning agent events into client
 //     events; agentclient.go: the agent channel's request/reply client.
 //   - hub.go: a profile's event hub with its backlog.
-//   - sessions.go: session names and their host directories; mounts.go: what
-//     is shared with the guest and mounted where (session homes, mountPath,
-//     the SDK), and withdrawing it; spawn.go: spawn, its environment and
-//     its flags (isResume, oneShot, mountSkeletonHome);
+//   - sessions.go: session names and their host directories;
+//     sessionmounts.go: the one owner of what is shared with the guest and
+//     mounted where (session homes, mountPath, the SDK), its states
+//     (mounted, withdrawn, forgotten) and the sessions' uses; mounts.go:
+//     the client's mount requests checked on the host side, and mountPath;
+//     spawn.go: spawn, its environment and its flags (isResume, oneShot,
+//     mountSkeletonHome); skeleton.go: the home skeleton's copy;
 //     processes.go: the process table, kill, writeStdin, isProcessRunning;
 //     readfile.go: readFile (in the guest, or from the host while it is
 //     down); sdk.go: installSdk.

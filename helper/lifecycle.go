@@ -77,19 +77,9 @@ type guestInstance struct {
 	guest Guest
 	agent *agentClient
 
-	// mountMu serialises mounts so concurrent spawns of one session do not
-	// mount its home twice; mounts records what is mounted where and which
-	// sessions are in use (sessions.go).
-	mountMu sync.Mutex
-	mounts  mountTable
-
-	oneShots oneShotState
-}
-
-type mountKey struct {
-	host     string
-	file     string
-	readOnly bool
+	// mounts owns what the helper has mounted in this guest
+	// (sessionmounts.go).
+	mounts sessionMounts
 }
 
 func (s *Service) startVM(ctx context.Context, p protocol.StartVMParams) (empty, error) {
@@ -126,6 +116,7 @@ func (s *Service) startVM(ctx context.Context, p protocol.StartVMParams) (empty,
 	s.bundleNoted = p.BundlePath
 	vmCtx, cancel := context.WithCancel(context.Background())
 	inst := &guestInstance{s: s, ctx: vmCtx, cancel: cancel, ended: make(chan struct{})}
+	inst.mounts.guest = inst
 	s.guest = inst
 	s.mu.Unlock()
 
@@ -715,11 +706,7 @@ func (s *Service) onAgentEvent(inst *guestInstance, ev protocol.Event) {
 		} else {
 			s.log.Info("process exited", "id", p.id, "session", p.session, "exitCode", *p.exitCode)
 		}
-		// Its session's mounts go when it was the last one. Not here:
-		// this is the agent's read loop, and a mount in progress holds
-		// mountMu while it waits for the agent's reply.
-		go inst.withdrawIfIdle(p.session)
-		inst.spawnExited(p)
+		inst.mounts.exited(p) // its session's mounts go when it was the last
 		s.hub.Publish(out)
 	case protocol.EventError:
 		s.mu.Unlock()

@@ -34,7 +34,8 @@
 //
 // Mount points (mountpoint.go): every mount target, and every directory or
 // file made on the way to one, is walked component by component beneath a
-// root descriptor with openat2 RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS, and the
+// root descriptor with the confined open (internal/beneath.OpenAt: openat2
+// RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS), and the
 // mount made onto the held descriptor: a symlink a session's process
 // planted or swapped in (towards another session's home, or /) makes the
 // mount fail, naming it; it is never followed.
