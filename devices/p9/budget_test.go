@@ -7,7 +7,7 @@ import (
 	p9lib "github.com/hugelgupf/p9/p9"
 	"github.com/stretchr/testify/require"
 
-	"github.com/cowork-vmm/cowork-vmm/devices/p9/fs"
+	"github.com/cowork-vmm/cowork-vmm/devices/hostfs"
 	"github.com/cowork-vmm/cowork-vmm/internal/fdlimit"
 )
 
@@ -20,7 +20,7 @@ func TestClunkLadderStaysInBudget(t *testing.T) {
 	const budget = 8
 	share := fdlimit.NewPool(1 << 20).Share(budget)
 	t.Cleanup(share.Close)
-	r := newRigOver(t, Options{}, fs.NewExportsWithin(discardLogger(), share))
+	r := newRigOver(t, Options{}, hostfs.NewExportsWithin(discardLogger(), share))
 	r.export(t, "e1", false, nil)
 	c := r.client(t)
 	before := countFds(t)
@@ -54,7 +54,7 @@ func TestOpenLoopStaysInBudget(t *testing.T) {
 	const budget = 16
 	share := fdlimit.NewPool(1 << 20).Share(budget)
 	t.Cleanup(share.Close)
-	r := newRigOver(t, Options{}, fs.NewExportsWithin(discardLogger(), share))
+	r := newRigOver(t, Options{}, hostfs.NewExportsWithin(discardLogger(), share))
 	r.export(t, "e1", false, map[string]string{"f": "data"})
 	c := r.client(t)
 	before := countFds(t)

@@ -6,7 +6,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/cowork-vmm/cowork-vmm/devices/p9/fs"
+	"github.com/cowork-vmm/cowork-vmm/devices/hostfs"
 	"github.com/cowork-vmm/cowork-vmm/internal/fdlimit"
 )
 
@@ -14,7 +14,7 @@ import (
 func newBudgetRig(t *testing.T, opts Options, budget int) *rig {
 	share := fdlimit.NewPool(1 << 20).Share(budget)
 	t.Cleanup(share.Close)
-	return newRigOver(t, opts, fs.NewExportsWithin(discardLogger(), share))
+	return newRigOver(t, opts, hostfs.NewExportsWithin(discardLogger(), share))
 }
 
 // ladderLevels is how deep the hostile ladders go.
@@ -156,7 +156,7 @@ func TestDevicesShareOneBudget(t *testing.T) {
 
 	before := openFds(t)
 	for _, share := range []*fdlimit.Share{first, second} {
-		r := newRigOver(t, Options{}, fs.NewExportsWithin(discardLogger(), share))
+		r := newRigOver(t, Options{}, hostfs.NewExportsWithin(discardLogger(), share))
 		r.export(t, "e1", false, map[string]string{"f": "data"})
 		r.initSession(t)
 		n, errno := openUntilRefused(t, r, r.walk(t, "e1", "f"), pool.Total())

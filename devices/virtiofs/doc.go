@@ -19,7 +19,7 @@
 //     does not serve, the session answers itself: the guest's sync(2)
 //     syncs the host file systems of the writable exports.
 //   - fs.go, names.go, io.go, nodes.go: the FUSE file system, over the
-//     export layer of package p9/fs, the one the virtio-9p device uses. A
+//     export layer of package hostfs, the one the virtio-9p device uses. A
 //     FUSE node is a p9.File of that layer, keyed by (export, host device,
 //     host inode) so the guest gets one node id per inode and a node reached
 //     through a read-only export is never the one of a read-write export.
@@ -62,11 +62,11 @@
 //     handle's two (a clone and its open file), a reader's two, and a
 //     forgotten directory's one while a node below it lives — come out of
 //     the export layer's descriptor budget (the Root's, see package
-//     p9/fs), so however the guest orders its lookups, opens and FORGETs,
+//     hostfs), so however the guest orders its lookups, opens and FORGETs,
 //     the device holds at most that budget; past it a lookup, open or
 //     READ fails with ENFILE and the device keeps serving (a lookup of a
 //     name whose node the guest holds is still answered, from that node:
-//     fs.ChildKey finds it without opening anything);
+//     hostfs.ChildKey finds it without opening anything);
 //   - a request the server cannot take is answered with an error header,
 //     never left pending.
 //

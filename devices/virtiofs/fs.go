@@ -9,7 +9,7 @@ import (
 	"github.com/hugelgupf/p9/linux"
 	"github.com/hugelgupf/p9/p9"
 
-	"github.com/cowork-vmm/cowork-vmm/devices/p9/fs"
+	"github.com/cowork-vmm/cowork-vmm/devices/hostfs"
 )
 
 // cachedTimeout is how long the guest keeps entries and attributes of a
@@ -17,7 +17,7 @@ import (
 const cachedTimeout = 24 * time.Hour
 
 // fileSystem is one session's FUSE file system (go-fuse's RawFileSystem)
-// over the export layer of package p9/fs: every node is a p9.File of it,
+// over the export layer of package hostfs: every node is a p9.File of it,
 // so virtio-fs inherits its confinement (openat2 beneath held directory
 // descriptors, no symlink followed on the host), read-only exports,
 // withdrawal (ESTALE) and set-id stripping. Operations the layer has no
@@ -114,7 +114,7 @@ func (f *fileSystem) lookup(parent uint64, name string, out *fuse.EntryOut) fuse
 	if err != nil {
 		return status(err)
 	}
-	key, qid, attr, err := fs.Identify(child)
+	key, qid, attr, err := hostfs.Identify(child)
 	if err != nil {
 		_ = child.Close()
 		return status(err)
@@ -133,7 +133,7 @@ func (f *fileSystem) lookup(parent uint64, name string, out *fuse.EntryOut) fuse
 // it, and the node's own file gives the attributes. ENFILE when the guest
 // holds no node for it (a new node needs a descriptor).
 func (f *fileSystem) lookupHeld(p *node, name string, out *fuse.EntryOut) fuse.Status {
-	key, err := fs.ChildKey(p.file, name)
+	key, err := hostfs.ChildKey(p.file, name)
 	if err != nil {
 		return status(err)
 	}
@@ -142,7 +142,7 @@ func (f *fileSystem) lookupHeld(p *node, name string, out *fuse.EntryOut) fuse.S
 		return fuse.Status(syscall.ENFILE)
 	}
 	defer f.t.putNode(n)
-	got, qid, attr, err := fs.Identify(n.file)
+	got, qid, attr, err := hostfs.Identify(n.file)
 	if err != nil {
 		return status(err)
 	}
@@ -193,7 +193,7 @@ func (f *fileSystem) GetAttr(_ <-chan struct{}, in *fuse.GetAttrIn, out *fuse.At
 }
 
 func (f *fileSystem) attrOut(file p9.File, out *fuse.AttrOut) fuse.Status {
-	_, qid, attr, err := fs.Identify(file)
+	_, qid, attr, err := hostfs.Identify(file)
 	if err != nil {
 		return status(err)
 	}

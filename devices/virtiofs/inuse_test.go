@@ -13,7 +13,7 @@ import (
 	"github.com/hugelgupf/p9/p9"
 	"github.com/stretchr/testify/require"
 
-	"github.com/cowork-vmm/cowork-vmm/devices/p9/fs"
+	"github.com/cowork-vmm/cowork-vmm/devices/hostfs"
 	"github.com/cowork-vmm/cowork-vmm/devices/virtio/virtiotest"
 )
 
@@ -126,7 +126,7 @@ func TestReleaseDuringReadClosesAfterTheRead(t *testing.T) {
 func TestForgetDuringMkdirClosesAfterTheMkdir(t *testing.T) {
 	fsys := newTestFileSystem()
 	bf := newBlockingFile()
-	id, st := fsys.t.add(fs.NodeKey{Export: 1, Ino: 42}, bf, fuse.S_IFDIR)
+	id, st := fsys.t.add(hostfs.NodeKey{Export: 1, Ino: 42}, bf, fuse.S_IFDIR)
 	require.True(t, st.Ok())
 
 	done := make(chan fuse.Status)

@@ -8,7 +8,7 @@ import (
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"github.com/hugelgupf/p9/p9"
 
-	"github.com/cowork-vmm/cowork-vmm/devices/p9/fs"
+	"github.com/cowork-vmm/cowork-vmm/devices/hostfs"
 )
 
 // Open files and directories. An open is a clone of the node's file
@@ -93,7 +93,7 @@ func (f *fileSystem) checkStillLinked(file p9.File, dir bool) fuse.Status {
 	if f.cached || dir {
 		return fuse.OK
 	}
-	_, _, attr, err := fs.Identify(file)
+	_, _, attr, err := hostfs.Identify(file)
 	if err != nil {
 		return status(err)
 	}
@@ -270,7 +270,7 @@ func (f *fileSystem) Writev(_ <-chan struct{}, in *fuse.WriteIn, data [][]byte) 
 // readv reads into iov from offset: one preadv where file offers it,
 // else one ReadAt per buffer until a short one.
 func readv(file p9.File, iov [][]byte, offset int64) (int, error) {
-	if v, ok := file.(fs.VectoredFile); ok {
+	if v, ok := file.(hostfs.VectoredFile); ok {
 		return v.ReadvAt(iov, offset)
 	}
 	return eachBuffer(iov, offset, file.ReadAt)
@@ -279,7 +279,7 @@ func readv(file p9.File, iov [][]byte, offset int64) (int, error) {
 // writev writes iov at offset: one pwritev where file offers it, else
 // one WriteAt per buffer until a short one.
 func writev(file p9.File, iov [][]byte, offset int64) (int, error) {
-	if v, ok := file.(fs.VectoredFile); ok {
+	if v, ok := file.(hostfs.VectoredFile); ok {
 		return v.WritevAt(iov, offset)
 	}
 	return eachBuffer(iov, offset, file.WriteAt)
@@ -359,7 +359,7 @@ func direntMode(t p9.QIDType) uint32 {
 const readdirPlusShare = 5
 
 // ReadDir implements fuse.RawFileSystem. The offset is the host's own
-// directory position (see package p9/fs), so nothing is cached between
+// directory position (see package hostfs), so nothing is cached between
 // requests.
 func (f *fileSystem) ReadDir(_ <-chan struct{}, in *fuse.ReadIn, out *fuse.DirEntryList) fuse.Status {
 	ents, st := f.readdir(in, in.Size)

@@ -5,14 +5,14 @@ import (
 	"github.com/hugelgupf/p9/p9"
 	"golang.org/x/sys/unix"
 
-	"github.com/cowork-vmm/cowork-vmm/devices/p9/fs"
+	"github.com/cowork-vmm/cowork-vmm/devices/hostfs"
 )
 
 // Operations that create, remove or rename names. Each runs on the parent
 // directory's node through the export layer (which checks the name and
 // refuses a read-only export), then looks the new name up to answer with
 // its entry. The guest's uid and gid are not used: files belong to the
-// helper's user on the host (see package p9/fs).
+// helper's user on the host (see package hostfs).
 
 // parentFile returns the directory node id, for the caller's use until it
 // calls putNode.
@@ -143,7 +143,7 @@ func (f *fileSystem) noteRenamed(dir p9.File, name string) {
 		return
 	}
 	defer moved.Close()
-	key, _, _, err := fs.Identify(moved)
+	key, _, _, err := hostfs.Identify(moved)
 	if err != nil {
 		return
 	}

@@ -8,7 +8,7 @@ import (
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"github.com/hugelgupf/p9/p9"
 
-	"github.com/cowork-vmm/cowork-vmm/devices/p9/fs"
+	"github.com/cowork-vmm/cowork-vmm/devices/hostfs"
 )
 
 // node is one inode the guest kernel holds: a file of the export layer
@@ -16,7 +16,7 @@ import (
 // FORGET lowers. The guest learns it as a node id.
 type node struct {
 	file    p9.File
-	key     fs.NodeKey
+	key     hostfs.NodeKey
 	mode    uint32 // the host file type bits (S_IFMT), stable for an inode
 	lookups uint64
 	use     // guarded by table.mu
@@ -79,7 +79,7 @@ type table struct {
 
 	mu         sync.Mutex
 	nodes      map[uint64]*node
-	byKey      map[fs.NodeKey]uint64
+	byKey      map[hostfs.NodeKey]uint64
 	handles    map[uint64]*handle
 	readers    int // nodes holding a reader, bounded by maxHandles
 	nextNode   uint64
@@ -90,7 +90,7 @@ func newTable(root p9.File, maxNodes, maxHandles int) *table {
 	t := &table{
 		maxNodes: maxNodes, maxHandles: maxHandles,
 		nodes:    make(map[uint64]*node),
-		byKey:    make(map[fs.NodeKey]uint64),
+		byKey:    make(map[hostfs.NodeKey]uint64),
 		handles:  make(map[uint64]*handle),
 		nextNode: fuse.FUSE_ROOT_ID,
 	}
@@ -125,7 +125,7 @@ func (t *table) putNode(n *node) {
 // add records one lookup of the inode key names and returns its node id:
 // the existing node's (f is then closed: the node keeps its own file), or
 // a new node holding f. ENFILE when the table is full.
-func (t *table) add(key fs.NodeKey, f p9.File, mode uint32) (uint64, fuse.Status) {
+func (t *table) add(key hostfs.NodeKey, f p9.File, mode uint32) (uint64, fuse.Status) {
 	t.mu.Lock()
 	if id, ok := t.byKey[key]; ok {
 		t.nodes[id].lookups++
@@ -148,7 +148,7 @@ func (t *table) add(key fs.NodeKey, f p9.File, mode uint32) (uint64, fuse.Status
 
 // relookup records one more lookup of the node of an inode key and
 // returns its id, if the guest still holds it.
-func (t *table) relookup(key fs.NodeKey) (uint64, bool) {
+func (t *table) relookup(key hostfs.NodeKey) (uint64, bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	id, ok := t.byKey[key]
@@ -160,7 +160,7 @@ func (t *table) relookup(key fs.NodeKey) (uint64, bool) {
 
 // lookupByKey returns the node of an inode key, if the guest holds it,
 // for the caller's use until it calls putNode.
-func (t *table) lookupByKey(key fs.NodeKey) (*node, bool) {
+func (t *table) lookupByKey(key hostfs.NodeKey) (*node, bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	id, ok := t.byKey[key]

@@ -4,8 +4,8 @@ import (
 	"fmt"
 	"log/slog"
 
+	"github.com/cowork-vmm/cowork-vmm/devices/hostfs"
 	"github.com/cowork-vmm/cowork-vmm/devices/p9"
-	"github.com/cowork-vmm/cowork-vmm/devices/p9/fs"
 	"github.com/cowork-vmm/cowork-vmm/devices/virtio"
 	"github.com/cowork-vmm/cowork-vmm/devices/virtiofs"
 	"github.com/cowork-vmm/cowork-vmm/internal/fdlimit"
@@ -42,9 +42,9 @@ func FileSharingKind(value string) (string, error) {
 // shareDevice is one file-sharing device of a VM: the exports it serves
 // (an attach name, "e<n>", per shared host path), the virtio device
 // serving them — virtio-fs or virtio-9p, over the same export layer
-// (devices/p9/fs) — and what every export of it is mounted from.
+// (devices/hostfs) — and what every export of it is mounted from.
 type shareDevice struct {
-	exports *fs.Exports
+	exports *hostfs.Exports
 	// descriptors is the device's share of the helper-wide descriptor
 	// budget, which every host descriptor its exports hold comes from.
 	descriptors *fdlimit.Share
@@ -61,7 +61,7 @@ type shareDevice struct {
 // it owns from now on). The returned virtio.Device is to be attached; on
 // error nothing is left to release.
 func newShareDevice(kind, tag string, cached bool, descriptors *fdlimit.Share, log *slog.Logger) (*shareDevice, virtio.Device, error) {
-	exports := fs.NewExportsWithin(log, descriptors)
+	exports := hostfs.NewExportsWithin(log, descriptors)
 	var dev interface {
 		virtio.Device
 		Close()

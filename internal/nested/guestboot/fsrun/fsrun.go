@@ -30,8 +30,8 @@ import (
 	"time"
 
 	"github.com/cowork-vmm/cowork-vmm/devices/blk"
+	"github.com/cowork-vmm/cowork-vmm/devices/hostfs"
 	"github.com/cowork-vmm/cowork-vmm/devices/p9"
-	"github.com/cowork-vmm/cowork-vmm/devices/p9/fs"
 	"github.com/cowork-vmm/cowork-vmm/devices/virtio"
 	"github.com/cowork-vmm/cowork-vmm/devices/virtiofs"
 	"github.com/cowork-vmm/cowork-vmm/internal/fdlimit"
@@ -395,7 +395,7 @@ func (b *FSBench) runOurs(ctx context.Context, system string, cfg fsbench.Config
 		return "", err
 	}
 	for _, s := range shares {
-		exports := fs.NewExports(b.Logger)
+		exports := hostfs.NewExports(b.Logger)
 		defer exports.Close() // last: after the devices' Close
 		if err := exports.Add(s.export, s.dir, s.readOnly); err != nil {
 			return "", err

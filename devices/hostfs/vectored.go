@@ -1,4 +1,4 @@
-package fs
+package hostfs
 
 import (
 	"github.com/hugelgupf/p9/linux"

@@ -1,6 +1,8 @@
-// Package fs serves host directories to a 9P2000.L server
-// (github.com/hugelgupf/p9) as confined exports: each export maps an attach
-// name to a host directory, read-only or read-write, and no operation can
+// Package hostfs owns the export layer shared by both file servers: it
+// serves host directories as confined exports to the 9P2000.L server of
+// package devices/p9 and the FUSE server of package devices/virtiofs.
+// Each export maps an attach name to a host directory, read-only or
+// read-write, and no operation can
 // reach a host path outside that directory.
 //
 // Confinement: every file the guest names is held as an O_PATH descriptor
@@ -75,4 +77,4 @@
 //     asked, even when the helper runs as root and the host would let it
 //     chown; naming our own (or neither) works.
 //   - Device nodes cannot be created (EPERM); FIFOs and sockets can.
-package fs
+package hostfs
