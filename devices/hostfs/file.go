@@ -218,23 +218,41 @@ func (f *file) sameExport(other p9.File) (*file, error) {
 	return o, nil
 }
 
-func (f *file) mutable() error {
+// beginMutation starts an operation that changes f or its contents: it
+// enters the export (ESTALE once withdrawn) and refuses a read-only one
+// (EROFS). On success the caller ends the operation with f.ex.exit.
+func (f *file) beginMutation() error {
+	if err := f.ex.enter(); err != nil {
+		return err
+	}
 	if f.ex.readOnly {
+		f.ex.exit()
 		return linux.EROFS
 	}
 	return nil
 }
 
-// namesMutable refuses creating, removing and renaming names: EROFS in a
-// read-only export, EPERM in a single-file export (its one name is fixed).
-func (f *file) namesMutable() error {
-	if err := f.mutable(); err != nil {
+// beginNames starts an operation that creates, removes or renames names
+// in f: beginMutation, then EPERM in a single-file export (its one name
+// is fixed), then each of names checked as one path component. On
+// success the caller ends the operation with f.ex.exit.
+func (f *file) beginNames(names ...string) error {
+	if err := f.beginMutation(); err != nil {
 		return err
 	}
+	err := error(nil)
 	if f.ex.isFileView() {
-		return linux.EPERM
+		err = linux.EPERM
 	}
-	return nil
+	for _, name := range names {
+		if err == nil {
+			err = checkName(name)
+		}
+	}
+	if err != nil {
+		f.ex.exit()
+	}
+	return err
 }
 
 // isViewRoot says whether f is the directory of a single-file export.
@@ -389,13 +407,10 @@ func (f *file) stat() (*unix.Stat_t, error) {
 // dropped from a new mode, and cleared before a truncation (killPriv); an
 // owner other than the helper's own is refused (ownersStayOurs).
 func (f *file) SetAttr(valid p9.SetAttrMask, attr p9.SetAttr) error {
-	if err := f.ex.enter(); err != nil {
+	if err := f.beginMutation(); err != nil {
 		return err
 	}
 	defer f.ex.exit()
-	if err := f.mutable(); err != nil {
-		return err
-	}
 	if f.isViewRoot() {
 		return linux.EPERM // the host directory around the one file
 	}
@@ -596,13 +611,10 @@ func (f *file) WriteAt(p []byte, offset int64) (int, error) {
 
 // SetXattr implements p9.File: not supported.
 func (f *file) SetXattr(string, []byte, p9.XattrFlags) error {
-	if err := f.ex.enter(); err != nil {
+	if err := f.beginMutation(); err != nil {
 		return err
 	}
 	defer f.ex.exit()
-	if err := f.mutable(); err != nil {
-		return err
-	}
 	return linux.EOPNOTSUPP
 }
 
@@ -626,13 +638,10 @@ func (f *file) ListXattrs() ([]string, error) {
 
 // RemoveXattr implements p9.File: not supported.
 func (f *file) RemoveXattr(string) error {
-	if err := f.ex.enter(); err != nil {
+	if err := f.beginMutation(); err != nil {
 		return err
 	}
 	defer f.ex.exit()
-	if err := f.mutable(); err != nil {
-		return err
-	}
 	return linux.EOPNOTSUPP
 }
 
@@ -660,16 +669,10 @@ func (f *file) Lock(int, p9.LockType, p9.LockFlags, uint64, uint64, string) (p9.
 
 // Create implements p9.File.
 func (f *file) Create(name string, flags p9.OpenFlags, perm p9.FileMode, _ p9.UID, _ p9.GID) (p9.File, p9.QID, uint32, error) {
-	if err := f.ex.enter(); err != nil {
+	if err := f.beginNames(name); err != nil {
 		return nil, p9.QID{}, 0, err
 	}
 	defer f.ex.exit()
-	if err := f.namesMutable(); err != nil {
-		return nil, p9.QID{}, 0, err
-	}
-	if err := checkName(name); err != nil {
-		return nil, p9.QID{}, 0, err
-	}
 	if err := f.ex.acquire(2); err != nil { // the open file and its O_PATH
 		return nil, p9.QID{}, 0, err
 	}
@@ -730,16 +733,10 @@ func (f *file) statChild(name string) (p9.QID, error) {
 // but the guest has no say in host groups; the host may still set it when
 // the parent directory has it).
 func (f *file) Mkdir(name string, perm p9.FileMode, _ p9.UID, _ p9.GID) (p9.QID, error) {
-	if err := f.ex.enter(); err != nil {
+	if err := f.beginNames(name); err != nil {
 		return p9.QID{}, err
 	}
 	defer f.ex.exit()
-	if err := f.namesMutable(); err != nil {
-		return p9.QID{}, err
-	}
-	if err := checkName(name); err != nil {
-		return p9.QID{}, err
-	}
 	if err := unix.Mkdirat(f.fd, name, uint32(perm.Permissions())&^privBits); err != nil {
 		return p9.QID{}, errno(err)
 	}
@@ -749,16 +746,10 @@ func (f *file) Mkdir(name string, perm p9.FileMode, _ p9.UID, _ p9.GID) (p9.QID,
 // Symlink implements p9.File. The target is stored as given: it is only
 // ever resolved by the guest, in the guest.
 func (f *file) Symlink(target, name string, _ p9.UID, _ p9.GID) (p9.QID, error) {
-	if err := f.ex.enter(); err != nil {
+	if err := f.beginNames(name); err != nil {
 		return p9.QID{}, err
 	}
 	defer f.ex.exit()
-	if err := f.namesMutable(); err != nil {
-		return p9.QID{}, err
-	}
-	if err := checkName(name); err != nil {
-		return p9.QID{}, err
-	}
 	if target == "" || len(target) >= unix.PathMax {
 		return p9.QID{}, linux.EINVAL
 	}
@@ -770,16 +761,10 @@ func (f *file) Symlink(target, name string, _ p9.UID, _ p9.GID) (p9.QID, error) 
 
 // Link implements p9.File (a hard link to target, in this directory).
 func (f *file) Link(target p9.File, name string) error {
-	if err := f.ex.enter(); err != nil {
+	if err := f.beginNames(name); err != nil {
 		return err
 	}
 	defer f.ex.exit()
-	if err := f.namesMutable(); err != nil {
-		return err
-	}
-	if err := checkName(name); err != nil {
-		return err
-	}
 	t, err := f.sameExport(target)
 	if err != nil {
 		return err
@@ -796,16 +781,10 @@ func (f *file) Link(target p9.File, name string) error {
 // Mknod implements p9.File: regular files, FIFOs and sockets only.
 // Set-user-ID and set-group-ID bits are dropped from the mode.
 func (f *file) Mknod(name string, mode p9.FileMode, _, _ uint32, _ p9.UID, _ p9.GID) (p9.QID, error) {
-	if err := f.ex.enter(); err != nil {
+	if err := f.beginNames(name); err != nil {
 		return p9.QID{}, err
 	}
 	defer f.ex.exit()
-	if err := f.namesMutable(); err != nil {
-		return p9.QID{}, err
-	}
-	if err := checkName(name); err != nil {
-		return p9.QID{}, err
-	}
 	typ := uint32(mode) & unix.S_IFMT
 	switch typ {
 	case 0, unix.S_IFREG, unix.S_IFIFO, unix.S_IFSOCK:
@@ -820,16 +799,10 @@ func (f *file) Mknod(name string, mode p9.FileMode, _, _ uint32, _ p9.UID, _ p9.
 
 // Rename implements p9.File (Trename: this node moves to newDir/newName).
 func (f *file) Rename(newDir p9.File, newName string) error {
-	if err := f.ex.enter(); err != nil {
+	if err := f.beginNames(newName); err != nil {
 		return err
 	}
 	defer f.ex.exit()
-	if err := f.namesMutable(); err != nil {
-		return err
-	}
-	if err := checkName(newName); err != nil {
-		return err
-	}
 	nd, err := f.sameExport(newDir)
 	if err != nil {
 		return err
@@ -843,19 +816,10 @@ func (f *file) Rename(newDir p9.File, newName string) error {
 
 // RenameAt implements p9.File (Trenameat: oldName in this directory).
 func (f *file) RenameAt(oldName string, newDir p9.File, newName string) error {
-	if err := f.ex.enter(); err != nil {
+	if err := f.beginNames(oldName, newName); err != nil {
 		return err
 	}
 	defer f.ex.exit()
-	if err := f.namesMutable(); err != nil {
-		return err
-	}
-	if err := checkName(oldName); err != nil {
-		return err
-	}
-	if err := checkName(newName); err != nil {
-		return err
-	}
 	nd, err := f.sameExport(newDir)
 	if err != nil {
 		return err
@@ -865,16 +829,10 @@ func (f *file) RenameAt(oldName string, newDir p9.File, newName string) error {
 
 // UnlinkAt implements p9.File.
 func (f *file) UnlinkAt(name string, flags uint32) error {
-	if err := f.ex.enter(); err != nil {
+	if err := f.beginNames(name); err != nil {
 		return err
 	}
 	defer f.ex.exit()
-	if err := f.namesMutable(); err != nil {
-		return err
-	}
-	if err := checkName(name); err != nil {
-		return err
-	}
 	return errno(unix.Unlinkat(f.fd, name, int(flags)&unix.AT_REMOVEDIR))
 }
 

@@ -42,13 +42,10 @@ func (f *file) ReadvAt(iov [][]byte, offset int64) (int, error) {
 // WritevAt implements VectoredFile. A set-user-ID or set-group-ID bit of
 // the file is cleared first (killPriv), once for the whole list.
 func (f *file) WritevAt(iov [][]byte, offset int64) (int, error) {
-	if err := f.ex.enter(); err != nil {
+	if err := f.beginMutation(); err != nil {
 		return 0, err
 	}
 	defer f.ex.exit()
-	if err := f.mutable(); err != nil {
-		return 0, err
-	}
 	fd, err := f.openDescriptor()
 	if err != nil {
 		return 0, err
