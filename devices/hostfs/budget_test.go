@@ -3,10 +3,9 @@ package hostfs
 import (
 	"testing"
 
-	"github.com/hugelgupf/p9/linux"
-	"github.com/hugelgupf/p9/p9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 
 	"github.com/cowork-vmm/cowork-vmm/internal/fdlimit"
 )
@@ -20,29 +19,28 @@ func TestBudgetCountsEveryDescriptorHeld(t *testing.T) {
 	h := &harness{base: t.TempDir(), exports: NewExportsWithin(discard(), share)}
 	defer h.exports.Close()
 	h.export(t, "e", false, map[string]string{"d/f": "x"})
-	root, err := h.exports.Attach()
+	root := h.exports.Root()
+	e, _, err := root.Walk("e")
 	require.NoError(t, err)
-	_, e, err := root.Walk([]string{"e"})
-	require.NoError(t, err)
-	_, d, err := e.Walk([]string{"d"})
+	d, _, err := e.Walk("d")
 	require.NoError(t, err)
 	require.NoError(t, e.Close())
 	assert.Equal(t, 2, share.Held(), "the clunked export root is still held by d")
-	_, f, err := d.Walk([]string{"f"})
+	f, _, err := d.Walk("f")
 	require.NoError(t, err)
 	require.NoError(t, d.Close())
 	assert.Equal(t, 3, share.Held(), "e and d both pinned by f")
-	_, _, err = f.Open(p9.ReadOnly)
+	_, err = f.Open(unix.O_RDONLY)
 	require.NoError(t, err)
 	assert.Equal(t, 4, share.Held())
-	_, _, err = f.Walk(nil)
-	assert.ErrorIs(t, err, linux.ENFILE, "past the budget")
+	_, err = f.Clone()
+	assert.ErrorIs(t, err, unix.ENFILE, "past the budget")
 	require.NoError(t, f.Close())
 	assert.Zero(t, share.Held(), "the last child's Close gives back its ancestors")
 
-	_, e, err = root.Walk([]string{"e"})
+	e, _, err = root.Walk("e")
 	require.NoError(t, err)
-	_, d, err = e.Walk([]string{"d"})
+	d, _, err = e.Walk("d")
 	require.NoError(t, err)
 	assert.Equal(t, 2, share.Held())
 	h.exports.Remove("e")

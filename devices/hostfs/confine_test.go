@@ -6,8 +6,6 @@ import (
 	"path/filepath"
 	"testing"
 
-	"github.com/hugelgupf/p9/linux"
-	"github.com/hugelgupf/p9/p9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
@@ -20,7 +18,7 @@ func TestReadOnlyExportRefusesEveryMutation(t *testing.T) {
 
 	// Reading works.
 	f := walk(t, root, "f.txt")
-	_, _, err := f.Open(p9.ReadOnly)
+	_, err := f.Open(unix.O_RDONLY)
 	require.NoError(t, err)
 	assert.Equal(t, "keep", readAll(t, f))
 	assert.Equal(t, []string{"d", "f.txt"}, readdirNames(t, root))
@@ -34,33 +32,33 @@ func TestReadOnlyExportRefusesEveryMutation(t *testing.T) {
 		"unlinkat": func() error { return root.UnlinkAt("f.txt", 0) },
 		"rmdir":    func() error { return root.UnlinkAt("d", unix.AT_REMOVEDIR) },
 		"setattr-size": func() error {
-			return walk(t, root, "f.txt").SetAttr(p9.SetAttrMask{Size: true}, p9.SetAttr{Size: 0})
+			return walk(t, root, "f.txt").SetAttr(SetAttr{Valid: SetSize, Size: 0})
 		},
 		"setattr-mode": func() error {
-			return walk(t, root, "f.txt").SetAttr(p9.SetAttrMask{Permissions: true}, p9.SetAttr{Permissions: 0o777})
+			return walk(t, root, "f.txt").SetAttr(SetAttr{Valid: SetMode, Mode: 0o777})
 		},
 		"setattr-times": func() error {
-			return walk(t, root, "f.txt").SetAttr(p9.SetAttrMask{MTime: true}, p9.SetAttr{})
+			return walk(t, root, "f.txt").SetAttr(SetAttr{Valid: SetMTime, MTime: SetTime(true, 0, 0)})
 		},
-		"open-write": func() error { _, _, err := walk(t, root, "f.txt").Open(p9.WriteOnly); return err },
-		"open-rdwr":  func() error { _, _, err := walk(t, root, "f.txt").Open(p9.ReadWrite); return err },
+		"open-write": func() error { _, err := walk(t, root, "f.txt").Open(unix.O_WRONLY); return err },
+		"open-rdwr":  func() error { _, err := walk(t, root, "f.txt").Open(unix.O_RDWR); return err },
 		"open-trunc": func() error {
-			_, _, err := walk(t, root, "f.txt").Open(p9.ReadOnly | p9.OpenFlags(unix.O_TRUNC))
+			_, err := walk(t, root, "f.txt").Open(unix.O_RDONLY | unix.O_TRUNC)
 			return err
 		},
 	})
 	for name, op := range mutations {
-		assert.ErrorIs(t, op(), linux.EROFS, name)
+		assert.ErrorIs(t, op(), unix.EROFS, name)
 	}
 
 	// Directly on the file system too (the write path and xattrs).
 	direct := directWalk(t, h.exports, "ro", "f.txt")
-	_, _, err = direct.Open(p9.ReadOnly)
+	_, err = direct.Open(unix.O_RDONLY)
 	require.NoError(t, err)
-	_, err = direct.WriteAt([]byte("x"), 0)
-	assert.ErrorIs(t, err, linux.EROFS, "write")
-	assert.ErrorIs(t, direct.SetXattr("user.a", []byte("b"), 0), linux.EROFS, "setxattr")
-	assert.ErrorIs(t, direct.RemoveXattr("user.a"), linux.EROFS, "removexattr")
+	_, err = writeAt(direct, []byte("x"), 0)
+	assert.ErrorIs(t, err, unix.EROFS, "write")
+	assert.ErrorIs(t, direct.SetXattr("user.a", []byte("b"), 0), unix.EROFS, "setxattr")
+	assert.ErrorIs(t, direct.RemoveXattr("user.a"), unix.EROFS, "removexattr")
 
 	b, err := os.ReadFile(filepath.Join(dir, "f.txt"))
 	require.NoError(t, err)
@@ -86,20 +84,19 @@ func TestEscapeThroughDotDotRefused(t *testing.T) {
 	root := h.attach(t, "x")
 
 	for _, names := range [][]string{{".."}, {"sub", "..", ".."}, {"."}, {"sub/.."}, {""}} {
-		_, _, err := root.Walk(names)
-		assert.Error(t, err, "walk %q", names)
+		assert.Error(t, walkPath(root, names...), "walk %q", names)
 	}
-	// The same refusal without the p9 server's own checks.
+	// The same refusal for every name a walk is given.
 	rootDirect := directWalk(t, h.exports, "x")
 	for _, name := range []string{"..", ".", "", "../outside", "sub/../../outside", "/etc", "a\x00b"} {
-		_, _, err := rootDirect.Walk([]string{name})
-		assert.ErrorIs(t, err, linux.EINVAL, "direct walk %q", name)
+		_, _, err := rootDirect.Walk(name)
+		assert.ErrorIs(t, err, unix.EINVAL, "direct walk %q", name)
 	}
 	// And for names in creating operations.
 	for _, name := range []string{"..", "../evil", "/abs", ""} {
-		_, err := rootDirect.Mkdir(name, 0o755, p9.NoUID, p9.NoGID)
+		_, err := rootDirect.Mkdir(name, 0o755)
 		assert.Error(t, err, "mkdir %q", name)
-		_, _, _, err = rootDirect.Create(name, p9.ReadWrite, 0o644, p9.NoUID, p9.NoGID)
+		_, _, err = rootDirect.Create(name, unix.O_RDWR, 0o644)
 		assert.Error(t, err, "create %q", name)
 		assert.Error(t, rootDirect.RenameAt("sub", rootDirect, name), "rename to %q", name)
 	}
@@ -108,7 +105,7 @@ func TestEscapeThroughDotDotRefused(t *testing.T) {
 
 	// Attach names cannot climb either.
 	for _, aname := range []string{"..", "x/..", "../outside", "nope"} {
-		_, err := h.client.Attach(aname)
+		_, _, err := h.exports.Root().Walk(aname)
 		assert.Error(t, err, "attach %q", aname)
 	}
 }
@@ -124,35 +121,34 @@ func TestEscapeThroughSymlinksRefused(t *testing.T) {
 	root := h.attach(t, "x")
 
 	for _, link := range []string{"abs", "rel"} {
-		_, _, err := root.Walk([]string{link, "secret"})
-		assert.Error(t, err, "walk through %s", link)
+		assert.Error(t, walkPath(root, link, "secret"), "walk through %s", link)
 		// Directly: walking from the link node does not follow it.
 		l := directWalk(t, h.exports, "x", link)
-		_, _, err = l.Walk([]string{"secret"})
-		assert.ErrorIs(t, err, linux.ENOTDIR, "direct walk through %s", link)
-		_, err = l.Mkdir("planted", 0o755, p9.NoUID, p9.NoGID)
+		_, _, err := l.Walk("secret")
+		assert.ErrorIs(t, err, unix.ENOTDIR, "direct walk through %s", link)
+		_, err = l.Mkdir("planted", 0o755)
 		assert.Error(t, err, "mkdir through %s", link)
 	}
 	for _, link := range []string{"absfile", "relfile"} {
 		l := walk(t, root, link)
-		_, _, err := l.Open(p9.ReadOnly)
+		_, err := l.Open(unix.O_RDONLY)
 		assert.Error(t, err, "open %s", link)
 		target, err := l.Readlink()
 		require.NoError(t, err)
 		assert.Contains(t, target, "outside", "the guest sees the link text, nothing more")
 		// Direct: open, truncate, chmod of a link node are refused.
 		d := directWalk(t, h.exports, "x", link)
-		_, _, err = d.Open(p9.ReadWrite)
+		_, err = d.Open(unix.O_RDWR)
 		assert.Error(t, err)
-		assert.Error(t, d.SetAttr(p9.SetAttrMask{Size: true}, p9.SetAttr{Size: 0}))
-		assert.Error(t, d.SetAttr(p9.SetAttrMask{Permissions: true}, p9.SetAttr{Permissions: 0o777}))
+		assert.Error(t, d.SetAttr(SetAttr{Valid: SetSize, Size: 0}))
+		assert.Error(t, d.SetAttr(SetAttr{Valid: SetMode, Mode: 0o777}))
 		plain := directWalk(t, h.exports, "x")
 		assert.Error(t, plain.Link(d, "hard-to-link"), "no hard link to a symlink node")
 	}
 	// Creating a file whose name is an existing dangling-outside link does
 	// not write through it.
-	_, _, _, err := walk(t, root).Create("absfile", p9.ReadWrite, 0o644, p9.NoUID, p9.NoGID)
-	assert.ErrorIs(t, err, linux.EEXIST)
+	_, _, err := walk(t, root).Create("absfile", unix.O_RDWR, 0o644)
+	assert.ErrorIs(t, err, unix.EEXIST)
 
 	b, err := os.ReadFile(filepath.Join(secretDir, "secret"))
 	require.NoError(t, err)
@@ -176,15 +172,15 @@ func TestSymlinkSwappedInDuringWalkRefused(t *testing.T) {
 	require.NoError(t, os.Symlink(secretDir, filepath.Join(dir, "d")))
 
 	// Walking on from the held fid stays in the original directory.
-	_, _, err := d.Walk([]string{"secret"})
-	assert.ErrorIs(t, err, linux.ENOENT, "the held directory is the original one")
+	_, _, err := d.Walk("secret")
+	assert.ErrorIs(t, err, unix.ENOENT, "the held directory is the original one")
 	f := walk(t, d, "inside")
-	_, _, err = f.Open(p9.ReadOnly)
+	_, err = f.Open(unix.O_RDONLY)
 	require.NoError(t, err)
 	assert.Equal(t, "inside", readAll(t, f))
 
 	// Creating through the held fid lands in the original directory.
-	nf, _, _, err := walk(t, d).Create("created", p9.ReadWrite, 0o644, p9.NoUID, p9.NoGID)
+	nf, _, err := walk(t, d).Create("created", unix.O_RDWR, 0o644)
 	require.NoError(t, err)
 	require.NoError(t, nf.Close())
 	_, err = os.Stat(filepath.Join(dir, "d.orig", "created"))
@@ -193,17 +189,16 @@ func TestSymlinkSwappedInDuringWalkRefused(t *testing.T) {
 	assert.ErrorIs(t, err, os.ErrNotExist)
 
 	// A fresh walk sees the link and cannot pass through it.
-	_, _, err = root.Walk([]string{"d", "secret"})
-	assert.Error(t, err)
+	assert.Error(t, walkPath(root, "d", "secret"))
 
 	// A file node swapped for a link after the walk: open goes to the
 	// original inode (held descriptor), never to the link target.
 	g := walk(t, d, "inside")
 	require.NoError(t, os.Rename(filepath.Join(dir, "d.orig", "inside"), filepath.Join(dir, "d.orig", "inside.orig")))
 	require.NoError(t, os.Symlink(filepath.Join(secretDir, "secret"), filepath.Join(dir, "d.orig", "inside")))
-	_, _, err = g.Open(p9.ReadWrite)
+	_, err = g.Open(unix.O_RDWR)
 	require.NoError(t, err)
-	_, err = g.WriteAt([]byte("INSIDE"), 0)
+	_, err = writeAt(g, []byte("INSIDE"), 0)
 	require.NoError(t, err)
 	b, _ := os.ReadFile(filepath.Join(secretDir, "secret"))
 	assert.Equal(t, "top secret", string(b), "the outside file is untouched")
@@ -217,16 +212,16 @@ func TestVirtualRootIsUnlistableAndReadOnly(t *testing.T) {
 	h.export(t, "b", true, nil)
 	root := h.attach(t, "")
 	assert.Empty(t, readdirNames(t, root), "export names are not listed")
-	_, err := root.Mkdir("c", 0o755, p9.NoUID, p9.NoGID)
-	assert.ErrorIs(t, err, linux.EROFS)
+	_, err := root.Mkdir("c", 0o755)
+	assert.ErrorIs(t, err, unix.EROFS)
 	a := walk(t, root, "a")
-	_, err = a.Mkdir("inside-a", 0o755, p9.NoUID, p9.NoGID)
+	_, err = a.Mkdir("inside-a", 0o755)
 	assert.NoError(t, err, "an export reached by name works")
-	assert.ErrorIs(t, root.RenameAt("a", root, "z"), linux.EROFS)
+	assert.ErrorIs(t, root.RenameAt("a", root, "z"), unix.EROFS)
 
 	// Cross-export operations are refused.
 	b := walk(t, root, "b")
-	assert.ErrorIs(t, a.RenameAt("inside-a", b, "moved"), linux.EXDEV)
+	assert.ErrorIs(t, a.RenameAt("inside-a", b, "moved"), unix.EXDEV)
 }
 
 func TestExportsRegistry(t *testing.T) {
@@ -244,15 +239,14 @@ func TestExportsRegistry(t *testing.T) {
 	assert.Equal(t, []string{"s1"}, x.Names())
 
 	// A removed export is gone, also for the files already held.
-	root, err := x.Attach()
-	require.NoError(t, err)
-	_, held, err := root.Walk([]string{"s1"})
+	root := x.Root()
+	held, _, err := root.Walk("s1")
 	require.NoError(t, err)
 	x.Remove("s1")
-	_, _, err = root.Walk([]string{"s1"})
-	assert.ErrorIs(t, err, linux.ENOENT)
-	_, err = held.Mkdir("after-removal", 0o755, p9.NoUID, p9.NoGID)
-	assert.ErrorIs(t, err, linux.ESTALE)
+	_, _, err = root.Walk("s1")
+	assert.ErrorIs(t, err, unix.ENOENT)
+	_, err = held.Mkdir("after-removal", 0o755)
+	assert.ErrorIs(t, err, unix.ESTALE)
 	assert.NoDirExists(t, filepath.Join(dir, "after-removal"))
 	require.NoError(t, held.Close())
 	x.Remove("s1") // unknown: no-op

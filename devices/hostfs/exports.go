@@ -8,8 +8,6 @@ import (
 	"sort"
 	"sync"
 
-	"github.com/hugelgupf/p9/linux"
-	"github.com/hugelgupf/p9/p9"
 	"golang.org/x/sys/unix"
 
 	"github.com/cowork-vmm/cowork-vmm/internal/fdlimit"
@@ -18,10 +16,10 @@ import (
 // ErrExportExists is returned by Exports.Add for a name already registered.
 var ErrExportExists = errors.New("export name already registered")
 
-// Exports is the run-time registry of exports and the p9.Attacher that
-// serves them. The attach root is a virtual, read-only, unlistable
-// directory whose children are the export names, so the guest mounts an
-// export with aname=<name>. Safe for concurrent use.
+// Exports is the run-time registry of exports. Its Root is a virtual,
+// read-only, unlistable directory whose children are the export names, so
+// the guest mounts an export by its name (9P's aname). Safe for
+// concurrent use.
 type Exports struct {
 	log *slog.Logger
 	// budget bounds the host descriptors the files of every export hold
@@ -37,7 +35,7 @@ type Exports struct {
 // export is one registered host directory, or one host file shown in a
 // directory of its own (a single-file export).
 type export struct {
-	serial   uint64 // unique within its Exports, never 0 (see NodeKey)
+	serial   uint64 // unique within its Exports, never 0 (see Key)
 	name     string
 	hostPath string
 	readOnly bool
@@ -79,7 +77,7 @@ func (e *export) enter() error {
 	e.gate.RLock()
 	if e.revoked {
 		e.gate.RUnlock()
-		return linux.ESTALE
+		return unix.ESTALE
 	}
 	return nil
 }
@@ -99,7 +97,7 @@ func (e *export) track(f *file) {
 // open fails, and closeDescriptors when the file closes them.
 func (e *export) acquire(n int) error {
 	if !e.budget.Acquire(n) {
-		return linux.ENFILE
+		return unix.ENFILE
 	}
 	return nil
 }
@@ -283,10 +281,3 @@ func (x *Exports) lookup(name string) (*export, bool) {
 	ex, ok := x.exports[name]
 	return ex, ok
 }
-
-// Attach implements p9.Attacher: it returns the virtual root.
-func (x *Exports) Attach() (p9.File, error) {
-	return &rootFile{exports: x}, nil
-}
-
-var _ p9.Attacher = (*Exports)(nil)

@@ -6,8 +6,6 @@ import (
 	"path/filepath"
 	"testing"
 
-	"github.com/hugelgupf/p9/linux"
-	"github.com/hugelgupf/p9/p9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
@@ -39,30 +37,29 @@ func TestFileExportReachesOnlyItsFile(t *testing.T) {
 
 	assert.Equal(t, []string{".gitconfig"}, readdirNames(t, root), "the listing shows the one file")
 	f := walk(t, root, ".gitconfig")
-	_, _, err := f.Open(p9.ReadWrite)
+	_, err := f.Open(unix.O_RDWR)
 	require.NoError(t, err)
 	assert.Equal(t, "[user]\n\tname = me\n", readAll(t, f))
-	_, err = f.WriteAt([]byte("[USER]"), 0)
+	_, err = writeAt(f, []byte("[USER]"), 0)
 	require.NoError(t, err, "a read-write file export writes the file in place")
 	b, _ := os.ReadFile(filepath.Join(home, ".gitconfig"))
 	assert.Equal(t, "[USER]\n\tname = me\n", string(b))
 
 	// Every other name is out of reach, through the server and directly.
 	for _, names := range [][]string{{"secret"}, {".ssh"}, {".ssh", "id_ed25519"}, {".."}, {"."}} {
-		_, _, err := root.Walk(names)
-		assert.Error(t, err, "walk %q", names)
+		assert.Error(t, walkPath(root, names...), "walk %q", names)
 	}
 	direct := directWalk(t, h.exports, "gc")
 	for _, name := range []string{"secret", ".ssh", ".gitconfig.lock", "GITCONFIG"} {
-		_, _, err := direct.Walk([]string{name})
-		assert.ErrorIs(t, err, linux.ENOENT, "direct walk %q", name)
+		_, _, err := direct.Walk(name)
+		assert.ErrorIs(t, err, unix.ENOENT, "direct walk %q", name)
 	}
 	for _, name := range []string{"..", ".", "", "../home/secret", ".gitconfig/.."} {
-		_, _, err := direct.Walk([]string{name})
-		assert.ErrorIs(t, err, linux.EINVAL, "direct walk %q", name)
+		_, _, err := direct.Walk(name)
+		assert.ErrorIs(t, err, unix.EINVAL, "direct walk %q", name)
 	}
-	_, _, err = directWalk(t, h.exports, "gc", ".gitconfig").Walk([]string{"x"})
-	assert.ErrorIs(t, err, linux.ENOTDIR, "the file leads nowhere")
+	_, _, err = directWalk(t, h.exports, "gc", ".gitconfig").Walk("x")
+	assert.ErrorIs(t, err, unix.ENOTDIR, "the file leads nowhere")
 
 	// No name in the view can be made, removed or renamed; the host
 	// directory around the file cannot be changed either.
@@ -75,10 +72,10 @@ func TestFileExportReachesOnlyItsFile(t *testing.T) {
 		"unlinkat":        func() error { return root.UnlinkAt(".gitconfig", 0) },
 		"unlinkat-other":  func() error { return root.UnlinkAt("secret", 0) },
 		"rmdir-other":     func() error { return root.UnlinkAt(".ssh", unix.AT_REMOVEDIR) },
-		"chmod-directory": func() error { return root.SetAttr(p9.SetAttrMask{Permissions: true}, p9.SetAttr{Permissions: 0o777}) },
+		"chmod-directory": func() error { return root.SetAttr(SetAttr{Valid: SetMode, Mode: 0o777}) },
 	})
 	for name, op := range refused {
-		assert.ErrorIs(t, op(), linux.EPERM, name)
+		assert.ErrorIs(t, op(), unix.EPERM, name)
 	}
 	ents, err := os.ReadDir(home)
 	require.NoError(t, err)
@@ -90,7 +87,7 @@ func TestFileExportReachesOnlyItsFile(t *testing.T) {
 	assert.Equal(t, "top secret", string(b))
 
 	// The file itself may change its own attributes in a read-write export.
-	require.NoError(t, target.SetAttr(p9.SetAttrMask{Permissions: true}, p9.SetAttr{Permissions: 0o640}))
+	require.NoError(t, target.SetAttr(SetAttr{Valid: SetMode, Mode: 0o640}))
 	st, _ = os.Stat(filepath.Join(home, ".gitconfig"))
 	assert.Equal(t, os.FileMode(0o640), st.Mode().Perm())
 }
@@ -106,16 +103,16 @@ func TestReadOnlyFileExportRefusesWrites(t *testing.T) {
 
 	assert.Equal(t, []string{"claude"}, readdirNames(t, root))
 	f := walk(t, root, "claude")
-	_, _, err := f.Open(p9.ReadOnly)
+	_, err := f.Open(unix.O_RDONLY)
 	require.NoError(t, err)
 	assert.Equal(t, "#!/bin/sh\n", readAll(t, f))
-	_, _, err = walk(t, root, "claude").Open(p9.WriteOnly)
-	assert.ErrorIs(t, err, linux.EROFS)
-	assert.ErrorIs(t, walk(t, root, "claude").SetAttr(p9.SetAttrMask{Size: true}, p9.SetAttr{}), linux.EROFS)
-	_, err = root.Mkdir("x", 0o755, p9.NoUID, p9.NoGID)
-	assert.ErrorIs(t, err, linux.EROFS)
-	_, _, err = root.Walk([]string{"other"})
-	assert.ErrorIs(t, err, linux.ENOENT)
+	_, err = walk(t, root, "claude").Open(unix.O_WRONLY)
+	assert.ErrorIs(t, err, unix.EROFS)
+	assert.ErrorIs(t, walk(t, root, "claude").SetAttr(SetAttr{Valid: SetSize}), unix.EROFS)
+	_, err = root.Mkdir("x", 0o755)
+	assert.ErrorIs(t, err, unix.EROFS)
+	_, _, err = root.Walk("other")
+	assert.ErrorIs(t, err, unix.ENOENT)
 }
 
 // The file is found by name at each open: an editor saving by rename-over
@@ -136,22 +133,22 @@ func TestFileExportFollowsRenameOverOnTheHost(t *testing.T) {
 	}
 	open := func() string {
 		f := walk(t, held)
-		_, _, err := f.Open(p9.ReadOnly)
+		_, err := f.Open(unix.O_RDONLY)
 		require.NoError(t, err)
 		return readAll(t, f)
 	}
 	save("saved by an editor, longer than before\n")
 	assert.Equal(t, "saved by an editor, longer than before\n", open())
-	_, _, attr, err := held.GetAttr(p9.AttrMaskAll)
+	attr, err := held.Stat()
 	require.NoError(t, err)
-	assert.Equal(t, uint64(len("saved by an editor, longer than before\n")), attr.Size, "attributes follow the name too")
+	assert.Equal(t, int64(len("saved by an editor, longer than before\n")), attr.Stat.Size, "attributes follow the name too")
 
 	// A symlink to the secret put in its place is not followed.
 	require.NoError(t, os.Rename(path, path+".bak"))
 	require.NoError(t, os.Symlink(filepath.Join(home, "secret"), path))
 	assert.Equal(t, "saved by an editor, longer than before\n", open(), "the last regular file stays")
-	_, _, err = root.Walk([]string{".gitconfig"})
-	assert.ErrorIs(t, err, linux.ENOENT, "a fresh walk finds no regular file")
+	_, _, err = root.Walk(".gitconfig")
+	assert.ErrorIs(t, err, unix.ENOENT, "a fresh walk finds no regular file")
 	assert.Empty(t, readdirNames(t, root))
 	require.NoError(t, os.Remove(path))
 	require.NoError(t, os.Mkdir(path, 0o700))
@@ -175,12 +172,12 @@ func TestAddFileRegistration(t *testing.T) {
 	root := h.attach(t, "linked")
 	assert.Equal(t, []string{".linked"}, readdirNames(t, root))
 	f := walk(t, root, ".linked")
-	_, _, err := f.Open(p9.ReadOnly)
+	_, err := f.Open(unix.O_RDONLY)
 	require.NoError(t, err)
 	assert.Equal(t, "from dotfiles", readAll(t, f))
 	for _, name := range []string{"gitconfig", "neighbour"} {
-		_, _, err = root.Walk([]string{name})
-		assert.ErrorIs(t, err, linux.ENOENT, name)
+		_, _, err = root.Walk(name)
+		assert.ErrorIs(t, err, unix.ENOENT, name)
 	}
 
 	assert.Error(t, h.exports.AddFile("dir", home, false), "a directory is not a file")
@@ -193,16 +190,16 @@ func TestAddFileRegistration(t *testing.T) {
 
 // creations are the operations that add name to dir: a file, a directory,
 // a symlink, a FIFO and a hard link to linkTarget.
-func creations(t *testing.T, dir, linkTarget p9.File, name string) map[string]func() error {
+func creations(t *testing.T, dir, linkTarget Node, name string) map[string]func() error {
 	return map[string]func() error{
 		"create": func() error {
-			_, _, _, err := walk(t, dir).Create(name, p9.ReadWrite, 0o644, p9.NoUID, p9.NoGID)
+			_, _, err := walk(t, dir).Create(name, unix.O_RDWR, 0o644)
 			return err
 		},
-		"mkdir":   func() error { _, err := dir.Mkdir(name, 0o755, p9.NoUID, p9.NoGID); return err },
-		"symlink": func() error { _, err := dir.Symlink("x", name, p9.NoUID, p9.NoGID); return err },
+		"mkdir":   func() error { _, err := dir.Mkdir(name, 0o755); return err },
+		"symlink": func() error { _, err := dir.Symlink("x", name); return err },
 		"mknod": func() error {
-			_, err := dir.Mknod(name, p9.FileMode(unix.S_IFIFO|0o644), 0, 0, p9.NoUID, p9.NoGID)
+			_, err := dir.Mknod(name, uint32(unix.S_IFIFO|0o644))
 			return err
 		},
 		"link": func() error { return dir.Link(linkTarget, name) },

@@ -5,7 +5,6 @@ import (
 	"path/filepath"
 	"testing"
 
-	"github.com/hugelgupf/p9/p9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
@@ -31,24 +30,24 @@ func TestSetIDBitsNeverReachTheHost(t *testing.T) {
 	dir := h.export(t, "rw", false, map[string]string{"plain": "x"})
 	root := directWalk(t, h.exports, "rw")
 
-	_, clone, err := root.Walk(nil)
+	clone, err := root.Clone()
 	require.NoError(t, err)
-	nf, _, _, err := clone.Create("created", p9.ReadWrite, 0o6755, p9.NoUID, p9.NoGID)
+	nf, _, err := clone.Create("created", unix.O_RDWR, 0o6755)
 	require.NoError(t, err)
 	require.NoError(t, clone.Close())
 	require.NoError(t, nf.Close())
 	assert.Equal(t, uint32(0o755), hostMode(t, filepath.Join(dir, "created")), "Tlcreate")
 
-	_, err = root.Mkdir("made", 0o3755, p9.NoUID, p9.NoGID) // set-gid and sticky
+	_, err = root.Mkdir("made", 0o3755) // set-gid and sticky
 	require.NoError(t, err)
 	assert.Equal(t, uint32(0o1755), hostMode(t, filepath.Join(dir, "made")), "Tmkdir keeps the sticky bit, drops set-gid")
 
-	_, err = root.Mknod("node", p9.FileMode(unix.S_IFREG|0o6755), 0, 0, p9.NoUID, p9.NoGID)
+	_, err = root.Mknod("node", uint32(unix.S_IFREG|0o6755))
 	require.NoError(t, err)
 	assert.Equal(t, uint32(0o755), hostMode(t, filepath.Join(dir, "node")), "Tmknod")
 
 	plain := directWalk(t, h.exports, "rw", "plain")
-	require.NoError(t, plain.SetAttr(p9.SetAttrMask{Permissions: true}, p9.SetAttr{Permissions: 0o6755}))
+	require.NoError(t, plain.SetAttr(SetAttr{Valid: SetMode, Mode: 0o6755}))
 	assert.Equal(t, uint32(0o755), hostMode(t, filepath.Join(dir, "plain")), "Tsetattr mode")
 }
 
@@ -65,9 +64,9 @@ func TestWriteAndTruncateClearSetIDBits(t *testing.T) {
 
 	for _, name := range []string{"suid", "sgid", "sgid-noexec"} {
 		f := walk(t, root, name)
-		_, _, err := f.Open(p9.WriteOnly)
+		_, err := f.Open(unix.O_WRONLY)
 		require.NoError(t, err)
-		_, err = f.WriteAt([]byte("#!/bin/sh\n"), 0)
+		_, err = writeAt(f, []byte("#!/bin/sh\n"), 0)
 		require.NoError(t, err)
 	}
 	assert.Equal(t, uint32(0o755), hostMode(t, filepath.Join(dir, "suid")), "write clears set-uid")
@@ -75,9 +74,9 @@ func TestWriteAndTruncateClearSetIDBits(t *testing.T) {
 	assert.Equal(t, uint32(0o2644), hostMode(t, filepath.Join(dir, "sgid-noexec")),
 		"set-gid without group execute is no privilege (Linux keeps it too)")
 
-	require.NoError(t, walk(t, root, "trunc").SetAttr(p9.SetAttrMask{Size: true}, p9.SetAttr{Size: 0}))
+	require.NoError(t, walk(t, root, "trunc").SetAttr(SetAttr{Valid: SetSize, Size: 0}))
 	assert.Equal(t, uint32(0o755), hostMode(t, filepath.Join(dir, "trunc")), "truncate clears both")
-	_, _, err := walk(t, root, "otrunc").Open(p9.WriteOnly | p9.OpenFlags(unix.O_TRUNC))
+	_, err := walk(t, root, "otrunc").Open(unix.O_WRONLY | unix.O_TRUNC)
 	require.NoError(t, err)
 	assert.Equal(t, uint32(0o755), hostMode(t, filepath.Join(dir, "otrunc")), "open with O_TRUNC clears set-uid")
 }

@@ -7,9 +7,9 @@ import (
 	"runtime"
 	"testing"
 
-	"github.com/hugelgupf/p9/p9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 )
 
 // heapAlloc is the live heap after a collection.
@@ -43,7 +43,7 @@ func bigDir(t *testing.T, h *harness, name string, n int) map[string]bool {
 }
 
 // listFrom reads a whole listing through d with count-byte requests.
-func listFrom(t *testing.T, d p9.File, count uint32) []string {
+func listFrom(t *testing.T, d Node, count uint32) []string {
 	t.Helper()
 	var names []string
 	offset := uint64(0)
@@ -76,11 +76,11 @@ func TestReaddirHoldsNoListingPerFid(t *testing.T) {
 	root := h.attach(t, "big")
 
 	before := heapAlloc()
-	held := make([]p9.File, 0, fids)
+	held := make([]Node, 0, fids)
 	for range fids {
-		_, d, err := root.Walk(nil)
+		d, err := root.Clone()
 		require.NoError(t, err)
-		_, _, err = d.Open(p9.ReadOnly)
+		_, err = d.Open(unix.O_RDONLY)
 		require.NoError(t, err)
 		ents, err := d.Readdir(0, 4096) // a first page, then the fid waits
 		require.NoError(t, err)
@@ -114,7 +114,7 @@ func TestReaddirClampsCount(t *testing.T) {
 	h := newHarness(t)
 	bigDir(t, h, "big", 40_000) // ~2.1 MB of 9P entries
 	d := directWalk(t, h.exports, "big")
-	_, _, err := d.Open(p9.ReadOnly)
+	_, err := d.Open(unix.O_RDONLY)
 	require.NoError(t, err)
 	ents, err := d.Readdir(0, 0xFFFF_FFFF)
 	require.NoError(t, err)

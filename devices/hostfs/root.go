@@ -1,118 +1,91 @@
 package hostfs
 
-import (
-	"github.com/hugelgupf/p9/linux"
-	"github.com/hugelgupf/p9/p9"
-)
-
-// rootQIDPath identifies the virtual attach root (never a host inode's
-// mixed path in practice: the top bit pattern is reserved here).
-const rootQIDPath = 0xFFFF_FFFF_FFFF_FF01
+import "golang.org/x/sys/unix"
 
 // rootFile is the virtual attach root: a read-only directory whose only
 // children are the export names. It cannot be listed, so a guest learns no
 // export names it was not given.
 type rootFile struct {
-	p9.DefaultWalkGetAttr
 	exports *Exports
 }
 
-var _ p9.File = (*rootFile)(nil)
+var _ Node = (*rootFile)(nil)
 
-func (r *rootFile) qid() p9.QID { return p9.QID{Type: p9.TypeDir, Path: rootQIDPath} }
+// Root returns the virtual attach root, a Node of its own: a read-only,
+// unlistable directory whose children are the export names.
+func (x *Exports) Root() Node { return &rootFile{exports: x} }
 
-// Walk implements p9.File: nothing (a clone) or one export name.
-func (r *rootFile) Walk(names []string) ([]p9.QID, p9.File, error) {
-	switch len(names) {
-	case 0:
-		return nil, &rootFile{exports: r.exports}, nil
-	case 1:
-	default:
-		return nil, nil, linux.EINVAL
+// Walk implements Node: one export name.
+func (r *rootFile) Walk(name string) (Node, Attr, error) {
+	if err := checkName(name); err != nil {
+		return nil, Attr{}, err
 	}
-	if err := checkName(names[0]); err != nil {
-		return nil, nil, err
-	}
-	ex, ok := r.exports.lookup(names[0])
+	ex, ok := r.exports.lookup(name)
 	if !ok {
-		return nil, nil, linux.ENOENT
+		return nil, Attr{}, unix.ENOENT
 	}
 	if ex.enter() != nil {
-		return nil, nil, linux.ENOENT // withdrawn since the lookup
+		return nil, Attr{}, unix.ENOENT // withdrawn since the lookup
 	}
 	defer ex.exit()
 	f, st, err := newRootFile(ex)
 	if err != nil {
-		return nil, nil, err
+		return nil, Attr{}, err
 	}
-	return []p9.QID{qidFor(st)}, f, nil
+	return f, attrOf(ex, st), nil
 }
 
-// GetAttr implements p9.File.
-func (r *rootFile) GetAttr(p9.AttrMask) (p9.QID, p9.AttrMask, p9.Attr, error) {
-	return r.qid(), p9.AttrMask{Mode: true, NLink: true, Size: true},
-		p9.Attr{Mode: p9.ModeDirectory | 0o555, NLink: 2}, nil
+// Clone implements Node.
+func (r *rootFile) Clone() (Node, error) { return &rootFile{exports: r.exports}, nil }
+
+// Stat implements Node.
+func (r *rootFile) Stat() (Attr, error) {
+	return Attr{Key: RootKey, Stat: unix.Stat_t{Mode: unix.S_IFDIR | 0o555, Nlink: 2}}, nil
 }
 
-// Open implements p9.File: read-only.
-func (r *rootFile) Open(flags p9.OpenFlags) (p9.QID, uint32, error) {
-	if flags.Mode() != p9.ReadOnly {
-		return p9.QID{}, 0, linux.EROFS
+// ChildKey implements Node: export roots are walked to, never keyed.
+func (r *rootFile) ChildKey(string) (Key, error) { return Key{}, unix.EINVAL }
+
+// Open implements Node: read-only.
+func (r *rootFile) Open(flags uint32) (Attr, error) {
+	if flags&unix.O_ACCMODE != unix.O_RDONLY {
+		return Attr{}, unix.EROFS
 	}
-	return r.qid(), 0, nil
+	return r.Stat()
 }
 
-// Readdir implements p9.File: always empty.
-func (r *rootFile) Readdir(uint64, uint32) (p9.Dirents, error) { return nil, nil }
+// Readdir implements Node: always empty.
+func (r *rootFile) Readdir(uint64, uint32) ([]Dirent, error) { return nil, nil }
 
-// StatFS implements p9.File.
-func (r *rootFile) StatFS() (p9.FSStat, error) {
-	return p9.FSStat{BlockSize: 4096, NameLength: maxNameLen}, nil
+// StatFS implements Node.
+func (r *rootFile) StatFS() (unix.Statfs_t, error) {
+	return unix.Statfs_t{Bsize: 4096, Namelen: maxNameLen}, nil
 }
 
-// Close implements p9.File.
-func (r *rootFile) Close() error { return nil }
+// The root holds nothing, is never withdrawn and has no attributes.
 
-// FSync implements p9.File.
-func (r *rootFile) FSync() error { return nil }
-
-// Lock implements p9.File.
-func (r *rootFile) Lock(int, p9.LockType, p9.LockFlags, uint64, uint64, string) (p9.LockStatus, error) {
-	return p9.LockStatusOK, nil
-}
-
-// Readlink implements p9.File.
-func (r *rootFile) Readlink() (string, error) { return "", linux.EINVAL }
-
-// GetXattr implements p9.File.
-func (r *rootFile) GetXattr(string) ([]byte, error) { return nil, linux.ENODATA }
-
-// ListXattrs implements p9.File.
-func (r *rootFile) ListXattrs() ([]string, error) { return nil, nil }
-
-// Renamed implements p9.File.
-func (r *rootFile) Renamed(p9.File, string) {}
+func (r *rootFile) Close() error                         { return nil }
+func (r *rootFile) Sync() error                          { return nil }
+func (r *rootFile) Check() error                         { return nil }
+func (r *rootFile) Readlink() (string, error)            { return "", unix.EINVAL }
+func (r *rootFile) GetXattr(string) ([]byte, error)      { return nil, unix.ENODATA }
+func (r *rootFile) ListXattrs() ([]string, error)        { return nil, nil }
+func (r *rootFile) Renamed(Node, string)                 {}
+func (r *rootFile) ReadvAt([][]byte, int64) (int, error) { return 0, unix.EISDIR }
 
 // Every mutation of the virtual root is refused.
 
-func (r *rootFile) SetAttr(p9.SetAttrMask, p9.SetAttr) error     { return linux.EROFS }
-func (r *rootFile) ReadAt([]byte, int64) (int, error)            { return 0, linux.EISDIR }
-func (r *rootFile) WriteAt([]byte, int64) (int, error)           { return 0, linux.EROFS }
-func (r *rootFile) SetXattr(string, []byte, p9.XattrFlags) error { return linux.EROFS }
-func (r *rootFile) RemoveXattr(string) error                     { return linux.EROFS }
-func (r *rootFile) Link(p9.File, string) error                   { return linux.EROFS }
-func (r *rootFile) Rename(p9.File, string) error                 { return linux.EROFS }
-func (r *rootFile) RenameAt(string, p9.File, string) error       { return linux.EROFS }
-func (r *rootFile) UnlinkAt(string, uint32) error                { return linux.EROFS }
-func (r *rootFile) Mkdir(string, p9.FileMode, p9.UID, p9.GID) (p9.QID, error) {
-	return p9.QID{}, linux.EROFS
-}
-func (r *rootFile) Symlink(string, string, p9.UID, p9.GID) (p9.QID, error) {
-	return p9.QID{}, linux.EROFS
-}
-func (r *rootFile) Mknod(string, p9.FileMode, uint32, uint32, p9.UID, p9.GID) (p9.QID, error) {
-	return p9.QID{}, linux.EROFS
-}
-func (r *rootFile) Create(string, p9.OpenFlags, p9.FileMode, p9.UID, p9.GID) (p9.File, p9.QID, uint32, error) {
-	return nil, p9.QID{}, 0, linux.EROFS
+func (r *rootFile) SetAttr(SetAttr) error                 { return unix.EROFS }
+func (r *rootFile) WritevAt([][]byte, int64) (int, error) { return 0, unix.EROFS }
+func (r *rootFile) SetXattr(string, []byte, int) error    { return unix.EROFS }
+func (r *rootFile) RemoveXattr(string) error              { return unix.EROFS }
+func (r *rootFile) Link(Node, string) error               { return unix.EROFS }
+func (r *rootFile) Rename(Node, string) error             { return unix.EROFS }
+func (r *rootFile) RenameAt(string, Node, string) error   { return unix.EROFS }
+func (r *rootFile) UnlinkAt(string, uint32) error         { return unix.EROFS }
+func (r *rootFile) Mkdir(string, uint32) (Attr, error)    { return Attr{}, unix.EROFS }
+func (r *rootFile) Symlink(string, string) (Attr, error)  { return Attr{}, unix.EROFS }
+func (r *rootFile) Mknod(string, uint32) (Attr, error)    { return Attr{}, unix.EROFS }
+func (r *rootFile) Create(string, uint32, uint32) (Node, Attr, error) {
+	return nil, Attr{}, unix.EROFS
 }

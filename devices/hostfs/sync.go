@@ -38,7 +38,7 @@ func (e *export) syncFS(synced map[uint64]bool) error {
 	defer e.exit()
 	var st unix.Stat_t
 	if err := unix.Fstat(e.rootFd, &st); err != nil {
-		return errno(err)
+		return err
 	}
 	if synced[st.Dev] {
 		return nil
@@ -48,8 +48,8 @@ func (e *export) syncFS(synced map[uint64]bool) error {
 	// through our own descriptor of it.
 	fd, err := unix.Open(procPath(e.rootFd), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return errno(err)
+		return err
 	}
 	defer unix.Close(fd)
-	return errno(unix.Syncfs(fd))
+	return unix.Syncfs(fd)
 }

@@ -1,27 +1,15 @@
 package hostfs
 
 import (
-	"github.com/hugelgupf/p9/linux"
 	"golang.org/x/sys/unix"
 )
-
-// VectoredFile is what an open regular file of an export offers beyond
-// p9.File: a read or write over a list of buffers in one system call. A
-// virtio-fs request carries its data as the guest's pages, one buffer
-// each (256 for 1 MiB); moving them one pread or pwrite at a time costs a
-// system call, and for a write a set-id check, per page.
-type VectoredFile interface {
-	// ReadvAt reads into the buffers of iov in order, from offset,
-	// stopping at end of file.
-	ReadvAt(iov [][]byte, offset int64) (int, error)
-	// WritevAt writes the buffers of iov in order, at offset.
-	WritevAt(iov [][]byte, offset int64) (int, error)
-}
 
 // iovMax is the most buffers one preadv or pwritev takes (UIO_MAXIOV).
 const iovMax = 1024
 
-// ReadvAt implements VectoredFile.
+// ReadvAt implements Node. A virtio-fs request carries its data as the
+// guest's pages, one buffer each (256 for 1 MiB): one preadv moves them
+// all, where one pread per page would cost a system call each.
 func (f *file) ReadvAt(iov [][]byte, offset int64) (int, error) {
 	if err := f.ex.enter(); err != nil {
 		return 0, err
@@ -32,14 +20,14 @@ func (f *file) ReadvAt(iov [][]byte, offset int64) (int, error) {
 		return 0, err
 	}
 	if offset < 0 {
-		return 0, linux.EINVAL
+		return 0, unix.EINVAL
 	}
 	return transferVector(iov, offset, func(part [][]byte, off int64) (int, error) {
 		return unix.Preadv(fd, part, off)
 	})
 }
 
-// WritevAt implements VectoredFile. A set-user-ID or set-group-ID bit of
+// WritevAt implements Node, in one pwritev as ReadvAt. A set-user-ID or set-group-ID bit of
 // the file is cleared first (killPriv), once for the whole list.
 func (f *file) WritevAt(iov [][]byte, offset int64) (int, error) {
 	if err := f.beginMutation(); err != nil {
@@ -51,7 +39,7 @@ func (f *file) WritevAt(iov [][]byte, offset int64) (int, error) {
 		return 0, err
 	}
 	if offset < 0 {
-		return 0, linux.EINVAL
+		return 0, unix.EINVAL
 	}
 	if err := killPriv(fd); err != nil {
 		return 0, err
@@ -80,7 +68,7 @@ func transferVector(iov [][]byte, offset int64, op func([][]byte, int64) (int, e
 			if total > 0 {
 				return total, nil
 			}
-			return 0, errno(err)
+			return 0, err
 		}
 		if n < vectorLen(part) {
 			break

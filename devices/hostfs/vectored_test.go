@@ -5,10 +5,9 @@ import (
 	"path/filepath"
 	"testing"
 
-	"github.com/hugelgupf/p9/linux"
-	"github.com/hugelgupf/p9/p9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 )
 
 // split cuts p into buffers of n bytes (the last may be shorter).
@@ -32,9 +31,9 @@ func TestVectoredReadAndWrite(t *testing.T) {
 	require.NoError(t, os.Chmod(filepath.Join(dir, "f"), 0o755|os.ModeSetuid))
 
 	f := directWalk(t, h.exports, "rw", "f")
-	_, _, err := f.Open(p9.ReadWrite)
+	_, err := f.Open(unix.O_RDWR)
 	require.NoError(t, err)
-	vf := f.(VectoredFile)
+	vf := f
 	data := make([]byte, 3*iovMax+5)
 	for i := range data {
 		data[i] = byte(i % 253)
@@ -56,13 +55,13 @@ func TestVectoredReadAndWrite(t *testing.T) {
 	require.NoError(t, err)
 	require.Zero(t, n, "at end of file")
 	_, err = vf.ReadvAt(split(back, 2), -1)
-	require.Equal(t, linux.EINVAL, err)
+	require.Equal(t, unix.EINVAL, err)
 
 	ro := directWalk(t, h.exports, "ro", "f")
-	_, _, err = ro.Open(p9.ReadOnly)
+	_, err = ro.Open(unix.O_RDONLY)
 	require.NoError(t, err)
-	_, err = ro.(VectoredFile).WritevAt([][]byte{[]byte("x")}, 0)
-	require.Equal(t, linux.EROFS, err)
+	_, err = ro.WritevAt([][]byte{[]byte("x")}, 0)
+	require.Equal(t, unix.EROFS, err)
 	got, err = os.ReadFile(filepath.Join(roDir, "f"))
 	require.NoError(t, err)
 	require.Equal(t, "0123456789", string(got), "the read-only export is unchanged")

@@ -7,10 +7,9 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/hugelgupf/p9/linux"
-	"github.com/hugelgupf/p9/p9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 )
 
 // openFds counts this process's open descriptors.
@@ -33,16 +32,16 @@ func TestRemoveRevokesHeldFidsAndClosesDescriptors(t *testing.T) {
 	// The guest holds a spread of fids: open for writing, open directory,
 	// walked but unopened, a clone of the root, a deep one.
 	w := walk(t, root, "f.txt")
-	_, _, err := w.Open(p9.ReadWrite)
+	_, err := w.Open(unix.O_RDWR)
 	require.NoError(t, err)
 	d := walk(t, root)
-	_, _, err = d.Open(p9.ReadOnly)
+	_, err = d.Open(unix.O_RDONLY)
 	require.NoError(t, err)
 	_, err = d.Readdir(0, 4096)
 	require.NoError(t, err)
 	sub := walk(t, root, "sub")
 	deep := walk(t, sub, "g.txt")
-	_, _, err = deep.Open(p9.ReadOnly)
+	_, err = deep.Open(unix.O_RDONLY)
 	require.NoError(t, err)
 	assert.Greater(t, openFds(t), fdsBefore+5, "the fids hold host descriptors")
 
@@ -51,26 +50,26 @@ func TestRemoveRevokesHeldFidsAndClosesDescriptors(t *testing.T) {
 	h.exports.Remove("rw")
 	assert.Equal(t, fdsBefore+1, openFds(t), "every descriptor of the removed export closed before the guest clunks")
 
-	_, err = h.client.Attach("rw")
+	_, _, err = h.exports.Root().Walk("rw")
 	assert.Error(t, err, "the old export is not attachable")
-	_, err = w.WriteAt([]byte("DATA"), 0)
-	assert.ErrorIs(t, err, linux.ESTALE, "write through a held fid")
+	_, err = writeAt(w, []byte("DATA"), 0)
+	assert.ErrorIs(t, err, unix.ESTALE, "write through a held fid")
 	ops := map[string]func() error{
-		"read":     func() error { _, err := deep.ReadAt(make([]byte, 4), 0); return err },
+		"read":     func() error { _, err := readAt(deep, make([]byte, 4), 0); return err },
 		"readdir":  func() error { _, err := d.Readdir(0, 4096); return err },
-		"walk":     func() error { _, _, err := sub.Walk([]string{"g.txt"}); return err },
-		"clone":    func() error { _, _, err := root.Walk(nil); return err },
-		"getattr":  func() error { _, _, _, err := sub.GetAttr(p9.AttrMaskAll); return err },
-		"setattr":  func() error { return w.SetAttr(p9.SetAttrMask{Size: true}, p9.SetAttr{Size: 0}) },
-		"create":   func() error { _, _, _, err := sub.Create("new", p9.ReadWrite, 0o644, p9.NoUID, p9.NoGID); return err },
-		"mkdir":    func() error { _, err := root.Mkdir("new", 0o755, p9.NoUID, p9.NoGID); return err },
+		"walk":     func() error { _, _, err := sub.Walk("g.txt"); return err },
+		"clone":    func() error { _, err := root.Clone(); return err },
+		"getattr":  func() error { _, err := sub.Stat(); return err },
+		"setattr":  func() error { return w.SetAttr(SetAttr{Valid: SetSize, Size: 0}) },
+		"create":   func() error { _, _, err := sub.Create("new", unix.O_RDWR, 0o644); return err },
+		"mkdir":    func() error { _, err := root.Mkdir("new", 0o755); return err },
 		"unlinkat": func() error { return root.UnlinkAt("f.txt", 0) },
 		"renameat": func() error { return root.RenameAt("f.txt", sub, "moved") },
-		"fsync":    func() error { return w.FSync() },
+		"fsync":    func() error { return w.Sync() },
 		"statfs":   func() error { _, err := root.StatFS(); return err },
 	}
 	for name, op := range ops {
-		assert.ErrorIs(t, op(), linux.ESTALE, name)
+		assert.ErrorIs(t, op(), unix.ESTALE, name)
 	}
 	b, err := os.ReadFile(filepath.Join(dir, "f.txt"))
 	require.NoError(t, err)
@@ -80,14 +79,14 @@ func TestRemoveRevokesHeldFidsAndClosesDescriptors(t *testing.T) {
 	// The new, read-only export works and refuses writes.
 	ro := h.attach(t, "ro")
 	f := walk(t, ro, "f.txt")
-	_, _, err = f.Open(p9.ReadWrite)
-	assert.ErrorIs(t, err, linux.EROFS)
-	_, _, err = f.Open(p9.ReadOnly)
+	_, err = f.Open(unix.O_RDWR)
+	assert.ErrorIs(t, err, unix.EROFS)
+	_, err = f.Open(unix.O_RDONLY)
 	require.NoError(t, err)
 	assert.Equal(t, "data", readAll(t, f))
 
 	// Clunking the revoked fids later closes nothing twice.
-	for _, fid := range []p9.File{w, d, deep, sub} {
+	for _, fid := range []Node{w, d, deep, sub} {
 		require.NoError(t, fid.Close())
 	}
 	require.NoError(t, f.Close())
@@ -114,18 +113,18 @@ func TestRemoveDuringOperations(t *testing.T) {
 					return
 				default:
 				}
-				_, f, err := root.Walk([]string{"f"})
+				f, _, err := root.Walk("f")
 				if err != nil {
-					assert.ErrorIs(t, err, linux.ESTALE)
+					assert.ErrorIs(t, err, unix.ESTALE)
 					return
 				}
-				if _, _, err := f.Open(p9.ReadWrite); err == nil {
-					_, err = f.WriteAt([]byte("x"), 0)
+				if _, err := f.Open(unix.O_RDWR); err == nil {
+					_, err = writeAt(f, []byte("x"), 0)
 					if err != nil {
-						assert.ErrorIs(t, err, linux.ESTALE)
+						assert.ErrorIs(t, err, unix.ESTALE)
 					}
-					if _, err := f.ReadAt(make([]byte, 10), 0); err != nil && err != io.EOF {
-						assert.ErrorIs(t, err, linux.ESTALE)
+					if _, err := readAt(f, make([]byte, 10), 0); err != nil && err != io.EOF {
+						assert.ErrorIs(t, err, unix.ESTALE)
 					}
 				}
 				_ = f.Close()
@@ -145,13 +144,13 @@ func TestRemoveAfterClunksLeaksNothing(t *testing.T) {
 	fdsBefore := openFds(t)
 	h.export(t, "x", false, map[string]string{"f": "f"})
 	root := directWalk(t, h.exports, "x")
-	_, f, err := root.Walk([]string{"f"})
+	f, _, err := root.Walk("f")
 	require.NoError(t, err)
-	_, _, err = f.Open(p9.ReadOnly)
+	_, err = f.Open(unix.O_RDONLY)
 	require.NoError(t, err)
 	require.NoError(t, f.Close())
 	h.exports.Remove("x")
 	assert.Equal(t, fdsBefore, openFds(t))
 	_, err = root.StatFS()
-	assert.ErrorIs(t, err, linux.ESTALE)
+	assert.ErrorIs(t, err, unix.ESTALE)
 }

@@ -47,7 +47,7 @@ func newRigOver(t testing.TB, opts Options, exports *hostfs.Exports) *rig {
 	if opts.Tag == "" {
 		opts.Tag = "cowork"
 	}
-	opts.Attacher = r.exports
+	opts.Attacher = ExportsAttacher(r.exports)
 	if opts.Logger == nil {
 		opts.Logger = discardLogger()
 	}

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	ninep "github.com/cowork-vmm/cowork-vmm/devices/p9"
 	"github.com/cowork-vmm/cowork-vmm/guest/kernel"
 	"github.com/cowork-vmm/cowork-vmm/helper"
 	"github.com/cowork-vmm/cowork-vmm/internal/fdlimit"
@@ -75,7 +76,7 @@ func TestShareSystemUsesTheCachedSystemDevice(t *testing.T) {
 		t.Errorf("the uncached device got exports %v from ShareSystem", names)
 	}
 	// The export is read-only on the host side, whatever the agent mounts.
-	root, err := g.sysFiles.exports.Attach()
+	root, err := ninep.ExportsAttacher(g.sysFiles.exports).Attach()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -80,7 +80,7 @@ func newShareDevice(kind, tag string, cached bool, descriptors *fdlimit.Share, l
 		if cached {
 			s.source.Cache = protocol.NinePCacheLoose
 		}
-		dev, err = p9.New(p9.Options{Tag: tag, Attacher: exports, Logger: log})
+		dev, err = p9.New(p9.Options{Tag: tag, Attacher: p9.ExportsAttacher(exports), Logger: log})
 	default:
 		err = fmt.Errorf("no file-sharing device of kind %q", kind)
 	}

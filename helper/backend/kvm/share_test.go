@@ -33,7 +33,7 @@ func TestShareOfAFileExportsOnlyThatFile(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	root, err := g.files.exports.Attach()
+	root, err := ninep.ExportsAttacher(g.files.exports).Attach()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -409,7 +409,7 @@ func (b *FSBench) runOurs(ctx context.Context, system string, cfg fsbench.Config
 			dev, err = virtiofs.New(virtiofs.Options{Tag: s.tag, Root: exports, Cached: s.cached, NoOpen: s.cached, ListNamesOnly: s.cached, Logger: b.Logger,
 				MaxNodes: fdlimit.NodeBudget(limit, len(shares)+1, virtiofs.DefaultMaxNodes)})
 		} else {
-			dev, err = p9.New(p9.Options{Tag: s.tag, Attacher: exports, Logger: b.Logger})
+			dev, err = p9.New(p9.Options{Tag: s.tag, Attacher: p9.ExportsAttacher(exports), Logger: b.Logger})
 		}
 		if err != nil {
 			return "", err
