@@ -1,9 +1,19 @@
 // Package hostfs owns the export layer shared by both file servers: it
-// serves host directories as confined exports to the 9P2000.L server of
-// package devices/p9 and the FUSE server of package devices/virtiofs.
+// serves host directories as confined exports to the FUSE server of
+// package devices/virtiofs and the 9P2000.L server of package devices/p9.
 // Each export maps an attach name to a host directory, read-only or
-// read-write, and no operation can
-// reach a host path outside that directory.
+// read-write, and no operation can reach a host path outside that
+// directory.
+//
+// It owns: the registry (Exports: Add, AddFile, Remove, Root,
+// SyncWritable), the Node interface both servers map their requests onto
+// (node.go: one-component Walk, Clone, Stat, ChildKey, SetAttr, Open,
+// ReadvAt/WritevAt, Readdir, Create/Mkdir/Symlink/Mknod/Link, Rename/
+// RenameAt/UnlinkAt, xattrs; errors are unix.Errno, exactly what the
+// guest gets), the node Key (one per export and host inode), the
+// descriptor budget and the ownership rule below. Neither server's
+// vocabulary appears here: virtio-fs uses Nodes directly, virtio-9p
+// through a p9.File adapter of its own (devices/p9/node.go).
 //
 // Confinement: every file the guest names is held as an O_PATH descriptor
 // opened with openat2(parent, name, O_PATH|O_NOFOLLOW,
@@ -22,16 +32,16 @@
 //
 // Read-only exports answer every mutating operation with EROFS.
 //
-// Descriptors: every host descriptor a file holds for a client — a walked
+// Descriptors: every host descriptor a Node holds for a client — a walked
 // node's O_PATH one, an open file's, each clone the client opens — is
 // acquired from the Exports' budget (NewExportsWithin: a device's share
 // of the helper-wide fdlimit.Pool) before it is opened, and given back
 // when it is closed; past the budget a walk, open or create fails with
-// ENFILE. A file keeps its parent's descriptor open while it lives
+// ENFILE. A Node keeps its parent's descriptor open while it lives
 // (renaming it and setting a symlink's times go through the parent), so a
-// directory the client clunked or forgot stays counted until its last
-// child goes: what the budget counts is what the process holds, however
-// the client orders its clunks. (The descriptors an operation opens and
+// directory the client closed (a 9P clunk, a FUSE forget) stays counted
+// until its last child goes: what the budget counts is what the process
+// holds, however the client orders its closes. (The descriptors an operation opens and
 // closes before it returns are not counted: a device runs a bounded
 // number of operations at once, and the pool's reserve covers them.)
 //
@@ -41,38 +51,40 @@
 // file is found by name beneath that directory's descriptor each time, so
 // an editor's save by rename-over on the host shows; see AddFile.
 //
-// Withdrawal: Exports.Remove revokes an export at once. New attaches fail,
-// every operation on a fid the guest still holds in it fails with ESTALE,
-// and every host descriptor of the export is closed before Remove returns
-// (not when the guest clunks). An RWMutex per export (held shared by each
+// Withdrawal: Exports.Remove revokes an export at once. New walks to it
+// fail, every operation on a Node the guest still holds in it fails with
+// ESTALE, and every host descriptor of the export is closed before Remove
+// returns (not when the client closes its Nodes). An RWMutex per export (held shared by each
 // operation, exclusively by the revocation) keeps a descriptor from being
 // closed, and its number reused, under an operation.
 //
-// Directory listings are not cached: Treaddir's offset is the host's own
+// Directory listings are not cached: Readdir's offset is the host's own
 // directory position (getdents64's d_off, which lseek takes back), so a
-// listing holds no memory between requests however many fids read it; one
-// request reads at most count bytes of entries (count clamped to 1 MiB
-// here, and to the negotiated msize by the virtio-9p device).
+// listing holds no memory between requests however many Nodes read it;
+// one request reads at most count bytes of entries, at 9P's size of an
+// entry (count clamped to 1 MiB here, and to the negotiated msize by the
+// virtio-9p device).
 //
 // Set-user-ID and set-group-ID bits never come from the guest: they are
-// dropped from the mode of Tlcreate, Tmkdir, Tmknod and Tsetattr, and
-// cleared on the host file before a Twrite or a truncation (Tsetattr size,
-// Tlopen O_TRUNC) — the set-group-ID bit only on a group-executable file —
+// dropped from the mode of Create, Mkdir, Mknod and SetAttr, and cleared
+// on the host file before a write or a truncation (SetAttr's size, Open's
+// O_TRUNC) — the set-group-ID bit only on a group-executable file —
 // as Linux does for a writer without CAP_FSETID and virtiofsd's
 // killpriv_v2 relies on. The helper may run with CAP_FSETID; a guest must
 // not be able to plant or modify a privileged program on the host.
 //
-// Choices for what hugelgupf/p9 leaves to the file system:
-//   - Lock (Tlock) always succeeds: the Linux client first takes the lock
-//     in the guest kernel, so guest processes exclude each other; the host
-//     adds no cross-host locking.
+// Choices the servers leave to the layer:
+//   - Locks: 9P's Tlock always succeeds once Check finds the export still
+//     there: the Linux client first takes the lock in the guest kernel,
+//     so guest processes exclude each other; the host adds no cross-host
+//     locking.
 //   - Xattrs: GetXattr → ENODATA, ListXattrs → none, SetXattr/RemoveXattr
 //     → EOPNOTSUPP (EROFS on a read-only export). (The p9 server maps any
-//     xattr error to EINVAL; the virtio-9p device in the parent package
-//     answers Txattrwalk/Txattrcreate itself with the right errno.)
-//   - Ownership: files are created as the helper's uid/gid; the guest's
-//     uid/gid in Tlcreate/Tmkdir are ignored, and Tsetattr (virtio-fs's
-//     SETATTR too) never gives a file to another owner: a uid or gid
+//     xattr error to EINVAL; the virtio-9p device answers
+//     Txattrwalk/Txattrcreate itself with the right errno.)
+//   - Ownership: files are created as the helper's uid/gid; Create,
+//     Mkdir, Symlink and Mknod take no owner, and SetAttr (9P's Tsetattr,
+//     virtio-fs's SETATTR) never gives a file to another owner: a uid or gid
 //     other than the helper's effective ones is EPERM before the host is
 //     asked, even when the helper runs as root and the host would let it
 //     chown; naming our own (or neither) works.

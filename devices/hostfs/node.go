@@ -17,8 +17,13 @@ type Node interface {
 	Clone() (Node, error)
 	// Stat returns the node's key and host attributes.
 	Stat() (Attr, error)
-	// ChildKey returns the key of name in this directory without opening
-	// it (see the package doc: a lookup answered with the budget spent).
+	// ChildKey returns the key of name, one component of this directory,
+	// without opening it (no symlink followed), for a client that may
+	// already hold that node: when the budget has no room for the
+	// descriptor a Walk opens, a client that keeps one node per inode can
+	// still answer a lookup of a name it holds (the guest revalidating
+	// what it knows) from the node it has. The attach root's children
+	// (export roots) are EINVAL: walk to them.
 	ChildKey(name string) (Key, error)
 	// StatFS describes the host file system holding the node.
 	StatFS() (unix.Statfs_t, error)

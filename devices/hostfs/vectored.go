@@ -15,31 +15,26 @@ func (f *file) ReadvAt(iov [][]byte, offset int64) (int, error) {
 		return 0, err
 	}
 	defer f.ex.exit()
-	fd, err := f.openDescriptor()
+	fd, err := f.ioDescriptor(offset)
 	if err != nil {
 		return 0, err
-	}
-	if offset < 0 {
-		return 0, unix.EINVAL
 	}
 	return transferVector(iov, offset, func(part [][]byte, off int64) (int, error) {
 		return unix.Preadv(fd, part, off)
 	})
 }
 
-// WritevAt implements Node, in one pwritev as ReadvAt. A set-user-ID or set-group-ID bit of
-// the file is cleared first (killPriv), once for the whole list.
+// WritevAt implements Node, in one pwritev as ReadvAt. A set-user-ID or
+// set-group-ID bit of the file is cleared first (killPriv), once for the
+// whole list.
 func (f *file) WritevAt(iov [][]byte, offset int64) (int, error) {
 	if err := f.beginMutation(); err != nil {
 		return 0, err
 	}
 	defer f.ex.exit()
-	fd, err := f.openDescriptor()
+	fd, err := f.ioDescriptor(offset)
 	if err != nil {
 		return 0, err
-	}
-	if offset < 0 {
-		return 0, unix.EINVAL
 	}
 	if err := killPriv(fd); err != nil {
 		return 0, err
@@ -47,6 +42,17 @@ func (f *file) WritevAt(iov [][]byte, offset int64) (int, error) {
 	return transferVector(iov, offset, func(part [][]byte, off int64) (int, error) {
 		return unix.Pwritev(fd, part, off)
 	})
+}
+
+// ioDescriptor returns the descriptor of an open file for a read or write
+// at offset (EBADF when not open, EINVAL for a negative offset). Called
+// between enter and exit.
+func (f *file) ioDescriptor(offset int64) (int, error) {
+	fd, err := f.openDescriptor()
+	if err == nil && offset < 0 {
+		err = unix.EINVAL
+	}
+	return fd, err
 }
 
 // transferVector runs op over iov at most iovMax buffers at a time, from

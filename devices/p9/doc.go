@@ -1,7 +1,10 @@
 // Package p9 is the virtio-9p device (virtio id 9): one request queue whose
 // chains each carry one 9P2000.L T-message (in the readable buffers) and
 // receive its R-message (in the writable buffers), served by a
-// github.com/hugelgupf/p9 server over the exports of package hostfs.
+// github.com/hugelgupf/p9 server over the exports of package hostfs. The
+// server's p9.File is a thin adapter over a hostfs.Node (node.go:
+// ExportsAttacher), which converts arguments, QIDs, attributes and
+// errnos and nothing more.
 //
 // The guest is hostile. Every message is copied out of guest memory once
 // and checked before the server sees it: its size against its buffers and

@@ -11,8 +11,8 @@ import (
 	"github.com/cowork-vmm/cowork-vmm/devices/hostfs"
 )
 
-// Open files and directories. An open is a clone of the node's file
-// opened through the export layer, which opens only regular files and
+// Open files and directories. An open is a clone of the node opened
+// through the export layer, which opens only regular files and
 // directories on the host (a FIFO's or socket's open never reaches the
 // host: the guest kernel serves those itself). Reads and writes go
 // straight between the host file and the chain's guest buffers when the
@@ -302,9 +302,9 @@ func (f *fileSystem) fsync(fh uint64, dir bool) fuse.Status {
 }
 
 // direntMode is a directory entry's type as FUSE wants it (S_IFMT bits),
-// from the export layer's (a directory, a symlink, or a regular file for
-// the rest: the guest learns a FIFO's or socket's real type from its
-// attributes).
+// from the export layer's DT_ type (a directory, a symlink, or a regular
+// file for the rest: the guest learns a FIFO's or socket's real type from
+// its attributes); a DT_ value is its S_IFMT bits shifted down by 12.
 func direntMode(t uint8) uint32 { return uint32(t) << 12 }
 
 // readdirPlusShare divides a READDIRPLUS's size into what the layer is

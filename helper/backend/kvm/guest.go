@@ -338,7 +338,7 @@ func (g *guest) endedBeforeAgent() error {
 // cannot reach other exports through it) and bind-mounts each export out
 // of it: Linux lets a virtio-9p device be mounted only once, and a
 // virtio-fs tag has one superblock however often it is mounted.
-// A regular file becomes a single-file export (fs.Exports.AddFile): a
+// A regular file becomes a single-file export (hostfs.Exports.AddFile): a
 // directory holding only the file's base name, out of which the agent
 // binds the file (Mount.SourceFile); the guest reaches nothing else of
 // the file's host directory.
