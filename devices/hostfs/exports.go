@@ -166,11 +166,11 @@ func NewExportsWithin(logger *slog.Logger, budget *fdlimit.Share) *Exports {
 // export.
 func (x *Exports) Add(name, hostDir string, readOnly bool) error {
 	if err := checkName(name); err != nil {
-		return fmt.Errorf("p9 export name %q: %w", name, err)
+		return fmt.Errorf("export name %q: %w", name, err)
 	}
 	fd, err := unix.Open(hostDir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return fmt.Errorf("p9 export %q: open %s: %w", name, hostDir, err)
+		return fmt.Errorf("export %q: open %s: %w", name, hostDir, err)
 	}
 	return x.register(&export{name: name, hostPath: hostDir, readOnly: readOnly, rootFd: fd})
 }
@@ -194,26 +194,26 @@ func (x *Exports) Add(name, hostDir string, readOnly bool) error {
 // directory put there), the guest keeps the last regular file it reached.
 func (x *Exports) AddFile(name, hostFile string, readOnly bool) error {
 	if err := checkName(name); err != nil {
-		return fmt.Errorf("p9 export name %q: %w", name, err)
+		return fmt.Errorf("export name %q: %w", name, err)
 	}
 	view := filepath.Base(hostFile)
 	if err := checkName(view); err != nil || !filepath.IsAbs(hostFile) {
-		return fmt.Errorf("p9 export %q: %s does not name a file", name, hostFile)
+		return fmt.Errorf("export %q: %s does not name a file", name, hostFile)
 	}
 	resolved, err := filepath.EvalSymlinks(hostFile)
 	if err != nil {
-		return fmt.Errorf("p9 export %q: %w", name, err)
+		return fmt.Errorf("export %q: %w", name, err)
 	}
 	dirFd, err := unix.Open(filepath.Dir(resolved), unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return fmt.Errorf("p9 export %q: open the directory of %s: %w", name, resolved, err)
+		return fmt.Errorf("export %q: open the directory of %s: %w", name, resolved, err)
 	}
 	ex := &export{name: name, hostPath: hostFile, readOnly: readOnly, rootFd: dirFd,
 		viewName: view, fileName: filepath.Base(resolved)}
 	fd, _, err := openRegularBeneath(dirFd, ex.fileName)
 	if err != nil {
 		_ = unix.Close(dirFd)
-		return fmt.Errorf("p9 export %q: %s is not a regular file that can be opened: %w", name, resolved, err)
+		return fmt.Errorf("export %q: %s is not a regular file that can be opened: %w", name, resolved, err)
 	}
 	_ = unix.Close(fd)
 	return x.register(ex)
@@ -227,12 +227,12 @@ func (x *Exports) register(ex *export) error {
 	defer x.mu.Unlock()
 	if _, ok := x.exports[ex.name]; ok {
 		_ = unix.Close(ex.rootFd)
-		return fmt.Errorf("p9 export %q: %w", ex.name, ErrExportExists)
+		return fmt.Errorf("export %q: %w", ex.name, ErrExportExists)
 	}
 	x.serial++
 	ex.serial = x.serial
 	x.exports[ex.name] = ex
-	x.log.Info("p9 export added", "name", ex.name, "path", ex.hostPath, "readOnly", ex.readOnly, "singleFile", ex.isFileView())
+	x.log.Info("export added", "name", ex.name, "path", ex.hostPath, "readOnly", ex.readOnly, "singleFile", ex.isFileView())
 	return nil
 }
 
@@ -249,7 +249,7 @@ func (x *Exports) Remove(name string) {
 	x.mu.Unlock()
 	if ok {
 		ex.revoke()
-		x.log.Info("p9 export removed", "name", name)
+		x.log.Info("export removed", "name", name)
 	}
 }
 

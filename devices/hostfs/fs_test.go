@@ -190,12 +190,18 @@ func TestReadWriteExport(t *testing.T) {
 
 	// readdir
 	assert.Equal(t, []string{"back.txt", "hello.txt", "made", "sub"}, readdirNames(t, root))
+	attrsLinksAndRemoval(t, h, root, made, dir)
+}
 
+// attrsLinksAndRemoval goes on with TestReadWriteExport's export: root
+// holds back.txt and the directories made (now empty) and sub.
+func attrsLinksAndRemoval(t *testing.T, h *harness, root, made Node, dir string) {
+	t.Helper()
 	// setattr: size, permissions, times
 	back := walk(t, root, "back.txt")
 	require.NoError(t, back.SetAttr(SetAttr{Valid: SetSize | SetMode | SetMTime,
 		Size: 4, Mode: 0o600, MTime: SetTime(false, 1_000_000_000, 0)}))
-	st, err = os.Stat(filepath.Join(dir, "back.txt"))
+	st, err := os.Stat(filepath.Join(dir, "back.txt"))
 	require.NoError(t, err)
 	assert.Equal(t, int64(4), st.Size())
 	assert.Equal(t, os.FileMode(0o600), st.Mode().Perm())

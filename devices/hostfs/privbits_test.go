@@ -22,9 +22,8 @@ func hostMode(t *testing.T, path string) uint32 {
 // Issue #15 defect 5: set-user-ID and set-group-ID bits from the guest
 // survived on the host. Each operation that sets a mode drops them, and a
 // write clears those a host file has. (hugelgupf/p9 v0.3.0 already masks
-// the permissions it decodes from Tlcreate, Tmkdir and Tsetattr, and its
-// client those it encodes, so the file system is called directly here:
-// it must not depend on that.)
+// the permissions it decodes from Tlcreate, Tmkdir and Tsetattr, but the
+// layer must not depend on a server doing so: these Nodes get the bits.)
 func TestSetIDBitsNeverReachTheHost(t *testing.T) {
 	h := newHarness(t)
 	dir := h.export(t, "rw", false, map[string]string{"plain": "x"})
