@@ -114,7 +114,7 @@ func (e *export) forget(f *file) {
 
 // revoke withdraws the export: it waits for the operations in progress,
 // then closes every descriptor the export and its files hold. The files
-// stay allocated until the guest clunks them, but every operation on them
+// stay allocated until their client closes them, but every operation on them
 // fails with ESTALE from now on.
 func (e *export) revoke() {
 	e.gate.Lock()
@@ -188,7 +188,7 @@ func (x *Exports) Add(name, hostDir string, readOnly bool) error {
 // host does not redirect the export. The file is found by its name beneath
 // that descriptor (openat2 RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS, never
 // following a final symlink) each time the guest walks to it, opens it or
-// asks for its attributes through an unopened fid: an editor that saves by
+// asks for its attributes through an unopened Node: an editor that saves by
 // writing a new file and renaming it over the old one is seen at once. If
 // the name is missing or no longer names a regular file (a symlink or a
 // directory put there), the guest keeps the last regular file it reached.
@@ -239,8 +239,8 @@ func (x *Exports) register(ex *export) error {
 // Remove withdraws name: new attaches to it fail (ENOENT), every file the
 // guest already holds in it fails every operation with ESTALE, and every
 // host descriptor the export held is closed before Remove returns (it
-// waits for operations in progress on the export). The guest's fids stay
-// allocated until it clunks them. Removing an unknown name is not an
+// waits for operations in progress on the export). The client's Nodes
+// stay allocated until it closes them. Removing an unknown name is not an
 // error.
 func (x *Exports) Remove(name string) {
 	x.mu.Lock()

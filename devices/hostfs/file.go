@@ -15,14 +15,14 @@ import (
 const resolveFlags = unix.RESOLVE_BENEATH | unix.RESOLVE_NO_MAGICLINKS | unix.RESOLVE_NO_SYMLINKS
 
 // Linux open(2) flags the guest may pass through to a host open besides the
-// access mode (9P2000.L uses the Linux values).
+// access mode.
 const passOpenFlags = unix.O_TRUNC | unix.O_APPEND | unix.O_SYNC | unix.O_DSYNC
 
 // privBits are the set-user-ID and set-group-ID bits: the guest never sets
 // them on the host (see the package doc).
 const privBits = unix.S_ISUID | unix.S_ISGID
 
-// file is one node of an export, held by an O_PATH descriptor. The p9
+// file is one node of an export, held by an O_PATH descriptor. A
 // server may call its methods concurrently (reads and writes on one open
 // file, for example); mu guards the mutable fields. Every method that
 // uses a descriptor runs between f.ex.enter and f.ex.exit, so a withdrawn
@@ -31,9 +31,9 @@ const privBits = unix.S_ISUID | unix.S_ISGID
 type file struct {
 	ex *export
 
-	// refs counts Close-pending owners: the p9 server's own reference
+	// refs counts Close-pending owners: the client's own reference
 	// plus one per child whose parent this is. Descriptors are closed at 0:
-	// a directory the client clunked or forgot keeps its descriptor while
+	// a directory the client closed keeps its descriptor while
 	// a child holds it (Rename and a symlink's times need it), and that
 	// descriptor stays counted in the export's budget until then.
 	refs atomic.Int32
@@ -44,7 +44,7 @@ type file struct {
 	name   string // name within parent ("" for the export root)
 	mode   uint32 // st_mode at walk time (type bits are stable)
 	openFd int    // real descriptor after Open/Create; -1 before
-	dev    uint64 // st_dev of an open directory (its entries' QIDs)
+	dev    uint64 // st_dev of an open directory (its entries' inode numbers)
 }
 
 // newFile returns a file with one reference, taking a reference on parent;
@@ -245,7 +245,7 @@ func (f *file) beginNames(names ...string) error {
 func (f *file) isViewRoot() bool { return f.ex.isFileView() && f.parent == nil }
 
 // refresh finds a single-file export's file again by its name (see
-// Exports.AddFile) for a fid that is not open; when the name no longer
+// Exports.AddFile) for a Node that is not open; when the name no longer
 // names a regular file, f keeps the one it had. Called with f.mu held,
 // between enter and exit.
 func (f *file) refresh() {
@@ -545,7 +545,7 @@ func (f *file) openLocked(osFlags int) (*unix.Stat_t, error) {
 // openDescriptor returns the descriptor of an open file. The caller is
 // between enter and exit, so the descriptor stays open while it uses it:
 // only revoke (excluded by enter) and the last Close (which the server
-// never runs beside another operation on the fid) close it.
+// never runs beside another operation on the Node) close it.
 func (f *file) openDescriptor() (int, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()

@@ -22,7 +22,7 @@ var direntBufs = sync.Pool{New: func() any { b := make([]byte, direntBufSize); r
 // is the host's own position in the directory (getdents64's d_off, the
 // cookie lseek takes back; 0 is the start), so each call seeks the open
 // directory there and reads on, as much as fits count bytes. A directory
-// listing holds no memory between requests, however many fids list it.
+// listing holds no memory between requests, however many Nodes list it.
 func (f *file) Readdir(offset uint64, count uint32) ([]Dirent, error) {
 	if err := f.ex.enter(); err != nil {
 		return nil, err
