@@ -22,8 +22,9 @@
 // qemu's on the same file; the "blk" section has their MB/s and the ratio
 // ours/qemu (--fs-runs, --fs-sizes; 0 runs leaves both out).
 //
-// Main is `cowork-vmm bench`; the report is a Markdown table on the
-// terminal plus report.json and report.svg in the output directory.
+// Run is the bench (cowork-bench, its one binary, is its command line:
+// AddFlags, Validate); the report is a Markdown table on the terminal plus
+// report.json and report.svg in the output directory.
 // On hosts without a usable KVM it measures what it can (the process
 // backend, labelled as having no peer) and says what it skipped and why.
 package bench

@@ -307,7 +307,7 @@ func ReadJSON(path string) (Report, error) {
 // then memory and binary size; then the notes.
 func WriteMarkdown(w io.Writer, rep Report) error {
 	var b strings.Builder
-	fmt.Fprintf(&b, "## cowork-vmm bench: %d run(s) per system, backend %s\n\n", rep.Runs, rep.Backend)
+	fmt.Fprintf(&b, "## cowork-bench: %d run(s) per system, backend %s\n\n", rep.Runs, rep.Backend)
 	fmt.Fprintf(&b, "Host: %s, %d CPUs, KVM %s%s. Times are median (min–max).\n\n", rep.Host.Kernel, rep.Host.CPUs, rep.Host.KVM, map[bool]string{true: " (nested)", false: ""}[rep.Host.Nested])
 	var ours []SystemReport
 	var peers []SystemReport
