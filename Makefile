@@ -69,14 +69,14 @@ bench: build kernel kernel-outer
 # `make test` runs the small variant.
 .PHONY: fs-bench
 fs-bench: kernel kernel-outer
-	COWORK_VMM_FS_BENCH=full $(GO) test -count=1 -v -timeout 3h -run '^(TestNestedFSBench|TestFSBench)$$' ./internal/nested/ ./internal/nested/guestboot/fsrun/
+	COWORK_VMM_FS_BENCH=full $(GO) test -count=1 -v -timeout 3h -run '^(TestNestedFSBench|TestFSBench)$$' ./testharness/nested/ ./testharness/guestboot/fsrun/
 
 # The block-device benchmark alone, full sizes (64 MiB written + fsync'd and
 # read on a raw disk, 2000 random reads, 3 runs of each): our virtio-blk and
 # qemu's on the same image file, the same way as fs-bench.
 .PHONY: blk-bench
 blk-bench: kernel kernel-outer
-	COWORK_VMM_FS_BENCH=full GUESTBOOT_FS_SYSTEMS=ours-blk,qemu-blk $(GO) test -count=1 -v -timeout 1h -run '^(TestNestedFSBench|TestFSBench)$$' ./internal/nested/ ./internal/nested/guestboot/fsrun/
+	COWORK_VMM_FS_BENCH=full GUESTBOOT_FS_SYSTEMS=ours-blk,qemu-blk $(GO) test -count=1 -v -timeout 1h -run '^(TestNestedFSBench|TestFSBench)$$' ./testharness/nested/ ./testharness/guestboot/fsrun/
 
 # Every fuzz target for FUZZTIME (default 5s) beyond its seed corpus.
 fuzz:
@@ -120,5 +120,5 @@ kernel-outer:
 # with PAYLOAD shared read-write at /payload; exits with CMD's status.
 #   make nested PAYLOAD=dir CMD='sh -c "ls -l /dev/kvm"'
 nested: kernel-outer
-	CGO_ENABLED=0 $(GO) build -o bin/nested ./internal/nested/cmd/nested
+	CGO_ENABLED=0 $(GO) build -o bin/nested ./testharness/nested/cmd/nested
 	KERNEL_CACHE='$(KERNEL_CACHE)' ./bin/nested $(if $(PAYLOAD),--payload '$(PAYLOAD)') -- $(CMD)

@@ -11,7 +11,7 @@
 // boot-latency targets against those medians (targets.go).
 //
 // Then it benchmarks file sharing (fs.go): the test guest of
-// internal/nested/guestboot runs the same workloads as that package's
+// testharness/guestboot runs the same workloads as that package's
 // TestFSBench (sequential write and read, 4 KiB random reads, a git-status
 // style tree walk, git status, python3's start) over our virtio-fs and
 // virtio-9p devices and qemu microvm's virtio-9p and vhost-user-fs with

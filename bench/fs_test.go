@@ -9,8 +9,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/cowork-vmm/cowork-vmm/internal/nested/guestboot"
-	"github.com/cowork-vmm/cowork-vmm/internal/nested/guestboot/fsbench"
+	"github.com/cowork-vmm/cowork-vmm/testharness/guestboot"
+	"github.com/cowork-vmm/cowork-vmm/testharness/guestboot/fsbench"
 )
 
 // sampleFS is a file-sharing bench of three systems, 3 runs each, the

@@ -1,11 +1,12 @@
 // Command cowork-bench is the benchmark binary (`make bench` runs it): it
 // runs the cowork-vmm boot, file-sharing and block-device benchmarks
 // (package bench) against a cowork-vmm binary, directly on a host whose
-// KVM can boot Linux, and otherwise inside the nested harness (internal/nested: qemu's
-// emulator with nested SVM gives the outer guest a real /dev/kvm; the
-// host's root, qemu included, is shared into it read-only), then copies
-// the reports to --out. The
-// file-sharing test guest's initramfs is built here, outside the harness.
+// KVM can boot Linux, and otherwise inside the nested harness
+// (testharness/nested: qemu's emulator with nested SVM gives the outer
+// guest a real /dev/kvm; the host's root, qemu included, is shared into it
+// read-only), then copies the reports to --out. The file-sharing test
+// guest's initramfs (testharness/guestboot's testinit) is built here,
+// outside the harness.
 //
 //	cowork-bench --binary bin/cowork-vmm [--runs N] [--fs-runs N] [--out DIR] [--kernel vmlinux]
 //	cowork-bench --direct …   (what runs inside the harness)
@@ -27,8 +28,8 @@ import (
 
 	"github.com/cowork-vmm/cowork-vmm/bench"
 	"github.com/cowork-vmm/cowork-vmm/guest/kernel"
-	"github.com/cowork-vmm/cowork-vmm/internal/nested"
-	"github.com/cowork-vmm/cowork-vmm/internal/nested/guestboot"
+	"github.com/cowork-vmm/cowork-vmm/testharness/guestboot"
+	"github.com/cowork-vmm/cowork-vmm/testharness/nested"
 )
 
 func main() {

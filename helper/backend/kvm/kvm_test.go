@@ -17,8 +17,8 @@ import (
 	"github.com/cowork-vmm/cowork-vmm/devices/virtiofs"
 	"github.com/cowork-vmm/cowork-vmm/guest/kernel"
 	"github.com/cowork-vmm/cowork-vmm/helper"
-	"github.com/cowork-vmm/cowork-vmm/internal/nested"
 	"github.com/cowork-vmm/cowork-vmm/protocol"
+	"github.com/cowork-vmm/cowork-vmm/testharness/nested"
 )
 
 // TestBinEnv names a static cowork-vmm binary for the KVM tests: the

@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/cowork-vmm/cowork-vmm/guest/kernel"
-	"github.com/cowork-vmm/cowork-vmm/internal/nested"
+	"github.com/cowork-vmm/cowork-vmm/testharness/nested"
 )
 
 // TestNestedKVMBackend runs this package's KVM tests inside the nested

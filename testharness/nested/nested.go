@@ -25,7 +25,7 @@ import (
 
 	"github.com/cowork-vmm/cowork-vmm/guest/initramfs"
 	"github.com/cowork-vmm/cowork-vmm/guest/kernel"
-	"github.com/cowork-vmm/cowork-vmm/internal/nested/job"
+	"github.com/cowork-vmm/cowork-vmm/testharness/nested/job"
 )
 
 // Defaults of Options.
@@ -36,7 +36,7 @@ const (
 	// bootAllowance is added to the payload timeout for qemu's own deadline:
 	// the outer boot, the payload's teardown and the restart.
 	bootAllowance = 2 * time.Minute
-	outerInitPkg  = "github.com/cowork-vmm/cowork-vmm/internal/nested/outerinit"
+	outerInitPkg  = "github.com/cowork-vmm/cowork-vmm/testharness/nested/outerinit"
 	qemuBinary    = "qemu-system-x86_64"
 )
 

@@ -2,7 +2,7 @@
 // (qemu TCG with nested SVM, so /dev/kvm works inside) and exits with its
 // status:
 //
-//	go run ./internal/nested/cmd/nested [--payload DIR] [--mem MiB] [--cpus N] [--timeout D] -- CMD ARGS...
+//	go run ./testharness/nested/cmd/nested [--payload DIR] [--mem MiB] [--cpus N] [--timeout D] -- CMD ARGS...
 //
 // DIR is shared read-write at /payload; the host's root is visible read-only.
 package main
@@ -16,7 +16,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/cowork-vmm/cowork-vmm/internal/nested"
+	"github.com/cowork-vmm/cowork-vmm/testharness/nested"
 )
 
 func main() {

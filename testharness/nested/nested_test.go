@@ -13,7 +13,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/cowork-vmm/cowork-vmm/internal/nested/job"
+	"github.com/cowork-vmm/cowork-vmm/testharness/nested/job"
 )
 
 func TestParseConsole(t *testing.T) {

@@ -19,7 +19,7 @@ import (
 )
 
 const (
-	testInitPkg = "github.com/cowork-vmm/cowork-vmm/internal/nested/guestboot/testinit"
+	testInitPkg = "github.com/cowork-vmm/cowork-vmm/testharness/guestboot/testinit"
 	// ReadyMarker starts the console line testinit prints once it runs.
 	ReadyMarker = "TESTINIT OK"
 	// DoneMarker is printed after the boot timer write, before the restart.

@@ -28,8 +28,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/cowork-vmm/cowork-vmm/internal/nested/job"
 	"github.com/cowork-vmm/cowork-vmm/protocol"
+	"github.com/cowork-vmm/cowork-vmm/testharness/nested/job"
 )
 
 const (

@@ -15,9 +15,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/cowork-vmm/cowork-vmm/guest/kernel"
-	"github.com/cowork-vmm/cowork-vmm/internal/nested"
-	"github.com/cowork-vmm/cowork-vmm/internal/nested/guestboot"
-	"github.com/cowork-vmm/cowork-vmm/internal/nested/guestboot/fsbench"
+	"github.com/cowork-vmm/cowork-vmm/testharness/guestboot"
+	"github.com/cowork-vmm/cowork-vmm/testharness/guestboot/fsbench"
+	"github.com/cowork-vmm/cowork-vmm/testharness/nested"
 )
 
 func TestConfigsAreValid(t *testing.T) {
@@ -33,11 +33,11 @@ func TestConfigsAreValid(t *testing.T) {
 // guestFiles returns the test guest's kernel and initramfs
 // (guestboot.EnvKernel and EnvInitrd, which the harness sets; else the
 // build cache and one built here), skipping unless this host's KVM boots
-// Linux (internal/nested's TestNestedFSBench runs TestFSBench in the
+// Linux (testharness/nested's TestNestedFSBench runs TestFSBench in the
 // harness elsewhere).
 func guestFiles(t *testing.T) (kernelPath, initrd string) {
 	t.Helper()
-	nested.RequireLinuxBoot(t, "internal/nested TestNestedFSBench")
+	nested.RequireLinuxBoot(t, "testharness/nested TestNestedFSBench")
 	kernelPath, initrd = os.Getenv(guestboot.EnvKernel), os.Getenv(guestboot.EnvInitrd)
 	if kernelPath == "" {
 		var err error
@@ -138,7 +138,7 @@ func TestBusyWindow(t *testing.T) {
 // and the block-device systems each get a raw disk image made in that
 // directory (EnvFSSystems=ours-blk,qemu-blk measures them alone).
 // It prints an FSFIGURE line per system, run and workload (FSSKIP for a
-// system that cannot run); internal/nested's TestNestedFSBench runs it
+// system that cannot run); testharness/nested's TestNestedFSBench runs it
 // inside the nested harness and reports the medians and speed-ups. It
 // fails when a guest reports an error, except qemu + virtiofsd's (the
 // reference daemon may not run everywhere: its row is then left out).

@@ -6,7 +6,7 @@
 // and the same host root, and returns what testinit reported. The
 // block-device systems boot it the same way with a raw disk image instead,
 // a new sparse file each run in that directory, on our virtio-blk device or
-// on qemu's. TestFSBench (run nested by internal/nested's
+// on qemu's. TestFSBench (run nested by testharness/nested's
 // TestNestedFSBench) and package bench (`make bench`) both measure through
 // it. It is a package of its own because it boots our VMM (package
 // machine), whose tests use guestboot.
@@ -35,9 +35,9 @@ import (
 	"github.com/cowork-vmm/cowork-vmm/devices/virtio"
 	"github.com/cowork-vmm/cowork-vmm/devices/virtiofs"
 	"github.com/cowork-vmm/cowork-vmm/internal/fdlimit"
-	"github.com/cowork-vmm/cowork-vmm/internal/nested/guestboot"
-	"github.com/cowork-vmm/cowork-vmm/internal/nested/guestboot/fsbench"
 	"github.com/cowork-vmm/cowork-vmm/machine"
+	"github.com/cowork-vmm/cowork-vmm/testharness/guestboot"
+	"github.com/cowork-vmm/cowork-vmm/testharness/guestboot/fsbench"
 	"github.com/cowork-vmm/cowork-vmm/vmm"
 )
 

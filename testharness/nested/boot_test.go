@@ -11,7 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/cowork-vmm/cowork-vmm/guest/kernel"
-	"github.com/cowork-vmm/cowork-vmm/internal/nested/guestboot"
+	"github.com/cowork-vmm/cowork-vmm/testharness/guestboot"
 )
 
 // TestNestedBootGuestKernel boots our guest kernel with testinit inside the
@@ -51,7 +51,7 @@ func TestNestedBootGuestKernel(t *testing.T) {
 // payload, or skips when the harness or the kernel is missing.
 func runGuestbootTest(t *testing.T, run string, timeout time.Duration, env ...string) Result {
 	t.Helper()
-	return runTestGuestTests(t, "github.com/cowork-vmm/cowork-vmm/internal/nested/guestboot", run, timeout, env...)
+	return runTestGuestTests(t, "github.com/cowork-vmm/cowork-vmm/testharness/guestboot", run, timeout, env...)
 }
 
 // runTestGuestTests is runGuestbootTest for the tests of another package

@@ -11,7 +11,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/cowork-vmm/cowork-vmm/internal/nested/guestboot/fsbench"
+	"github.com/cowork-vmm/cowork-vmm/testharness/guestboot/fsbench"
 )
 
 // The systems the benchmark compares. File sharing: the test guest on our

@@ -11,9 +11,9 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/cowork-vmm/cowork-vmm/internal/nested/guestboot"
-	"github.com/cowork-vmm/cowork-vmm/internal/nested/guestboot/fsbench"
-	"github.com/cowork-vmm/cowork-vmm/internal/nested/guestboot/fsrun"
+	"github.com/cowork-vmm/cowork-vmm/testharness/guestboot"
+	"github.com/cowork-vmm/cowork-vmm/testharness/guestboot/fsbench"
+	"github.com/cowork-vmm/cowork-vmm/testharness/guestboot/fsrun"
 )
 
 // TestNestedFSBench runs guestboot/fsrun's TestFSBench inside the outer
@@ -40,7 +40,7 @@ func TestNestedFSBench(t *testing.T) {
 	if sizes.Runs > 1 {
 		timeout = time.Duration(sizes.Runs) * 20 * time.Minute
 	}
-	res := runTestGuestTests(t, "github.com/cowork-vmm/cowork-vmm/internal/nested/guestboot/fsrun", "^TestFSBench$", timeout,
+	res := runTestGuestTests(t, "github.com/cowork-vmm/cowork-vmm/testharness/guestboot/fsrun", "^TestFSBench$", timeout,
 		guestboot.EnvFSBench+"="+os.Getenv(guestboot.EnvFSBench),
 		fsrun.EnvFSGoMaxProcs+"="+os.Getenv(fsrun.EnvFSGoMaxProcs),
 		fsrun.EnvFSSystems+"="+os.Getenv(fsrun.EnvFSSystems))

@@ -12,6 +12,6 @@
 // sharing the same directory and the same host root (fsrun's TestFSBench;
 // package bench reports the same runs in `make bench`).
 //
-// Its tests run inside the nested guest (see internal/nested's
+// Its tests run inside the nested guest (see testharness/nested's
 // TestNestedBootGuestKernel); elsewhere they skip.
 package guestboot

@@ -13,8 +13,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/cowork-vmm/cowork-vmm/guest/kernel"
-	"github.com/cowork-vmm/cowork-vmm/internal/nested"
 	"github.com/cowork-vmm/cowork-vmm/machine"
+	"github.com/cowork-vmm/cowork-vmm/testharness/nested"
 	"github.com/cowork-vmm/cowork-vmm/vmm"
 )
 
@@ -49,11 +49,11 @@ func TestConsoleWatcher(t *testing.T) {
 
 // guestFiles returns the test guest's kernel and initramfs (EnvKernel and EnvInitrd,
 // which the harness sets; else the build cache and one built here),
-// skipping unless this host's KVM boots Linux (internal/nested's
+// skipping unless this host's KVM boots Linux (testharness/nested's
 // TestNestedBootGuestKernel runs these tests in the harness elsewhere).
 func guestFiles(t *testing.T) (kernelPath, initrd string) {
 	t.Helper()
-	nested.RequireLinuxBoot(t, "internal/nested TestNestedBootGuestKernel")
+	nested.RequireLinuxBoot(t, "testharness/nested TestNestedBootGuestKernel")
 	kernelPath, initrd = os.Getenv(EnvKernel), os.Getenv(EnvInitrd)
 	if kernelPath == "" {
 		var err error

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cowork-vmm/cowork-vmm/internal/nested/job"
+	"github.com/cowork-vmm/cowork-vmm/testharness/nested/job"
 )
 
 // GoTest describes a package's tests to run inside the outer guest.

@@ -8,7 +8,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/cowork-vmm/cowork-vmm/internal/nested/guestboot/fsbench"
+	"github.com/cowork-vmm/cowork-vmm/testharness/guestboot/fsbench"
 )
 
 func TestFSFigureLineRoundTrip(t *testing.T) {

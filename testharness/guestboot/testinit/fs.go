@@ -20,7 +20,7 @@ import (
 
 	"github.com/cowork-vmm/cowork-vmm/guest/readahead"
 	"github.com/cowork-vmm/cowork-vmm/guest/timerslack"
-	"github.com/cowork-vmm/cowork-vmm/internal/nested/guestboot/fsbench"
+	"github.com/cowork-vmm/cowork-vmm/testharness/guestboot/fsbench"
 )
 
 // Where the guest mounts the two devices.
