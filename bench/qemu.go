@@ -16,7 +16,7 @@ import (
 	"time"
 
 	"github.com/cowork-vmm/cowork-vmm/guest/initramfs"
-	kvmbackend "github.com/cowork-vmm/cowork-vmm/helper/backend/kvm"
+	"github.com/cowork-vmm/cowork-vmm/helper/backend/vm"
 	"github.com/cowork-vmm/cowork-vmm/vmm/x86"
 )
 
@@ -52,7 +52,7 @@ func writeInitramfs(path, executable string) error {
 	if err != nil {
 		return fmt.Errorf("writing the guest initramfs: %w", err)
 	}
-	if err := initramfs.Write(f, kvmbackend.InitramfsFiles(executable)); err != nil {
+	if err := initramfs.Write(f, vm.InitramfsFiles(executable)); err != nil {
 		f.Close()
 		return fmt.Errorf("writing the guest initramfs from %s: %w", executable, err)
 	}

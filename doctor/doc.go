@@ -15,5 +15,5 @@
 // answer to "can this KVM boot Linux?" that the kvm backend's preflight and
 // the tests use too; the kernel locations are guest/kernel and
 // guest/kernel/embedded, the data directory helper.DefaultDataDir, and the
-// trial boot the helper/backend/kvm and helper/backend/process backends themselves.
+// trial boot the helper/backend/vm and helper/backend/process backends themselves.
 package doctor

@@ -3,7 +3,7 @@
 // starts a guest and hands back one connection to the guest agent.
 //
 // It knows nothing of sockets (package protocol serves the client) nor of how
-// a guest is made (the backends: helper/backend/kvm and
+// a guest is made (the backends: helper/backend/vm and
 // helper/backend/process). The Helper keeps one Service per client profile
 // (userDataName + userDataRoot) and hands each call to the Service of its
 // profile; a Service holds everything of one profile: its guest, processes,

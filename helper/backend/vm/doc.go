@@ -1,5 +1,6 @@
-// Package kvm is the helper's "kvm" backend: each guest is a micro-VM on our
-// own VMM (package machine) booting the cowork-vmm guest kernel with an
+// Package vm is the helper's VM backend, "kvm" by name
+// (COWORK_VMM_BACKEND): each guest is a micro-VM on our own VMM (package
+// machine, over vmm/kvm) booting the cowork-vmm guest kernel with an
 // initramfs made at start from the helper's own executable, so the agent
 // that runs as the guest's /init is always the helper's own build.
 //
@@ -15,4 +16,4 @@
 // Done/Err. It refuses fast, with the process-backend hint, on hosts whose
 // KVM cannot boot Linux (PVM) or that have no usable /dev/kvm, and on a
 // COWORK_VMM_FS it does not know.
-package kvm
+package vm

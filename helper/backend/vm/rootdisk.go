@@ -1,4 +1,4 @@
-package kvm
+package vm
 
 import (
 	"fmt"

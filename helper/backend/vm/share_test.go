@@ -1,4 +1,4 @@
-package kvm
+package vm
 
 import (
 	"context"
@@ -16,7 +16,7 @@ import (
 	"github.com/cowork-vmm/cowork-vmm/helper"
 	"github.com/cowork-vmm/cowork-vmm/internal/fdlimit"
 	"github.com/cowork-vmm/cowork-vmm/protocol"
-	hostkvm "github.com/cowork-vmm/cowork-vmm/vmm/kvm"
+	"github.com/cowork-vmm/cowork-vmm/vmm/kvm"
 )
 
 // Issue #15: a file is shared as a single-file export, never as its
@@ -114,7 +114,7 @@ func TestFileSharingKind(t *testing.T) {
 func TestStartRefusesAnUnknownFileSharing(t *testing.T) {
 	b := New(Options{Logger: quiet(), FileSharing: "virtio-9p"})
 	probed := false
-	b.probe = func(string) hostkvm.HostProbe { probed = true; return probeFacts(false, nil) }
+	b.probe = func(string) kvm.HostProbe { probed = true; return probeFacts(false, nil) }
 	var steps []string
 	_, err := b.Start(context.Background(), helper.GuestConfig{StepFunc: func(s, st string) { steps = append(steps, s+":"+st) }})
 	if err == nil || !strings.Contains(err.Error(), "COWORK_VMM_FS=\"virtio-9p\"") || !strings.Contains(err.Error(), `"virtiofs" (the default) or "9p"`) {

@@ -1,4 +1,4 @@
-package kvm
+package vm
 
 import (
 	"context"
@@ -15,7 +15,7 @@ import (
 	"github.com/cowork-vmm/cowork-vmm/internal/fdlimit"
 	"github.com/cowork-vmm/cowork-vmm/machine"
 	"github.com/cowork-vmm/cowork-vmm/protocol"
-	hostkvm "github.com/cowork-vmm/cowork-vmm/vmm/kvm"
+	"github.com/cowork-vmm/cowork-vmm/vmm/kvm"
 	"github.com/cowork-vmm/cowork-vmm/vmm/loader"
 )
 
@@ -113,7 +113,7 @@ type Backend struct {
 	log  *slog.Logger
 
 	// Host facts, replaceable in tests.
-	probe      func(device string) hostkvm.HostProbe
+	probe      func(device string) kvm.HostProbe
 	hostLimits func() hostLimits
 	kernels    func(executable string) kernel.Sources
 }
@@ -135,7 +135,7 @@ func New(opts Options) *Backend {
 	return &Backend{
 		opts:       opts,
 		log:        log,
-		probe:      hostkvm.ProbeHost,
+		probe:      kvm.ProbeHost,
 		hostLimits: currentHostLimits,
 		kernels:    func(exe string) kernel.Sources { return defaultKernelSources(opts.Kernel, exe) },
 	}
@@ -311,7 +311,7 @@ func (b *Backend) attach(m *machine.Machine, con *console, devs devices) (*guest
 
 // machineError is machine.New's or Restore's error for the user.
 func machineError(err error) error {
-	if errors.Is(err, hostkvm.ErrNoKVM) || errors.Is(err, hostkvm.ErrKVMPermission) {
+	if errors.Is(err, kvm.ErrNoKVM) || errors.Is(err, kvm.ErrKVMPermission) {
 		return fmt.Errorf("kvm backend: %w; or %s", err, fallbackHint)
 	}
 	return fmt.Errorf("kvm backend: creating the VM: %w", err)

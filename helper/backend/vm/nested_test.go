@@ -1,4 +1,4 @@
-package kvm
+package vm
 
 import (
 	"os"
@@ -26,7 +26,7 @@ func TestNestedKVMBackend(t *testing.T) {
 	}
 	bin := nested.BuildCoworkVMM(t)
 	nested.RunGoTestWith(t, nested.GoTest{
-		Pkg:   "github.com/cowork-vmm/cowork-vmm/helper/backend/kvm",
+		Pkg:   "github.com/cowork-vmm/cowork-vmm/helper/backend/vm",
 		Run:   "^TestKVM",
 		Files: map[string]string{"vmlinux": vmlinux, "cowork-vmm": bin},
 		Env: []string{kernel.Env + "=/payload/vmlinux", TestBinEnv + "=/payload/cowork-vmm",

@@ -1,4 +1,4 @@
-package kvm
+package vm
 
 import (
 	"context"
@@ -17,7 +17,7 @@ import (
 	"github.com/cowork-vmm/cowork-vmm/internal/fdlimit"
 	"github.com/cowork-vmm/cowork-vmm/protocol"
 	"github.com/cowork-vmm/cowork-vmm/vmm"
-	hostkvm "github.com/cowork-vmm/cowork-vmm/vmm/kvm"
+	"github.com/cowork-vmm/cowork-vmm/vmm/kvm"
 
 	"github.com/hugelgupf/p9/p9"
 )
@@ -185,14 +185,14 @@ func TestAdjustSetupKeepsTheInitramfsRoot(t *testing.T) {
 	}
 }
 
-// probeFacts is what hostkvm.ProbeHost finds on a usable KVM whose trial guest
+// probeFacts is what kvm.ProbeHost finds on a usable KVM whose trial guest
 // ended with trialErr; pvm adds the marks of PVM.
-func probeFacts(pvm bool, trialErr error) hostkvm.HostProbe {
+func probeFacts(pvm bool, trialErr error) kvm.HostProbe {
 	caps := map[string]bool{}
-	for _, c := range hostkvm.RequiredCapabilities {
+	for _, c := range kvm.RequiredCapabilities {
 		caps[c.String()] = true
 	}
-	p := hostkvm.HostProbe{Device: hostkvm.DevicePath, APIVersion: hostkvm.APIVersion, Capabilities: caps, Tried: true, TrialErr: trialErr}
+	p := kvm.HostProbe{Device: kvm.DevicePath, APIVersion: kvm.APIVersion, Capabilities: caps, Tried: true, TrialErr: trialErr}
 	if pvm {
 		p.PVM, p.PVMReason = true, "the kvm_pvm module is loaded"
 	}
@@ -201,7 +201,7 @@ func probeFacts(pvm bool, trialErr error) hostkvm.HostProbe {
 
 func TestPreflightRefusesPVM(t *testing.T) {
 	b := New(Options{Logger: quiet()})
-	b.probe = func(string) hostkvm.HostProbe {
+	b.probe = func(string) kvm.HostProbe {
 		return probeFacts(true, errors.New("its instruction emulator cannot execute int3 in protected mode"))
 	}
 	kernelsLooked := false
@@ -222,7 +222,7 @@ func TestPreflightRefusesPVM(t *testing.T) {
 
 func TestStartWithoutKernelSaysHowToGetOne(t *testing.T) {
 	b := New(Options{Logger: quiet(), Executable: "/bin/true"})
-	b.probe = func(string) hostkvm.HostProbe { return probeFacts(false, nil) }
+	b.probe = func(string) kvm.HostProbe { return probeFacts(false, nil) }
 	b.kernels = func(exe string) kernel.Sources {
 		return kernel.Sources{Executable: filepath.Join(t.TempDir(), "cowork-vmm"),
 			Cache: func() (string, error) { return "", errors.New("no guest kernel built") }}
