@@ -42,10 +42,10 @@ type guest struct {
 	fsKind string
 	// files serves Share's exports (MountTag, uncached); nil until the
 	// devices are attached.
-	files *shareDevice
+	files *ShareDevice
 	// sysFiles serves the read-only system directories on a device of
 	// their own (SystemMountTag), which the guest caches.
-	sysFiles *shareDevice
+	sysFiles *ShareDevice
 	// disk is the profile's root disk (nil: none; rootdisk.go).
 	disk *rootDisk
 
@@ -135,13 +135,13 @@ func (g *guest) attachDevices(m *machine.Machine, rootDisk *os.File) (err error)
 // attachShareDevice attaches one file-sharing device of kind g.fsKind with
 // this tag, serving a fresh set of exports. On error nothing is left to
 // release.
-func (g *guest) attachShareDevice(m *machine.Machine, tag string, cached bool) (*shareDevice, error) {
-	s, dev, err := newShareDevice(g.fsKind, tag, cached, g.descriptors.Share(0), g.log)
+func (g *guest) attachShareDevice(m *machine.Machine, tag string, cached bool) (*ShareDevice, error) {
+	s, dev, err := NewShareDevice(g.fsKind, tag, cached, g.descriptors.Share(0), g.log)
 	if err != nil {
 		return nil, err
 	}
 	if _, err := m.AddVirtioMMIO(dev); err != nil {
-		s.close()
+		s.Close()
 		return nil, fmt.Errorf("attaching the %s device %q: %w", g.fsKind, tag, err)
 	}
 	return s, nil
@@ -353,7 +353,7 @@ func (g *guest) Share(hostPath string, readOnly bool) (protocol.MountSource, err
 // its host descriptors at once. A source of no export of this VM (or one
 // already removed) is ignored.
 func (g *guest) Unshare(src protocol.MountSource) {
-	for _, d := range []*shareDevice{g.files, g.sysFiles} {
+	for _, d := range []*ShareDevice{g.files, g.sysFiles} {
 		if d != nil && src.Kind == d.source.Kind && src.Tag == d.source.Tag {
 			d.exports.Remove(src.Aname)
 		}
@@ -372,7 +372,7 @@ func (g *guest) ShareSystem(hostPath string) (protocol.MountSource, error) {
 
 // share registers hostPath on the device d (tag: its tag, for errors)
 // under a fresh attach name, unique across both devices.
-func (g *guest) share(d *shareDevice, tag, hostPath string, readOnly bool) (protocol.MountSource, error) {
+func (g *guest) share(d *ShareDevice, tag, hostPath string, readOnly bool) (protocol.MountSource, error) {
 	if !filepath.IsAbs(hostPath) || filepath.Clean(hostPath) != hostPath {
 		return protocol.MountSource{}, fmt.Errorf("kvm backend: share path %q must be absolute and clean", hostPath)
 	}
@@ -445,9 +445,9 @@ func (g *guest) Stop(ctx context.Context) error {
 			if g.egress != nil {
 				g.egress.Close()
 			}
-			for _, d := range []*shareDevice{g.files, g.sysFiles} {
+			for _, d := range []*ShareDevice{g.files, g.sysFiles} {
 				if d != nil {
-					d.close() // after the machine's reset
+					d.Close() // after the machine's reset
 				}
 			}
 			if g.disk != nil {

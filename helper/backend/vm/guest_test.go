@@ -39,15 +39,15 @@ func testGuest(t *testing.T) *guest {
 func testGuestOf(t *testing.T, kind string) *guest {
 	g := newGuestState(newConsole(quiet(), nil), quiet(), kind)
 	for _, d := range []struct {
-		dev    **shareDevice
+		dev    **ShareDevice
 		tag    string
 		cached bool
 	}{{&g.files, MountTag, false}, {&g.sysFiles, SystemMountTag, true}} {
-		s, _, err := newShareDevice(kind, d.tag, d.cached, fdlimit.NewPool(0).Share(0), quiet())
+		s, _, err := NewShareDevice(kind, d.tag, d.cached, fdlimit.NewPool(0).Share(0), quiet())
 		if err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(s.close)
+		t.Cleanup(s.Close)
 		*d.dev = s
 	}
 	return g

@@ -39,11 +39,13 @@ func FileSharingKind(value string) (string, error) {
 	return "", fmt.Errorf("kvm backend: %s=%q names no file-sharing device: use %q (the default) or %q", FSEnv, value, FileSharingVirtioFS, FileSharingNineP)
 }
 
-// shareDevice is one file-sharing device of a VM: the exports it serves
-// (an attach name, "e<n>", per shared host path), the virtio device
-// serving them — virtio-fs or virtio-9p, over the same export layer
-// (devices/p9/fs) — and what every export of it is mounted from.
-type shareDevice struct {
+// ShareDevice is one file-sharing device of a VM: the exports it serves
+// (for the backend, an attach name "e<n>" per shared host path), the
+// virtio device serving them — virtio-fs or virtio-9p, over the same
+// export layer (devices/p9/fs) — and what every export of it is mounted
+// from. The backend's guests and the file-sharing benchmark
+// (testharness/guestboot/fsrun) both make theirs with NewShareDevice.
+type ShareDevice struct {
 	exports *fs.Exports
 	// descriptors is the device's share of the helper-wide descriptor
 	// budget, which every host descriptor its exports hold comes from.
@@ -54,20 +56,20 @@ type shareDevice struct {
 	source protocol.MountSource
 }
 
-// newShareDevice makes the device of kind (protocol.MountKindVirtioFS or
+// NewShareDevice makes the device of kind (protocol.MountKindVirtioFS or
 // MountKindNineP) with this tag over a fresh set of exports, its files
 // cached by the guest if cached is set, holding the host descriptors
 // descriptors allows (the device's share of the helper-wide budget, which
 // it owns from now on). The returned virtio.Device is to be attached; on
 // error nothing is left to release.
-func newShareDevice(kind, tag string, cached bool, descriptors *fdlimit.Share, log *slog.Logger) (*shareDevice, virtio.Device, error) {
+func NewShareDevice(kind, tag string, cached bool, descriptors *fdlimit.Share, log *slog.Logger) (*ShareDevice, virtio.Device, error) {
 	exports := fs.NewExportsWithin(log, descriptors)
 	var dev interface {
 		virtio.Device
 		Close()
 	}
 	var err error
-	s := &shareDevice{exports: exports, descriptors: descriptors, source: protocol.MountSource{Kind: kind, Tag: tag}}
+	s := &ShareDevice{exports: exports, descriptors: descriptors, source: protocol.MountSource{Kind: kind, Tag: tag}}
 	switch kind {
 	case protocol.MountKindVirtioFS:
 		// The cached device serves only read-only exports (ShareSystem),
@@ -93,9 +95,13 @@ func newShareDevice(kind, tag string, cached bool, descriptors *fdlimit.Share, l
 	return s, dev, nil
 }
 
-// close releases the device, then its exports (after the machine's reset:
-// what the guest still held is answered or dropped first).
-func (s *shareDevice) close() {
+// Exports are the host paths the device serves, by attach name.
+func (s *ShareDevice) Exports() *fs.Exports { return s.exports }
+
+// Close releases the device, then its exports and its descriptor share;
+// call it after the machine's reset, so that what the guest still held is
+// answered or dropped first.
+func (s *ShareDevice) Close() {
 	if s.dev != nil {
 		s.dev.Close()
 	}

@@ -173,7 +173,7 @@ func TestSharesOnNinePDevices(t *testing.T) {
 // By default the devices are virtio-fs ones, the system device cached.
 func TestDefaultSharesOnVirtioFSDevices(t *testing.T) {
 	g := testGuest(t)
-	for _, d := range []*shareDevice{g.files, g.sysFiles} {
+	for _, d := range []*ShareDevice{g.files, g.sysFiles} {
 		if _, ok := d.dev.(*virtiofs.Device); !ok || d.source.Kind != protocol.MountKindVirtioFS || d.source.Cache != "" {
 			t.Errorf("device %q: a %T with sources %+v, want a *virtiofs.Device with virtiofs sources and no cache mode", d.source.Tag, d.dev, d.source)
 		}
@@ -188,7 +188,7 @@ func TestDefaultSharesOnVirtioFSDevices(t *testing.T) {
 	if names := g.files.exports.Names(); !slices.Equal(names, []string{src.Aname}) {
 		t.Errorf("exports %v after the Unshare of another kind's source, want [%s]", names, src.Aname)
 	}
-	if _, _, err := newShareDevice("bind", MountTag, false, fdlimit.NewPool(0).Share(0), quiet()); err == nil {
+	if _, _, err := NewShareDevice("bind", MountTag, false, fdlimit.NewPool(0).Share(0), quiet()); err == nil {
 		t.Error("a share device of kind bind was made")
 	}
 }
@@ -203,10 +203,10 @@ func TestShareDevicesDrawFromOneHelperWidePool(t *testing.T) {
 	if b.opts.Descriptors != pool {
 		t.Fatal("the backend does not use the helper's pool")
 	}
-	vm := func() []*shareDevice {
-		var devs []*shareDevice
+	vm := func() []*ShareDevice {
+		var devs []*ShareDevice
 		for _, tag := range []string{MountTag, SystemMountTag} {
-			s, _, err := newShareDevice(protocol.MountKindVirtioFS, tag, tag == SystemMountTag, pool.Share(0), quiet())
+			s, _, err := NewShareDevice(protocol.MountKindVirtioFS, tag, tag == SystemMountTag, pool.Share(0), quiet())
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -222,12 +222,12 @@ func TestShareDevicesDrawFromOneHelperWidePool(t *testing.T) {
 		t.Errorf("with two VMs each device may hold %d (alone %d, total %d)", each, alone, pool.Total())
 	}
 	for _, s := range second {
-		s.close()
+		s.Close()
 	}
 	if got := first[0].descriptors.Limit(); got != alone {
 		t.Errorf("after the second VM stopped the first's device may hold %d, want %d", got, alone)
 	}
 	for _, s := range first {
-		s.close()
+		s.Close()
 	}
 }

@@ -30,12 +30,11 @@ import (
 	"time"
 
 	"github.com/cowork-vmm/cowork-vmm/devices/blk"
-	"github.com/cowork-vmm/cowork-vmm/devices/p9"
-	"github.com/cowork-vmm/cowork-vmm/devices/p9/fs"
 	"github.com/cowork-vmm/cowork-vmm/devices/virtio"
-	"github.com/cowork-vmm/cowork-vmm/devices/virtiofs"
+	"github.com/cowork-vmm/cowork-vmm/helper/backend/vm"
 	"github.com/cowork-vmm/cowork-vmm/internal/fdlimit"
 	"github.com/cowork-vmm/cowork-vmm/machine"
+	"github.com/cowork-vmm/cowork-vmm/protocol"
 	"github.com/cowork-vmm/cowork-vmm/testharness/guestboot"
 	"github.com/cowork-vmm/cowork-vmm/testharness/guestboot/fsbench"
 	"github.com/cowork-vmm/cowork-vmm/vmm"
@@ -390,31 +389,26 @@ func (b *FSBench) runOurs(ctx context.Context, system string, cfg fsbench.Config
 			shares = append(shares, share{fsRootExport, b.Root, true, fsRootTag, true})
 		}
 	}
-	limit, err := fdlimit.Raise() // as the kvm backend does: a descriptor per looked-up file
+	// As the kvm backend does: a descriptor per looked-up file, every
+	// device's out of one pool under the raised limit.
+	limit, err := fdlimit.Raise()
 	if err != nil {
 		return "", err
 	}
+	descriptors := fdlimit.NewPool(limit)
+	kind := protocol.MountKindNineP
+	if system == guestboot.FSOursVirtioFS {
+		kind = protocol.MountKindVirtioFS
+	}
 	for _, s := range shares {
-		exports := fs.NewExports(b.Logger)
-		defer exports.Close() // last: after the devices' Close
-		if err := exports.Add(s.export, s.dir, s.readOnly); err != nil {
-			return "", err
-		}
-		var dev interface {
-			virtio.Device
-			Close()
-		}
-		var err error
-		if system == guestboot.FSOursVirtioFS {
-			dev, err = virtiofs.New(virtiofs.Options{Tag: s.tag, Root: exports, Cached: s.cached, NoOpen: s.cached, ListNamesOnly: s.cached, Logger: b.Logger,
-				MaxNodes: fdlimit.NodeBudget(limit, len(shares)+1, virtiofs.DefaultMaxNodes)})
-		} else {
-			dev, err = p9.New(p9.Options{Tag: s.tag, Attacher: exports, Logger: b.Logger})
-		}
+		share, dev, err := vm.NewShareDevice(kind, s.tag, s.cached, descriptors.Share(0), b.Logger)
 		if err != nil {
 			return "", err
 		}
-		defer dev.Close() // after the machine's Stop: its reset's requests are answered
+		defer share.Close() // after the machine's Stop: its reset's requests are answered
+		if err := share.Exports().Add(s.export, s.dir, s.readOnly); err != nil {
+			return "", err
+		}
 		devices = append(devices, dev)
 	}
 	watch := guestboot.NewConsoleWatcher(time.Now())
