@@ -42,9 +42,13 @@ check-go:
 run: build
 	./$(BIN) run -- sh -c 'echo hello from the cowork-vmm guest; uname -a'
 
+# gofmt, go.mod and go.sum as go mod tidy leaves them (this runs offline
+# once the modules go.sum names are in the module cache, as .ci/run puts
+# them), go vet, then every test.
 test:
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	if [ -n "$$unformatted" ]; then echo "gofmt needed:"; echo "$$unformatted"; exit 1; fi
+	@$(GO) mod tidy -diff || { echo "make: go.mod/go.sum differ from what go mod tidy makes (above): run go mod tidy (or, if a module could not be read, download them as .ci/run does)"; exit 1; }
 	$(GO) vet ./...
 	$(GO) test -race -count=1 -timeout 45m ./...
 
