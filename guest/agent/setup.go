@@ -15,7 +15,14 @@ import (
 
 // devNodes are bound one by one from the host's /dev into a NewRoot's /dev
 // (a user namespace may not create device nodes).
-var devNodes = []string{"null", "zero", "full", "random", "urandom", "tty"}
+var devNodes = []string{"null", "zero", "full", "random", "urandom"}
+
+// ttyNode is /dev/tty, a process's controlling terminal. An isolated
+// spawn's /dev (the VM's, whose terminals are the guest kernel's) has it;
+// a NewRoot's does not: that /dev is the process backend's, on the host,
+// where the controlling terminal of anything that reached it would be the
+// user's own (the agent starts in a session of its own, without one).
+const ttyNode = "tty"
 
 // setup lays out the guest root once. See the mounter comment for the design.
 func (m *mounter) setup(p protocol.SetupParams, timer *stepTimer) error {
@@ -183,7 +190,7 @@ func (m *mounter) buildNewRoot(root string, system []protocol.Mount) error {
 	if err := unix.Mount("tmpfs", filepath.Join(root, "tmp"), "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=1777"); err != nil {
 		return fmt.Errorf("mounting /tmp: %w", err)
 	}
-	if err := setupDev(filepath.Join(root, "dev")); err != nil {
+	if err := setupDev(filepath.Join(root, "dev"), devNodes); err != nil {
 		return err
 	}
 	if err := unix.Mount("proc", filepath.Join(root, "proc"), "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
@@ -249,13 +256,14 @@ func (m *mounter) coverHostRoot(root string) error {
 	return nil
 }
 
-// setupDev fills a new root's /dev: a tmpfs with the basic nodes bound from
-// the host, the usual symlinks, /dev/shm and (if possible) a private devpts.
-func setupDev(dev string) error {
+// setupDev fills a new root's /dev: a tmpfs with nodes bound from the
+// agent's /dev, the usual symlinks, /dev/shm and (if possible) a private
+// devpts.
+func setupDev(dev string, nodes []string) error {
 	if err := unix.Mount("tmpfs", dev, "tmpfs", unix.MS_NOSUID, "mode=0755"); err != nil {
 		return fmt.Errorf("mounting /dev: %w", err)
 	}
-	for _, name := range devNodes {
+	for _, name := range nodes {
 		src := "/dev/" + name
 		if _, err := os.Stat(src); err != nil {
 			continue

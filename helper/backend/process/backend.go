@@ -146,7 +146,11 @@ func (b *Backend) Start(ctx context.Context, cfg helper.GuestConfig) (helper.Gue
 		GidMappings:                []syscall.SysProcIDMap{{ContainerID: 0, HostID: os.Getgid(), Size: 1}},
 		GidMappingsEnableSetgroups: false,
 		Pdeathsig:                  unix.SIGKILL,
-		Setpgid:                    true,
+		// A session of its own, with no controlling terminal: the
+		// terminal `cowork-vmm run` was started from is the user's, and
+		// a process of the sandbox could otherwise open it (/dev/tty)
+		// and queue input for the user's shell with TIOCSTI.
+		Setsid: true,
 	}
 	if err := cmd.Start(); err != nil {
 		conn.Close()

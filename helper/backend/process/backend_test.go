@@ -19,6 +19,7 @@ import (
 
 	"github.com/cowork-vmm/cowork-vmm/guest/agent"
 	"github.com/cowork-vmm/cowork-vmm/helper"
+	"github.com/cowork-vmm/cowork-vmm/internal/sandboxprobe"
 	"github.com/cowork-vmm/cowork-vmm/protocol"
 )
 
@@ -26,6 +27,10 @@ import (
 const testAgentEnv = "COWORK_VMM_PROCESS_TEST_AGENT"
 
 func TestMain(m *testing.M) {
+	if os.Getenv(testProbeEnv) == "1" { // a spawn looking around (escape_test.go)
+		sandboxprobe.Run(os.Stdout)
+		os.Exit(0)
+	}
 	if os.Getenv(testAgentEnv) == "1" && len(os.Args) > 1 && os.Args[1] == "agent" {
 		os.Exit(agent.ProcessMain(os.Args[2:]))
 	}
