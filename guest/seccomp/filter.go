@@ -94,7 +94,7 @@ func Summary() string {
 	for _, r := range deniedIoctls {
 		ioctls = append(ioctls, r.Name)
 	}
-	return fmt.Sprintf("%d system calls refused (keyctl, add_key and request_key among them), ioctl %s refused, personality changes refused, other architectures' calls kill",
+	return fmt.Sprintf("%d system calls refused (keyctl, add_key and request_key among them), ioctl %s refused, personality changes refused; a call through another ABI kills the process",
 		len(Denied()), strings.Join(ioctls, " and "))
 }
 
