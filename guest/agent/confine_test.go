@@ -88,3 +88,22 @@ func TestSpawnThreadHasItsOwnSessionKeyring(t *testing.T) {
 	assert.Equal(t, parent, after, "the test's own threads keep theirs")
 	assert.False(t, strings.Contains(got[sandboxprobe.KeyringName], "cowork"), got[sandboxprobe.KeyringName])
 }
+
+// TestChildAgentIsolatedSpawnsAreFiltered runs the agent as the VM does
+// (real root, --isolate-sessions): an isolated spawn and the command its
+// sudo starts both run under the filter (seccomp mode 2, no_new_privs),
+// and sudo still works.
+func TestChildAgentIsolatedSpawnsAreFiltered(t *testing.T) {
+	c := startChildAgent(t, []string{"--isolate-sessions"})
+	c.setupHostSystem()
+	home := t.TempDir()
+	c.bind(home, "/sessions/a", false)
+	require.NoError(t, c.call(protocol.AgentMethodSpawn, protocol.SpawnParams{
+		ID: "look", Session: "a", Command: "/bin/sh", Cwd: "/sessions/a",
+		Args: []string{"-c", `grep -E '^(Seccomp|NoNewPrivs):' /proc/self/status; sudo grep -E '^(Seccomp|NoNewPrivs):' /proc/self/status; sudo id -u`},
+		Env:  []string{"PATH=/usr/bin:/bin", testGuestRequestEnv + "=1"},
+	}, nil))
+	p := c.waitExit("look")
+	require.Equal(t, 0, *p.exit.ExitCode, p.stderr.String())
+	assert.Equal(t, "NoNewPrivs:\t1\nSeccomp:\t2\nNoNewPrivs:\t1\nSeccomp:\t2\n0\n", p.stdout.String(), p.stderr.String())
+}
