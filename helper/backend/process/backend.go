@@ -199,7 +199,11 @@ func (g *guest) wait() {
 		g.err = fmt.Errorf("the sandbox agent ended unexpectedly: %w", err)
 	}
 	g.mu.Unlock()
-	g.conn.Close()
+	// The connection is not closed here: what the agent wrote before it
+	// exited (its reply to the shutdown request, the last exit events)
+	// may still be unread, and a reader of a closed connection loses it.
+	// With the agent gone nothing holds its end, so a reader gets EOF
+	// once it has read everything; Stop closes ours.
 	g.egress.Close()
 	close(g.done)
 }
