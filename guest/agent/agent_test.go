@@ -34,7 +34,7 @@ const (
 
 func TestMain(m *testing.M) {
 	if os.Getenv(testProbeEnv) == "1" { // a spawn looking around (confine_test.go)
-		sandboxprobe.Run(os.Stdout)
+		sandboxprobe.Run(os.Stdout, false)
 		os.Exit(0)
 	}
 	if os.Getenv(testAgentEnv) == "1" {

@@ -196,6 +196,33 @@ func (m *mounter) buildNewRoot(root string, system []protocol.Mount) error {
 	if err := unix.Mount("proc", filepath.Join(root, "proc"), "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
 		return fmt.Errorf("mounting /proc (the agent needs its own PID namespace): %w", err)
 	}
+	return maskProcFiles(filepath.Join(root, "proc"))
+}
+
+// maskedProcFiles are the files of a NewRoot's /proc covered with an empty
+// one: /proc is not namespaced for them, and on the host (the process
+// backend) they list the user's kernel keys by name — Kerberos
+// credential caches, fscrypt and ecryptfs keys — which spawns may not
+// read through keyctl either (guest/seccomp). Docker masks them too.
+var maskedProcFiles = []string{"keys", "key-users"}
+
+// maskProcFiles binds /dev/null read-only over maskedProcFiles in proc.
+// Spawns cannot lift the cover: the mount is locked in their user
+// namespace, and a /proc of their own needs a PID namespace of theirs.
+func maskProcFiles(proc string) error {
+	for _, name := range maskedProcFiles {
+		target := filepath.Join(proc, name)
+		if _, err := os.Stat(target); errors.Is(err, os.ErrNotExist) {
+			continue // a kernel without keyrings
+		}
+		if err := unix.Mount(os.DevNull, target, "", unix.MS_BIND, ""); err != nil {
+			return fmt.Errorf("covering /proc/%s: %w", name, err)
+		}
+		// Not nodev: /dev/null must stay readable (it reads as empty).
+		if err := unix.Mount("", target, "", unix.MS_REMOUNT|unix.MS_BIND|unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NOEXEC, ""); err != nil {
+			return fmt.Errorf("covering /proc/%s read-only: %w", name, err)
+		}
+	}
 	return nil
 }
 

@@ -3,6 +3,7 @@ package sandboxprobe
 import (
 	"fmt"
 	"io"
+	"os"
 	"strconv"
 	"strings"
 	"syscall"
@@ -26,6 +27,10 @@ const (
 	TTYOpen        = "tty-open"
 	TTYInject      = "tty-tiocsti"   // TIOCSTI on /dev/tty, if it opened
 	StdinInject    = "stdin-tiocsti" // TIOCSTI on descriptor 0
+	ProcKeys       = "proc-keys"     // the descriptions /proc/keys lists, or the error
+	ProcKeysUnmask = "proc-keys-unmount"
+	// None is ProcKeys' result when /proc/keys lists nothing.
+	None = "(none)"
 )
 
 // result is "ok" or the errno's message.
@@ -36,8 +41,10 @@ func result(errno syscall.Errno) string {
 	return errno.Error()
 }
 
-// Run makes the probes and writes their results to w.
-func Run(w io.Writer) {
+// Run makes the probes and writes their results to w. inSandbox adds one
+// that is only safe inside a sandbox's mount namespace: unmounting the
+// cover over /proc/keys.
+func Run(w io.Writer, inSandbox bool) {
 	line := func(name, value string) { fmt.Fprintf(w, "%s: %s\n", name, value) }
 	if id, err := unix.KeyctlGetKeyringID(unix.KEY_SPEC_SESSION_KEYRING, false); err == nil {
 		line(SessionKeyring, strconv.Itoa(id))
@@ -54,6 +61,10 @@ func Run(w io.Writer) {
 	_, err = unix.AddKey("user", "cowork-probe", []byte("x"), unix.KEY_SPEC_SESSION_KEYRING)
 	line(AddKey, errString(err))
 
+	if inSandbox {
+		line(ProcKeysUnmask, errString(unix.Unmount("/proc/keys", unix.MNT_DETACH)))
+	}
+	line(ProcKeys, procKeys())
 	line(StdinInject, inject(0))
 	tty, err := unix.Open("/dev/tty", unix.O_RDWR|unix.O_NOCTTY|unix.O_CLOEXEC, 0)
 	line(TTYOpen, errString(err))
@@ -91,4 +102,25 @@ func Parse(out string) map[string]string {
 		}
 	}
 	return got
+}
+
+// procKeys lists the key descriptions /proc/keys shows ("," between
+// them): the keys the process may view, which names the user's keys even
+// where keyctl is refused.
+func procKeys() string {
+	b, err := os.ReadFile("/proc/keys")
+	if err != nil {
+		return err.Error()
+	}
+	var names []string
+	for _, l := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		// "serial flags usage expiry perm uid gid type description: summary"
+		if f := strings.Fields(l); len(f) >= 9 {
+			names = append(names, strings.TrimSuffix(f[8], ":"))
+		}
+	}
+	if len(names) == 0 {
+		return None
+	}
+	return strings.Join(names, ",")
 }

@@ -99,6 +99,8 @@ func TestSpawnCannotReachTheUsersTerminal(t *testing.T) {
 	require.NotEmpty(t, helperKeyring)
 	assert.NotEqual(t, helperKeyring, got[sandboxprobe.SessionKeyring], "the spawn reaches the helper's session keyring")
 	assert.NotEqual(t, loginKeyring, got[sandboxprobe.KeyringName])
+	assert.Equal(t, sandboxprobe.None, got[sandboxprobe.ProcKeys], "/proc/keys names the user's keys")
+	assert.NotEqual(t, sandboxprobe.OK, got[sandboxprobe.ProcKeysUnmask], "the cover over /proc/keys came off")
 	assert.Equal(t, unix.EPERM.Error(), got[sandboxprobe.SessionKeyring])
 	assert.Equal(t, unix.EPERM.Error(), got[sandboxprobe.AddKey])
 }
