@@ -19,8 +19,9 @@
 // run` was started from as its controlling terminal, and the sandbox's
 // /dev has no tty node; every spawn gets a fresh anonymous session keyring
 // instead of the user's login one, and runs under guest/seccomp's filter
-// (keyctl, add_key, request_key and ioctl TIOCSTI refused among others).
-// See guest/agent's confine.go.
+// (keyctl, add_key, request_key and ioctl TIOCSTI refused among others),
+// and /proc/keys and /proc/key-users, which would name the user's keys,
+// read as empty. See guest/agent's confine.go and setup.go.
 //
 // User namespace: the helper's uid and gid map to root inside, so the agent
 // may mount, and files written through rw mounts are owned on the host by the
