@@ -21,6 +21,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
+	"github.com/cowork-vmm/cowork-vmm/internal/sandboxprobe"
 	"github.com/cowork-vmm/cowork-vmm/protocol"
 )
 
@@ -32,6 +33,10 @@ const (
 )
 
 func TestMain(m *testing.M) {
+	if os.Getenv(testProbeEnv) == "1" { // a spawn looking around (confine_test.go)
+		sandboxprobe.Run(os.Stdout, false)
+		os.Exit(0)
+	}
 	if os.Getenv(testAgentEnv) == "1" {
 		os.Exit(ProcessMain(os.Args[1:]))
 	}
