@@ -19,7 +19,7 @@ import (
 
 	"github.com/cowork-vmm/cowork-vmm/guest/agent"
 	"github.com/cowork-vmm/cowork-vmm/helper"
-	"github.com/cowork-vmm/cowork-vmm/internal/sandboxprobe"
+	"github.com/cowork-vmm/cowork-vmm/testharness/sandboxprobe"
 	"github.com/cowork-vmm/cowork-vmm/protocol"
 )
 

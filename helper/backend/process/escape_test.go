@@ -16,7 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
-	"github.com/cowork-vmm/cowork-vmm/internal/sandboxprobe"
+	"github.com/cowork-vmm/cowork-vmm/testharness/sandboxprobe"
 	"github.com/cowork-vmm/cowork-vmm/protocol"
 )
 
