@@ -194,6 +194,10 @@ func isHostAddr(own []netip.Addr, a netip.Addr) bool {
 type AddrRefusedError struct {
 	Host    string
 	Refused []RefusedAddr
+	// PrivateAllowed: the filter already lets the private ranges through
+	// (Config.AllowPrivate), so the message does not suggest AllowPrivateEnv
+	// for a private address refused for another reason (the host's own).
+	PrivateAllowed bool
 }
 
 // maxRefusedListed bounds the addresses an AddrRefusedError names.
@@ -214,7 +218,7 @@ func (e *AddrRefusedError) Error() string {
 		fmt.Fprintf(&b, "%s, %s", r.Addr, r.Why)
 		private = private || rangeRefusal(r.Addr, true) == "" && rangeRefusal(r.Addr, false) != ""
 	}
-	if private {
+	if private && !e.PrivateAllowed {
 		fmt.Fprintf(&b, " (private ranges are reachable only when the helper runs with %s=1)", AllowPrivateEnv)
 	}
 	return b.String()

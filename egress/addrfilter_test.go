@@ -297,3 +297,21 @@ func TestAddrFilterRealHostAddr(t *testing.T) {
 	}
 	require.Empty(t, d.addresses())
 }
+
+// TestAddrFilterPrivateHintOnlyWhenOff: a private address refused while
+// AllowPrivate is already on (here the host's own LAN address) does not
+// tell the user to turn AllowPrivateEnv on; with it off, the hint is there.
+func TestAddrFilterPrivateHintOnlyWhenOff(t *testing.T) {
+	r := mapResolver{"lan.test": {"192.168.1.5"}}
+	for _, allowPrivate := range []bool{false, true} {
+		s, d := filterServer(t, allowPrivate, hostAddrList("192.168.1.5"), r)
+		_, err := s.DialContext(context.Background(), "tcp", "lan.test:443")
+		require.True(t, isAddrRefused(err), "allowPrivate %v: %v", allowPrivate, err)
+		if allowPrivate {
+			require.Equal(t, AddressBlockedPrefix+": lan.test: the guest may not reach 192.168.1.5, an address of the host itself", err.Error())
+		} else {
+			require.Contains(t, err.Error(), AllowPrivateEnv+"=1", "the refusal says how to allow private ranges")
+		}
+		require.Empty(t, d.addresses())
+	}
+}

@@ -327,7 +327,7 @@ func (s *Server) allowedAddrs(host string, addrs []netip.Addr) ([]netip.Addr, er
 		return nil, err
 	}
 	if len(allowed) == 0 {
-		return nil, &AddrRefusedError{Host: host, Refused: refused}
+		return nil, &AddrRefusedError{Host: host, Refused: refused, PrivateAllowed: s.filter.allowPrivate}
 	}
 	if len(refused) > 0 {
 		s.log.Debug("egress: skipping addresses the guest may not reach", "host", host, "refused", refused)
