@@ -53,7 +53,7 @@ type Guest interface {
 	Unshare(src protocol.MountSource)
 	// Egress returns the listener of the guest's processes' outbound
 	// connections (the process backend's fd-passing socket, the VM's vsock
-	// port protocol.EgressVSockPort); the helper serves each with its
+	// port guesthost.EgressVSockPort); the helper serves each with its
 	// egress server, which checks the spawn's allowedDomains, and closes it
 	// when the guest ends. Never nil: without it the guest has no way out.
 	Egress() net.Listener

@@ -73,7 +73,7 @@ type Config struct {
 	// that probed already.
 	SkipBootProbe bool
 	// SnapshotPoint, when set, is the snapshot point device the guest
-	// agent talks to (platform.SnapshotPointPort); nil: none, and the
+	// agent talks to (guesthost.SnapshotPointPort); nil: none, and the
 	// agent goes on at once.
 	SnapshotPoint *platform.SnapshotPoint
 	// KVMDevice overrides /dev/kvm.

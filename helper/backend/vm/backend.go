@@ -15,6 +15,7 @@ import (
 	"github.com/cowork-vmm/cowork-vmm/internal/fdlimit"
 	"github.com/cowork-vmm/cowork-vmm/machine"
 	"github.com/cowork-vmm/cowork-vmm/protocol"
+	"github.com/cowork-vmm/cowork-vmm/protocol/guesthost"
 	"github.com/cowork-vmm/cowork-vmm/vmm/kvm"
 	"github.com/cowork-vmm/cowork-vmm/vmm/loader"
 )
@@ -232,7 +233,7 @@ func (b *Backend) create(memMiB, cpus int, fsKind, rootDisk string) (g *guest, e
 	}
 	cmdline := b.opts.Cmdline
 	if b.opts.GuestDebug {
-		cmdline += " cowork.debug"
+		cmdline += " " + guesthost.DebugCmdlineFlag
 	}
 	cfg := machine.Config{
 		Kernel: k.Path, KernelImage: k.Bytes, Cmdline: cmdline, PVH: b.opts.PVH,

@@ -20,6 +20,7 @@ import (
 	"github.com/cowork-vmm/cowork-vmm/internal/fdlimit"
 	"github.com/cowork-vmm/cowork-vmm/machine"
 	"github.com/cowork-vmm/cowork-vmm/protocol"
+	"github.com/cowork-vmm/cowork-vmm/protocol/guesthost"
 	"github.com/cowork-vmm/cowork-vmm/vmm"
 	"github.com/cowork-vmm/cowork-vmm/vmm/snapshot"
 )
@@ -107,11 +108,11 @@ func (g *guest) attachDevices(m *machine.Machine, rootDisk *os.File) (err error)
 	if _, err := m.AddVirtioMMIO(vs); err != nil {
 		return fmt.Errorf("attaching the vsock device: %w", err)
 	}
-	if g.listener, err = vs.Listen(protocol.AgentVSockPort); err != nil {
-		return fmt.Errorf("listening for the guest agent on vsock port %d: %w", protocol.AgentVSockPort, err)
+	if g.listener, err = vs.Listen(guesthost.AgentVSockPort); err != nil {
+		return fmt.Errorf("listening for the guest agent on vsock port %d: %w", guesthost.AgentVSockPort, err)
 	}
-	if g.egress, err = vs.Listen(protocol.EgressVSockPort); err != nil {
-		return fmt.Errorf("listening for guest egress on vsock port %d: %w", protocol.EgressVSockPort, err)
+	if g.egress, err = vs.Listen(guesthost.EgressVSockPort); err != nil {
+		return fmt.Errorf("listening for guest egress on vsock port %d: %w", guesthost.EgressVSockPort, err)
 	}
 	if g.descriptors == nil {
 		g.descriptors = fdlimit.NewPool(0)
@@ -412,7 +413,7 @@ func (g *guest) AdjustSetup(p *protocol.SetupParams) {
 }
 
 // Egress implements helper.Guest.Egress: the listener for the guest proxy's
-// connections on vsock port protocol.EgressVSockPort (nil before the
+// connections on vsock port guesthost.EgressVSockPort (nil before the
 // devices are attached).
 func (g *guest) Egress() net.Listener { return g.egress }
 

@@ -2,7 +2,7 @@
 
 // Command testinit is the smallest useful /init for booting our guest
 // kernel: it mounts devtmpfs, prints "TESTINIT OK" with the online CPUs and
-// the uptime on the console, writes the boot timer (port 0x3f0, value 123,
+// the uptime on the console, writes the boot timer (guesthost.BootTimerPort and Magic,
 // through /dev/port: the kernel needs CONFIG_DEVPORT), prints
 // "TESTINIT DONE" and restarts the machine (with reboot=t a triple fault,
 // which ends our VMM's run and qemu under -no-reboot).
@@ -26,11 +26,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
-)
 
-const (
-	bootTimerPort  = 0x3f0
-	bootTimerMagic = 123
+	"github.com/cowork-vmm/cowork-vmm/protocol/guesthost"
 )
 
 func main() {
@@ -66,7 +63,7 @@ func writeBootTimer() error {
 		return err
 	}
 	defer port.Close()
-	_, err = port.WriteAt([]byte{bootTimerMagic}, bootTimerPort)
+	_, err = port.WriteAt([]byte{guesthost.BootTimerMagic}, guesthost.BootTimerPort)
 	return err
 }
 
