@@ -31,3 +31,17 @@ func backendFactories(log *slog.Logger, agentLog io.Writer) map[string]helper.Ba
 		},
 	}
 }
+
+// processFallbackHint ends a failed kvm start's error when the process
+// backend is available (helper.Options.FallbackHint).
+const processFallbackHint = "; on a host without usable KVM, set COWORK_VMM_BACKEND=process to run guests as sandboxed host processes"
+
+// fallbackHint is the helper's FallbackHint for backend ("" meaning kvm,
+// the helper's default): the kvm backend points at the process backend
+// when that one is built in; others point nowhere.
+func fallbackHint(backend string, factories map[string]helper.BackendFactory) string {
+	if (backend == "" || backend == helper.BackendKVM) && factories[helper.BackendProcess] != nil {
+		return processFallbackHint
+	}
+	return ""
+}

@@ -16,6 +16,12 @@ type rootDisk struct {
 	dev  *blk.Device
 }
 
+var _ helper.RootDiskAttacher = (*Backend)(nil)
+
+// AttachesRootDisk implements helper.RootDiskAttacher: a VM keeps the
+// guest's changes to its root on the profile's root disk.
+func (b *Backend) AttachesRootDisk() bool { return true }
+
 // openRootDisk opens the image at path (helper.GuestConfig.RootDisk) for
 // the VM, locked against a second VM on it (helper.OpenRootDisk); nil for
 // none. A disk that cannot be had (in use by another helper of the
