@@ -38,8 +38,16 @@ build: check-go
 check-go:
 	@command -v $(GO) >/dev/null 2>&1 || { echo "make: Go 1.26 or later is needed on PATH (https://go.dev/dl/; Debian 12's golang package is too old)"; exit 1; }
 
-# The newcomer's main job: build, then run one command in a fresh guest.
+# The newcomer's main job: build, then run one command in a fresh guest. On
+# a host whose KVM boots Linux with no guest kernel built yet (a fresh
+# clone), it builds the kernel first (`cowork-vmm kernel-needed` decides;
+# guest/kernel/build.sh says which apt packages to install if some are
+# missing) and embeds it, so the command runs in a VM instead of falling
+# back to the process backend. Elsewhere it runs at once, as before.
 run: build
+	@if ./$(BIN) kernel-needed; then \
+		$(MAKE) --no-print-directory kernel && $(MAKE) --no-print-directory build || exit 1; \
+	fi
 	./$(BIN) run -- sh -c 'echo hello from the cowork-vmm guest; uname -a'
 
 # gofmt, go.mod and go.sum as go mod tidy leaves them (this runs offline

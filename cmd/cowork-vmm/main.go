@@ -54,6 +54,8 @@ func dispatch(args []string, stdout, stderr io.Writer) int {
 			return clientMain(args[1:], stdout, stderr)
 		case "doctor":
 			return doctor.Main(context.Background(), args[1:], stdout, stderr)
+		case "kernel-needed":
+			return kernelNeededMain(args[1:], stdout, stderr)
 		case "version":
 			fmt.Fprintf(stdout, "cowork-vmm %s (commit %s, %s, %s/%s)\n", version, commit, runtime.Version(), runtime.GOOS, runtime.GOARCH)
 			fmt.Fprintf(stdout, "guest kernel: %s\n", embeddedKernelVersion())
@@ -110,6 +112,8 @@ Usage:
   cowork-vmm doctor --reset-root PROFILE|all
                                          remove a profile's root disk (its VM stopped), so its
                                          next VM starts on a clean root
+  cowork-vmm kernel-needed               exit 0 when this host's KVM boots Linux and no guest
+                                         kernel is built (make run then runs make kernel), else 1
   cowork-vmm version                     print version, commit and Go version
   cowork-vmm help                        this text
 
