@@ -2,8 +2,9 @@
 
 // Command testinit is the smallest useful /init for booting our guest
 // kernel: it mounts devtmpfs, prints "TESTINIT OK" with the online CPUs and
-// the uptime on the console, writes the boot timer (guesthost.BootTimerPort and Magic,
-// through /dev/port: the kernel needs CONFIG_DEVPORT), prints
+// the uptime on the console, writes the boot timer (guesthost.BootTimerMagic
+// to guesthost.BootTimerPort, through /dev/port: the kernel needs
+// CONFIG_DEVPORT), prints
 // "TESTINIT DONE" and restarts the machine (with reboot=t a triple fault,
 // which ends our VMM's run and qemu under -no-reboot).
 //
