@@ -6,7 +6,6 @@
 //	cowork-vmm run [flags] -- CMD…     run one command in a fresh guest
 //	cowork-vmm client [flags] -- CMD…  run one command in a session of a running helper
 //	cowork-vmm doctor [flags]          what this host can run, with a fix for each problem
-//	cowork-vmm bench [flags]           time a guest start, phase by phase, beside qemu
 //	cowork-vmm kernel-needed           for make run: exit 0 when a guest kernel should be built
 //	cowork-vmm version                 version, commit, Go version, embedded guest kernel
 //	cowork-vmm help                    the usage text

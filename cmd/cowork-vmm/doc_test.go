@@ -4,13 +4,15 @@ import (
 	"go/ast"
 	"go/parser"
 	"go/token"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
 )
 
 // TestDocListsEveryMode: the package comment (doc.go) names every
-// subcommand dispatch has, so a reader of `go doc` sees all of them.
+// subcommand dispatch has, so a reader of `go doc` sees all of them, and
+// no subcommand dispatch does not have.
 func TestDocListsEveryMode(t *testing.T) {
 	fset := token.NewFileSet()
 	docFile, err := parser.ParseFile(fset, "doc.go", nil, parser.ParseComments)
@@ -37,6 +39,15 @@ func TestDocListsEveryMode(t *testing.T) {
 		}
 		if !strings.Contains(doc, "cowork-vmm "+m) {
 			t.Errorf("doc.go does not list the %q mode", m)
+		}
+	}
+	for _, line := range strings.Split(doc, "\n") {
+		fields := strings.Fields(line)
+		if len(fields) < 2 || fields[0] != "cowork-vmm" || strings.HasPrefix(fields[1], "-") {
+			continue
+		}
+		if !slices.Contains(modes, fields[1]) {
+			t.Errorf("doc.go lists %q, which dispatch does not have", fields[1])
 		}
 	}
 }
