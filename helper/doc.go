@@ -12,7 +12,10 @@
 //   - helper.go: the Helper — profiles and the routing of calls to them (the
 //     connection's configured profile, else the last configured), Close.
 //   - service.go: Options, the Service, method dispatch, configure, createVM
-//     and the small methods; backend.go: the Backend and Guest interfaces.
+//     and the small methods; backend.go: the Backend and Guest interfaces,
+//     and the optional ones for what only some backends do (SystemSharer,
+//     SetupAdjuster, RootDiskAttacher, Restorable): the helper never tests
+//     a backend's name.
 //   - state.go: the data directory's layout and state files (what a
 //     restarted helper reloads), saved atomically.
 //   - lifecycle.go: one guest's life — startVM, the agent connection and its
