@@ -21,8 +21,8 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
-	"github.com/cowork-vmm/cowork-vmm/testharness/sandboxprobe"
 	"github.com/cowork-vmm/cowork-vmm/protocol"
+	"github.com/cowork-vmm/cowork-vmm/testharness/sandboxprobe"
 )
 
 // testAgentEnv makes the test binary act as `cowork-vmm agent`, and

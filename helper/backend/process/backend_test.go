@@ -19,8 +19,8 @@ import (
 
 	"github.com/cowork-vmm/cowork-vmm/guest/agent"
 	"github.com/cowork-vmm/cowork-vmm/helper"
-	"github.com/cowork-vmm/cowork-vmm/testharness/sandboxprobe"
 	"github.com/cowork-vmm/cowork-vmm/protocol"
+	"github.com/cowork-vmm/cowork-vmm/testharness/sandboxprobe"
 )
 
 // testAgentEnv makes the re-executed test binary act as `cowork-vmm agent`.

@@ -16,8 +16,8 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
-	"github.com/cowork-vmm/cowork-vmm/testharness/sandboxprobe"
 	"github.com/cowork-vmm/cowork-vmm/protocol"
+	"github.com/cowork-vmm/cowork-vmm/testharness/sandboxprobe"
 )
 
 // testProbeEnv makes the test binary run sandboxprobe (see TestMain);
