@@ -162,25 +162,17 @@ func (s *Service) missingBackendError() error {
 	if len(names) == 0 {
 		names = []string{"none in this build"}
 	}
-	if s.opts.Backend == BackendKVM {
-		return fmt.Errorf("the kvm backend (a real VM) is not available in this build; set COWORK_VMM_BACKEND=process to run guests as sandboxed host processes (available backends: %s)",
-			strings.Join(names, ", "))
-	}
-	return fmt.Errorf("unknown backend %q in COWORK_VMM_BACKEND; available backends: %s", s.opts.Backend, strings.Join(names, ", "))
+	return fmt.Errorf("the %s backend is not in this build (COWORK_VMM_BACKEND; available backends: %s)%s",
+		s.opts.Backend, strings.Join(names, ", "), s.opts.FallbackHint)
 }
 
-// ProcessFallbackHint ends a failed kvm start's error when the process
-// backend is available.
-const ProcessFallbackHint = "; on a host without usable KVM, set COWORK_VMM_BACKEND=process to run guests as sandboxed host processes"
-
-// fallbackHint points a failed kvm start at the process backend, unless
-// the backend's own error already does (the user reads it once).
+// fallbackHint is Options.FallbackHint, unless the backend's own error
+// already names a backend to choose (the user reads it once).
 func (s *Service) fallbackHint(err error) string {
-	if s.opts.Backend != BackendKVM || s.opts.Backends[BackendProcess] == nil ||
-		strings.Contains(err.Error(), "COWORK_VMM_BACKEND=process") {
+	if strings.Contains(err.Error(), "COWORK_VMM_BACKEND=") {
 		return ""
 	}
-	return ProcessFallbackHint
+	return s.opts.FallbackHint
 }
 
 func (s *Service) step(step, status string) {
@@ -393,7 +385,7 @@ func (inst *guestInstance) connect(ctx context.Context) error {
 func (inst *guestInstance) setUpRoot() error {
 	s := inst.s
 	began := time.Now()
-	setup := protocol.SetupParams{NewRoot: inst.backend.Name() == BackendProcess, Hostname: "cowork"}
+	setup := protocol.SetupParams{NewRoot: true, Hostname: "cowork"}
 	shareSystem := func(dir string) (protocol.MountSource, error) { return inst.guest.Share(dir, true) }
 	if ss, ok := inst.guest.(SystemSharer); ok {
 		shareSystem = ss.ShareSystem

@@ -41,6 +41,11 @@ type Options struct {
 	// Backends maps backend names to their factories. A name without a
 	// factory makes startVM fail with an error naming the alternatives.
 	Backends map[string]BackendFactory
+	// FallbackHint ends the error of a failed start (Backend not in this
+	// build, unavailable, or its guest not launching) when another backend
+	// could serve instead, unless the error already names one; "" for
+	// none. The binary, which chose Backend by name, sets it.
+	FallbackHint string
 	// DataDir holds the helper's data: sessions and state (see state.go).
 	// Empty means DefaultDataDir().
 	DataDir string

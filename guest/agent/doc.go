@@ -17,6 +17,11 @@
 // non-dumpable. See isolate.go for the design and how the process backend
 // differs.
 //
+// Confinement (confine.go), VM and process backend alike: every spawn is
+// forked from a thread of its own that joined a fresh anonymous session
+// keyring and installed guest/seccomp's filter (keyrings, TIOCSTI, kernel
+// attack surface refused); the child inherits both, the agent does not.
+//
 // Guest requests (guestrequest.go): every spawn gets a Unix socket of its
 // own, named in its environment (protocol.GuestRequestSocketEnv) — in an
 // isolated spawn's own /run — whose calls become request events to the
@@ -42,7 +47,7 @@
 //
 // Files: agent.go (Run, dispatch), spawn.go (starting a process, step by
 // step), process.go (the process table, reaping, output, stdin, kill),
-// isolate.go, mount.go, mountpoint.go, setup.go, guestrequest.go,
+// isolate.go, confine.go, mount.go, mountpoint.go, setup.go, guestrequest.go,
 // guestcall.go, sudo.go, rootdisk.go, rootvar.go, sessiontmp.go, cgroup.go, utf8chunk.go, main.go (ProcessMain, VMMain),
 // vsock.go.
 //

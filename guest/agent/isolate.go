@@ -457,7 +457,7 @@ func buildSpawnRoot(root string, iso *isolation, tmp *os.File) error {
 			return err
 		}
 	}
-	if err := setupDev(at("dev")); err != nil {
+	if err := setupDev(at("dev"), append(slices.Clone(devNodes), ttyNode)); err != nil {
 		return err
 	}
 	if err := mountSpawnTmp(at("tmp"), tmp); err != nil {
