@@ -129,3 +129,35 @@ func TestReaddirClampsCount(t *testing.T) {
 	require.NoError(t, err)
 	assert.Empty(t, ents)
 }
+
+// A listing gives each entry the inode number and type a walk to it
+// gives (the guest matches them: FUSE's READDIRPLUS, 9P's QIDs), in an
+// ordinary export and in a single-file export's directory.
+func TestReaddirAgreesWithWalk(t *testing.T) {
+	h := newHarness(t)
+	dir := h.export(t, "rw", false, map[string]string{"f": "x", "d/g": "y"})
+	require.NoError(t, os.Symlink("f", filepath.Join(dir, "l")))
+	require.NoError(t, h.exports.AddFile("one", filepath.Join(dir, "f"), false))
+	wantType := map[uint32]uint8{unix.S_IFREG: unix.DT_REG, unix.S_IFDIR: unix.DT_DIR, unix.S_IFLNK: unix.DT_LNK}
+	for export, names := range map[string][]string{"rw": {"d", "f", "l"}, "one": {"f"}} {
+		root := h.attach(t, export)
+		d := walk(t, root)
+		_, err := d.Open(unix.O_RDONLY)
+		require.NoError(t, err)
+		ents, err := d.Readdir(0, 4096)
+		require.NoError(t, err)
+		got := map[string]Dirent{}
+		for _, e := range ents {
+			got[e.Name] = e
+		}
+		for _, name := range names {
+			n, attr, err := root.Walk(name)
+			require.NoError(t, err)
+			_ = n.Close()
+			e, ok := got[name]
+			require.True(t, ok, "%s lists %s", export, name)
+			assert.Equal(t, attr.Key.GuestIno(), e.Ino, "%s/%s", export, name)
+			assert.Equal(t, wantType[attr.Stat.Mode&unix.S_IFMT], e.Type, "%s/%s", export, name)
+		}
+	}
+}
