@@ -386,7 +386,12 @@ func (a *fakeAgent) handle(f protocol.AgentFrame) {
 		var p protocol.StdinParams
 		_ = json.Unmarshal(f.Params, &p)
 		a.stdin[p.ID] += p.Data
-		after = func() { a.emit(protocol.Event{Type: protocol.EventStdout, ID: p.ID, Data: p.Data}) }
+		after = func() {
+			a.emit(protocol.Event{Type: protocol.EventStdout, ID: p.ID, Data: p.Data})
+			if p.EOF { // a cat ends with its input
+				a.exit(p.ID, 0)
+			}
+		}
 	case protocol.AgentMethodKill:
 		var p protocol.KillParams
 		_ = json.Unmarshal(f.Params, &p)

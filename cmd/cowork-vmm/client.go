@@ -464,10 +464,10 @@ func handleClientSignals(ctx context.Context, pipe *protocol.PipeClient, sigs <-
 	}
 }
 
-// forwardClientStdin copies stdin to the process with writeStdin. The
-// protocol has no end-of-input message, so the process never sees EOF. A
-// UTF-8 sequence split by a read is held back until it is whole (writeStdin
-// data is a JSON string).
+// forwardClientStdin copies stdin to the process with writeStdin, and its
+// end with writeStdin's eof (our extension: the desktop client never ends
+// a process's input). A UTF-8 sequence split by a read is held back until
+// it is whole (writeStdin data is a JSON string).
 func forwardClientStdin(ctx context.Context, pipe *protocol.PipeClient, id string, stdin io.Reader) {
 	buf := make([]byte, 32*1024)
 	held := 0
@@ -478,9 +478,10 @@ func forwardClientStdin(ctx context.Context, pipe *protocol.PipeClient, id strin
 		if err == nil {
 			send = completeUTF8(buf[:n])
 		}
-		if send > 0 {
+		eof := errors.Is(err, io.EOF)
+		if send > 0 || eof {
 			callCtx, cancel := context.WithTimeout(ctx, clientCallTimeout)
-			werr := pipe.CallResult(callCtx, protocol.MethodWriteStdin, protocol.WriteStdinParams{ID: id, Data: string(buf[:send])}, nil)
+			werr := pipe.CallResult(callCtx, protocol.MethodWriteStdin, protocol.WriteStdinParams{ID: id, Data: string(buf[:send]), EOF: eof}, nil)
 			cancel()
 			if werr != nil {
 				return
