@@ -222,6 +222,8 @@ type fakeAgent struct {
 	stdin      map[string]string
 	files      map[string][]byte
 	ignorePing bool
+	// ignoredPings counts the pings ignorePing left unanswered.
+	ignoredPings int
 	// holdSetup leaves setup unanswered, as an agent whose guest hangs.
 	holdSetup bool
 	// delayPing delays the answer to the next ping that much (once).
@@ -416,6 +418,7 @@ func (a *fakeAgent) handle(f protocol.AgentFrame) {
 		reply.Result, _ = json.Marshal(protocol.ReadFileResult{Content: content})
 	case protocol.AgentMethodPing:
 		if a.ignorePing {
+			a.ignoredPings++
 			a.mu.Unlock()
 			return
 		}
