@@ -147,3 +147,19 @@ func TestSilentAgentOrStoppedVCPUsAreDead(t *testing.T) {
 		assert.LessOrEqual(t, ignoredPings(g), pingFailuresFatal+1)
 	})
 }
+
+// A guest that talks and runs but never answers a ping is forgiven only
+// pingBusyFatal pings in a row: an agent that answers no request at all is
+// of no use, however busy.
+func TestBusyGuestThatNeverAnswersIsDeadInTheEnd(t *testing.T) {
+	progress := &fakeProgress{}
+	progress.moving.Store(true)
+	e, g := livenessEnv(t, progress)
+	stop := make(chan struct{})
+	talking := talk(g, stop)
+	defer func() { close(stop); <-talking }()
+	waitFor(t, "the guest declared dead", func() bool { return !guestRunning(t, e) })
+	ignored := ignoredPings(g)
+	assert.GreaterOrEqual(t, ignored, pingBusyFatal+pingFailuresFatal)
+	assert.LessOrEqual(t, ignored, pingBusyFatal+pingFailuresFatal+1)
+}
