@@ -2,6 +2,7 @@ package agent
 
 import (
 	"os"
+	"runtime"
 	"strconv"
 	"strings"
 	"testing"
@@ -23,9 +24,14 @@ func niceOf(t *testing.T, stat string) int {
 }
 
 // A spawn runs at a lower priority than the agent: its nice value, as it
-// reads it itself, is higher.
+// reads it itself, is higher. The agent's is that of a thread of ours
+// (nice is per thread; /proc/self/stat shows the main thread's, which a
+// spawn's fork may have taken and left wedged at the spawn's nice value
+// when it ran on it).
 func TestSpawnsRunBelowTheAgentsPriority(t *testing.T) {
-	own, err := os.ReadFile("/proc/self/stat")
+	runtime.LockOSThread()
+	own, err := os.ReadFile("/proc/thread-self/stat")
+	runtime.UnlockOSThread()
 	require.NoError(t, err)
 	agentNice := niceOf(t, string(own))
 	if agentNice >= 19 {
