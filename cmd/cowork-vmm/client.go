@@ -70,8 +70,8 @@ its socket, the way Claude Desktop does: it subscribes to events, starts the
 guest unless one is running, waits for the guest agent, spawns CMD in the
 session, prints its stdout and stderr, forwards stdin (its end too) and
 Ctrl-C (a second Ctrl-C stops waiting for a command that does not end), and
-exits with CMD's status (128+n when signal n ended it). The guest is left running for the
-next call unless --stop-vm is given.
+exits with CMD's status (128+n when signal n ended it). The guest is left
+running for the next call unless --stop-vm is given.
 
 Flags:
   --socket PATH            the helper's socket (default %s)
