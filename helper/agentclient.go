@@ -9,6 +9,7 @@ import (
 	"io"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cowork-vmm/cowork-vmm/protocol"
@@ -38,6 +39,11 @@ type agentClient struct {
 	// call's context allows (a guest that stops reading must not hold every
 	// caller behind the one whose write it stalls).
 	writeSlot chan struct{}
+
+	// lastFrame is when the last frame of any kind arrived (UnixNano):
+	// a guest whose pings time out but whose agent still talks is busy,
+	// not dead (liveness.go).
+	lastFrame atomic.Int64
 
 	mu      sync.Mutex
 	nextID  uint64
@@ -112,6 +118,7 @@ func (c *agentClient) readLoop() {
 		if err != nil {
 			break
 		}
+		c.lastFrame.Store(time.Now().UnixNano())
 		var f protocol.AgentFrame
 		if jerr := json.Unmarshal(body, &f); jerr != nil {
 			err = fmt.Errorf("guest agent sent invalid JSON: %w", jerr)

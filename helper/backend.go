@@ -91,6 +91,16 @@ type SetupAdjuster interface {
 	AdjustSetup(*protocol.SetupParams)
 }
 
+// ProgressReporter may be implemented by a Guest that can tell whether it
+// still runs: Progress returns a count that moves while the guest executes
+// (the vm backend's: its vCPUs' exits, KVM's counters), ok false when it
+// cannot tell. The ping loop asks it before declaring a guest whose pings
+// time out dead (liveness.go): one whose vCPUs run and whose agent still
+// sends frames is busy, not dead.
+type ProgressReporter interface {
+	Progress() (count uint64, ok bool)
+}
+
 // RootDiskAttacher may be implemented by a Backend whose guests attach the
 // profile's root disk (GuestConfig.RootDisk): the helper prepares the disk
 // (rootdisk.go) only for a backend that says true. The kvm backend does;

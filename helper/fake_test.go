@@ -222,6 +222,8 @@ type fakeAgent struct {
 	stdin      map[string]string
 	files      map[string][]byte
 	ignorePing bool
+	// ignoredPings counts the pings ignorePing left unanswered.
+	ignoredPings int
 	// holdSetup leaves setup unanswered, as an agent whose guest hangs.
 	holdSetup bool
 	// delayPing delays the answer to the next ping that much (once).
@@ -386,7 +388,12 @@ func (a *fakeAgent) handle(f protocol.AgentFrame) {
 		var p protocol.StdinParams
 		_ = json.Unmarshal(f.Params, &p)
 		a.stdin[p.ID] += p.Data
-		after = func() { a.emit(protocol.Event{Type: protocol.EventStdout, ID: p.ID, Data: p.Data}) }
+		after = func() {
+			a.emit(protocol.Event{Type: protocol.EventStdout, ID: p.ID, Data: p.Data})
+			if p.EOF { // a cat ends with its input
+				a.exit(p.ID, 0)
+			}
+		}
 	case protocol.AgentMethodKill:
 		var p protocol.KillParams
 		_ = json.Unmarshal(f.Params, &p)
@@ -411,6 +418,7 @@ func (a *fakeAgent) handle(f protocol.AgentFrame) {
 		reply.Result, _ = json.Marshal(protocol.ReadFileResult{Content: content})
 	case protocol.AgentMethodPing:
 		if a.ignorePing {
+			a.ignoredPings++
 			a.mu.Unlock()
 			return
 		}

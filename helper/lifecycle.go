@@ -499,12 +499,13 @@ func (inst *guestInstance) call(method string, params, result any) error {
 // pingLoop pings the agent every PingInterval and declares the guest dead
 // (closing the agent channel, which run sees) after pingFailuresFatal
 // pings in a row went unanswered. A ping that fails alone is logged and
-// forgotten at the next answer.
+// forgotten at the next answer; so is one a busy guest left unanswered
+// (busyNotDead), up to pingBusyFatal in a row.
 func (inst *guestInstance) pingLoop() {
 	interval := inst.s.opts.PingInterval
 	t := time.NewTicker(interval)
 	defer t.Stop()
-	failures := 0
+	failures, busy := 0, 0
 	for {
 		select {
 		case <-inst.ctx.Done():
@@ -513,6 +514,7 @@ func (inst *guestInstance) pingLoop() {
 			return
 		case <-t.C:
 		}
+		pingStart, progress := time.Now(), inst.progress()
 		ctx, cancel := context.WithTimeout(inst.ctx, pingTimeoutIntervals*interval)
 		err := inst.agent.Call(ctx, protocol.AgentMethodPing, nil, nil)
 		cancel()
@@ -523,7 +525,13 @@ func (inst *guestInstance) pingLoop() {
 			if failures > 0 {
 				inst.s.log.Info("guest agent answers pings again", "failed", failures)
 			}
-			failures = 0
+			failures, busy = 0, 0
+			continue
+		}
+		if busy < pingBusyFatal && inst.busyNotDead(pingStart, progress) {
+			busy++
+			inst.s.log.Info("guest agent did not answer a ping, but it is busy, not dead: it still talks and runs",
+				"err", err, "busy", busy, "fatal", pingBusyFatal)
 			continue
 		}
 		failures++

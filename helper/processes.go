@@ -168,7 +168,7 @@ func (s *Service) writeStdin(_ context.Context, p protocol.WriteStdinParams) (em
 	if err != nil {
 		return nil, fmt.Errorf("writeStdin: %w", err)
 	}
-	if err := proc.guest.call(protocol.AgentMethodStdin, protocol.StdinParams{ID: p.ID, Data: p.Data}, nil); err != nil {
+	if err := proc.guest.call(protocol.AgentMethodStdin, protocol.StdinParams{ID: p.ID, Data: p.Data, EOF: p.EOF}, nil); err != nil {
 		return nil, fmt.Errorf("writeStdin: %w", err)
 	}
 	return nil, nil

@@ -244,10 +244,12 @@ type SpawnParams struct {
 	EgressToken string `json:"egressToken,omitempty"`
 }
 
-// StdinParams forwards bytes to a process's stdin (UTF-8 text, as the client sends it).
+// StdinParams forwards bytes to a process's stdin (UTF-8 text, as the
+// client sends it). EOF closes the stdin once Data is written.
 type StdinParams struct {
 	ID   string `json:"id"`
 	Data string `json:"data"`
+	EOF  bool   `json:"eof,omitempty"`
 }
 
 // KillParams signals a process group. Signal is a name such as "SIGTERM".

@@ -346,10 +346,12 @@ type ClientKillParams struct {
 	Signal string `json:"signal"`
 }
 
-// WriteStdinParams: writeStdin.
+// WriteStdinParams: writeStdin. EOF (an extension the desktop client
+// never sends) closes the process's stdin after Data: it reads end of input.
 type WriteStdinParams struct {
 	ID   string `json:"id"`
 	Data string `json:"data"`
+	EOF  bool   `json:"eof,omitempty"`
 }
 
 // IsProcessRunningParams: isProcessRunning.

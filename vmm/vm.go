@@ -76,6 +76,9 @@ type VM struct {
 	pvm  bool
 
 	vcpus []*vcpuThread
+	// kvmStats are the vCPUs' KVM statistics, opened before they run (Exits);
+	// nil where the kernel has none.
+	kvmStats []*kvm.Stats
 
 	irqMu sync.Mutex
 	irqs  []*irqfdLine
@@ -232,6 +235,7 @@ func (v *VM) createVCPUs(cpus int, policy CPUIDPolicy) error {
 			return err
 		}
 		v.vcpus = append(v.vcpus, &vcpuThread{index: i, vcpu: c})
+		v.kvmStats = append(v.kvmStats, openStats(c))
 		entries, err := policy(supported, CPUIDContext{CPU: i, CPUs: cpus, PVM: v.pvm, TSCDeadlineTimer: tscDeadline > 0})
 		if err != nil {
 			return fmt.Errorf("CPUID policy for vCPU %d: %w", i, err)
@@ -502,6 +506,7 @@ func (v *VM) release() error {
 	}
 	v.irqs = nil
 	v.irqMu.Unlock()
+	closeStats(v.kvmStats)
 	for _, t := range v.vcpus {
 		if err := t.vcpu.Close(); err != nil {
 			errs = append(errs, err)

@@ -68,10 +68,10 @@ func clientUsage(w io.Writer, defaultSocket string) {
 Runs CMD in a session of a running helper (cowork-vmm -socket PATH), through
 its socket, the way Claude Desktop does: it subscribes to events, starts the
 guest unless one is running, waits for the guest agent, spawns CMD in the
-session, prints its stdout and stderr, forwards stdin and Ctrl-C (a second
-Ctrl-C stops waiting for a command that does not end), and exits with CMD's
-status (128+n when signal n ended it). The guest is left running for the
-next call unless --stop-vm is given.
+session, prints its stdout and stderr, forwards stdin (its end too) and
+Ctrl-C (a second Ctrl-C stops waiting for a command that does not end), and
+exits with CMD's status (128+n when signal n ended it). The guest is left
+running for the next call unless --stop-vm is given.
 
 Flags:
   --socket PATH            the helper's socket (default %s)
@@ -464,10 +464,10 @@ func handleClientSignals(ctx context.Context, pipe *protocol.PipeClient, sigs <-
 	}
 }
 
-// forwardClientStdin copies stdin to the process with writeStdin. The
-// protocol has no end-of-input message, so the process never sees EOF. A
-// UTF-8 sequence split by a read is held back until it is whole (writeStdin
-// data is a JSON string).
+// forwardClientStdin copies stdin to the process with writeStdin, and its
+// end with writeStdin's eof (our extension: the desktop client never ends
+// a process's input). A UTF-8 sequence split by a read is held back until
+// it is whole (writeStdin data is a JSON string).
 func forwardClientStdin(ctx context.Context, pipe *protocol.PipeClient, id string, stdin io.Reader) {
 	buf := make([]byte, 32*1024)
 	held := 0
@@ -478,9 +478,10 @@ func forwardClientStdin(ctx context.Context, pipe *protocol.PipeClient, id strin
 		if err == nil {
 			send = completeUTF8(buf[:n])
 		}
-		if send > 0 {
+		eof := errors.Is(err, io.EOF)
+		if send > 0 || eof {
 			callCtx, cancel := context.WithTimeout(ctx, clientCallTimeout)
-			werr := pipe.CallResult(callCtx, protocol.MethodWriteStdin, protocol.WriteStdinParams{ID: id, Data: string(buf[:send])}, nil)
+			werr := pipe.CallResult(callCtx, protocol.MethodWriteStdin, protocol.WriteStdinParams{ID: id, Data: string(buf[:send]), EOF: eof}, nil)
 			cancel()
 			if werr != nil {
 				return

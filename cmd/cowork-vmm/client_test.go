@@ -46,6 +46,8 @@ type fakeHelper struct {
 	onSpawn func(f *fakeHelper, p protocol.ClientSpawnParams)
 	// onKill answers a kill; nil: exit with that signal.
 	onKill func(f *fakeHelper, p protocol.ClientKillParams)
+	// onStdinEOF answers a writeStdin with eof; nil: nothing happens.
+	onStdinEOF func(f *fakeHelper, id string)
 }
 
 func newFakeHelper() *fakeHelper {
@@ -130,6 +132,9 @@ func (f *fakeHelper) Handle(_ context.Context, method string, params json.RawMes
 		f.mu.Lock()
 		f.stdin = append(f.stdin, p.Data)
 		f.mu.Unlock()
+		if p.EOF && f.onStdinEOF != nil {
+			f.onStdinEOF(f, p.ID)
+		}
 	}
 	return nil, nil
 }
@@ -319,6 +324,34 @@ func TestClientForwardsSignalsAndStdin(t *testing.T) {
 	assert.Equal(t, input, strings.Join(chunks, ""))
 	for _, chunk := range chunks {
 		assert.True(t, utf8.ValidString(chunk), "chunk %q", chunk)
+	}
+}
+
+// The end of the client's stdin reaches the process (writeStdin's eof): a
+// cat ends, and the client with it, where before it waited for ever.
+func TestClientForwardsEndOfInput(t *testing.T) {
+	f := newFakeHelper()
+	f.running = true
+	socket := serveFake(t, f)
+	f.onStdinEOF = func(f *fakeHelper, id string) {
+		f.publish(protocol.Event{Type: protocol.EventStdout, ID: id, Data: strings.Join(f.stdinChunks(), "")})
+		f.publish(protocol.Event{Type: protocol.EventExit, ID: id, ExitCode: ptrTo(0)})
+	}
+	type result struct {
+		code   int
+		stdout string
+	}
+	done := make(chan result, 1)
+	go func() {
+		code, stdout, _ := clientRun(t, socket, clientIO{stdin: strings.NewReader("all of it\n")}, "--", "cat")
+		done <- result{code, stdout}
+	}()
+	select {
+	case r := <-done:
+		assert.Equal(t, 0, r.code)
+		assert.Equal(t, "all of it\n", r.stdout)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the client still runs 10 s after its stdin ended: the process never saw end of input")
 	}
 }
 

@@ -371,8 +371,8 @@ func forwardSignals(ctx context.Context, svc *helper.Service, id string, sigs <-
 	}
 }
 
-// forwardStdin copies stdin to the process. The agent channel has no
-// end-of-input message yet, so the process never sees EOF.
+// forwardStdin copies stdin to the process, and its end (writeStdin's eof
+// extension): a command reading its input ends as it would on the host.
 func forwardStdin(ctx context.Context, svc *helper.Service, id string, stdin io.Reader) {
 	buf := make([]byte, 32*1024)
 	for {
@@ -381,6 +381,9 @@ func forwardStdin(ctx context.Context, svc *helper.Service, id string, stdin io.
 			if call(ctx, svc, protocol.MethodWriteStdin, map[string]any{"id": id, "data": string(buf[:n])}, nil) != nil {
 				return
 			}
+		}
+		if errors.Is(err, io.EOF) {
+			_ = call(ctx, svc, protocol.MethodWriteStdin, map[string]any{"id": id, "data": "", "eof": true}, nil)
 		}
 		if err != nil {
 			return

@@ -299,7 +299,10 @@ func (a *agent) handle(method string, raw json.RawMessage) (any, error) {
 		if err := decodeParams(raw, &p); err != nil {
 			return nil, err
 		}
-		return nil, a.procs.stdin(p.ID, []byte(p.Data))
+		if err := a.procs.stdin(p.ID, []byte(p.Data)); err != nil || !p.EOF {
+			return nil, err
+		}
+		return nil, a.procs.endStdin(p.ID)
 	case protocol.AgentMethodKill:
 		var p protocol.KillParams
 		if err := decodeParams(raw, &p); err != nil {

@@ -19,8 +19,10 @@
 //
 // Confinement (confine.go), VM and process backend alike: every spawn is
 // forked from a thread of its own that joined a fresh anonymous session
-// keyring and installed guest/seccomp's filter (keyrings, TIOCSTI, kernel
-// attack surface refused); the child inherits both, the agent does not.
+// keyring, installed guest/seccomp's filter (keyrings, TIOCSTI, kernel
+// attack surface refused) and raised its nice value by 10 (the agent
+// outranks its processes for the CPU, so a busy session does not starve
+// its pings); the child inherits all three, the agent does not.
 //
 // Guest requests (guestrequest.go): every spawn gets a Unix socket of its
 // own, named in its environment (protocol.GuestRequestSocketEnv) — in an

@@ -318,11 +318,10 @@ func (t *processTable) stdinWriter(p *process) {
 func (p *process) closeStdin() {
 	p.stdinMu.Lock()
 	defer p.stdinMu.Unlock()
-	if p.stdinClosed {
-		return
+	if !p.stdinClosed { // else end of input came first (endStdin)
+		p.stdinClosed = true
+		close(p.stdinQueue)
 	}
-	p.stdinClosed = true
-	close(p.stdinQueue)
 	// A write blocked on a full pipe returns once the deadline passes.
 	_ = p.stdin.SetWriteDeadline(time.Now())
 }
@@ -339,7 +338,7 @@ func (t *processTable) stdin(id string, data []byte) error {
 	p.stdinMu.Lock()
 	defer p.stdinMu.Unlock()
 	if p.stdinClosed || p.exited.Load() {
-		return fmt.Errorf("process %s has exited; its stdin is closed", id)
+		return fmt.Errorf("process %s: its stdin is closed (it has exited, or its input has ended)", id)
 	}
 	if p.stdinPending+len(data) > maxStdinPending {
 		return fmt.Errorf("process %s is not reading its stdin (%d bytes already waiting)", id, p.stdinPending)

@@ -41,18 +41,44 @@ var ErrBadStats = errors.New("kvm: malformed binary statistics")
 // Counters returns the vCPU's single-valued statistics by name (exits,
 // irq_injections, pf_taken, …; histograms are left out).
 func (c *VCPU) Counters() (map[string]uint64, error) {
+	s, err := c.OpenStats()
+	if err != nil {
+		return nil, err
+	}
+	defer s.Close()
+	return s.Counters()
+}
+
+// Stats is a vCPU's open statistics file. Opening it is a vCPU ioctl,
+// which waits for a running KVM_RUN to return (KVM holds the vCPU's mutex
+// across it, and a guest spinning without I/O may not return for long);
+// reading it takes no such lock, so an open Stats reads a running vCPU's
+// counters at once.
+type Stats struct {
+	id int
+	f  *os.File
+}
+
+// OpenStats opens the vCPU's statistics (KVM_GET_STATS_FD).
+func (c *VCPU) OpenStats() (*Stats, error) {
 	fd, err := ioctlValue(c.fd, ioctlGetStatsFD, 0)
 	if err != nil {
 		return nil, fmt.Errorf("KVM_GET_STATS_FD vCPU %d: %w", c.id, err)
 	}
-	f := os.NewFile(fd, "kvm-vcpu-stats")
-	defer f.Close()
-	counters, err := readStats(f)
+	return &Stats{id: c.id, f: os.NewFile(fd, "kvm-vcpu-stats")}, nil
+}
+
+// Counters reads the single-valued statistics by name, as they are now.
+func (s *Stats) Counters() (map[string]uint64, error) {
+	counters, err := readStats(s.f)
 	if err != nil {
-		return nil, fmt.Errorf("vCPU %d: %w", c.id, err)
+		return nil, fmt.Errorf("vCPU %d: %w", s.id, err)
 	}
 	return counters, nil
 }
+
+// Close closes the statistics file.
+func (s *Stats) Close() error { return s.f.Close() }
 
 // statsDesc is one descriptor's part readStats uses.
 type statsDesc struct {

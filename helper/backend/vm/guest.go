@@ -80,9 +80,10 @@ type acceptResult struct {
 }
 
 var (
-	_ helper.Guest         = (*guest)(nil)
-	_ helper.SetupAdjuster = (*guest)(nil)
-	_ helper.SystemSharer  = (*guest)(nil)
+	_ helper.Guest            = (*guest)(nil)
+	_ helper.SetupAdjuster    = (*guest)(nil)
+	_ helper.SystemSharer     = (*guest)(nil)
+	_ helper.ProgressReporter = (*guest)(nil)
 )
 
 func newGuestState(con *console, log *slog.Logger, fsKind string) *guest {
@@ -282,6 +283,20 @@ func exitError(exit vmm.Exit, agentConnected, panicked bool, tail string) error 
 		err = fmt.Errorf("%w; the guest console's last lines:\n%s", err, tail)
 	}
 	return err
+}
+
+// Progress implements helper.ProgressReporter: the exits of the guest's
+// vCPUs (vmm.VM.Exits), which move while it runs.
+func (g *guest) Progress() (uint64, bool) {
+	if g.m == nil {
+		return 0, false
+	}
+	n, err := g.m.VM().Exits()
+	if err != nil {
+		g.log.Debug("no vCPU progress to report", "err", err)
+		return 0, false
+	}
+	return n, true
 }
 
 // Agent implements helper.Guest: it waits for the agent's vsock connection.

@@ -333,3 +333,10 @@ func TestAgentGivesUpOnASilentGuest(t *testing.T) {
 		t.Errorf("Agent error lacks the console tail: %v", err)
 	}
 }
+
+func TestProgressWithoutAMachineSaysItCannotTell(t *testing.T) {
+	var reporter helper.ProgressReporter = testGuest(t)
+	if n, ok := reporter.Progress(); ok {
+		t.Errorf("Progress() = %d, true without a VM: want ok false", n)
+	}
+}

@@ -183,6 +183,9 @@ func TestKVMBootAgentMountsAndShutdown(t *testing.T) {
 		if restored := g.(*guest).Restored(); restored != (round == 2) {
 			t.Errorf("round %d: restored from a snapshot %v, want %v", round, restored, round == 2)
 		}
+		if round == 0 {
+			checkProgressMoves(t, g, a)
+		}
 		exerciseGuest(t, g, a, kind)
 		shutdownGuest(t, g, a)
 		if err := g.Err(); err != nil {
@@ -204,6 +207,28 @@ func TestKVMBootAgentMountsAndShutdown(t *testing.T) {
 	t.Logf("KVMFIGURE start_to_agent_hello median=%v all=%v", connectTimes[len(connectTimes)/2], connectTimes)
 	if !t.Failed() {
 		nested.RecordLinuxBoot(t)
+	}
+}
+
+// checkProgressMoves checks the guest's progress (helper.ProgressReporter,
+// its vCPUs' exits) moves while its agent answers a ping.
+func checkProgressMoves(t *testing.T, g helper.Guest, a *agentConn) {
+	t.Helper()
+	reporter, ok := g.(helper.ProgressReporter)
+	if !ok {
+		t.Fatal("the kvm guest does not implement helper.ProgressReporter: a busy guest would be declared dead")
+	}
+	before, ok := reporter.Progress()
+	if !ok {
+		t.Log("no vCPU progress on this kernel (KVM binary statistics need Linux 5.14)")
+		return
+	}
+	if err := a.call(protocol.AgentMethodPing, nil); err != nil {
+		t.Fatalf("ping: %v", err)
+	}
+	after, ok := reporter.Progress()
+	if !ok || after <= before {
+		t.Errorf("progress %d → %d (ok %v) over a ping: want it to move", before, after, ok)
 	}
 }
 
