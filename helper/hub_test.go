@@ -129,16 +129,43 @@ func TestServiceSubscribeAdapter(t *testing.T) {
 	sub, err := e.h.Subscribe(context.Background(), params)
 	require.NoError(t, err)
 	assert.Equal(t, "0", (<-sub.Events).Data)
+	delivered(sub)
 	e.s.Publish(ev(1))
 	assert.Equal(t, "1", (<-sub.Events).Data)
+	delivered(sub)
 	sub.Cancel()
 	e.s.Publish(ev(2))
 	sub2, err := e.h.Subscribe(context.Background(), params)
 	require.NoError(t, err)
 	defer sub2.Cancel()
-	assert.Equal(t, "2", (<-sub2.Events).Data, "resumes after the last event handed over, without repeating it")
+	assert.Equal(t, "2", (<-sub2.Events).Data, "resumes after the last event written, without repeating it")
 	_, err = e.h.Subscribe(context.Background(), json.RawMessage(`[`))
 	require.Error(t, err)
+}
+
+// An event the server took but could not write (no Delivered: the
+// connection dropped) goes to the next subscriber; the one after it too.
+func TestServiceSubscribeFailedWriteGoesToNextSubscriber(t *testing.T) {
+	e := newTestEnv(t)
+	params := json.RawMessage(`{"userDataName":"` + testProfile + `","userDataRoot":"` + testProfileRoot + `"}`)
+	e.sub.Close()
+	e.s.Publish(ev(0))
+	e.s.Publish(ev(1))
+	sub, err := e.h.Subscribe(context.Background(), params)
+	require.NoError(t, err)
+	assert.Equal(t, "0", (<-sub.Events).Data)
+	delivered(sub)
+	assert.Equal(t, "1", (<-sub.Events).Data) // its write fails
+	sub.Cancel()
+	sub2, err := e.h.Subscribe(context.Background(), params)
+	require.NoError(t, err)
+	defer sub2.Cancel()
+	select {
+	case got := <-sub2.Events:
+		assert.Equal(t, "1", got.Data, "the event whose write failed is the next subscriber's first")
+	case <-time.After(5 * time.Second):
+		t.Fatal("the event whose write failed never reached the next subscriber")
+	}
 }
 
 func TestHubBacklogIsBoundedInBytes(t *testing.T) {
@@ -172,4 +199,12 @@ func TestWaitDelivered(t *testing.T) {
 	e.sub.Close()
 	e.s.Publish(ev(1))
 	e.h.WaitDelivered(context.Background()) // nobody live: the backlog keeps it
+}
+
+// delivered tells a subscription the event it handed over was written, as
+// the server does.
+func delivered(sub *protocol.Subscription) {
+	if sub.Delivered != nil {
+		sub.Delivered()
+	}
 }
