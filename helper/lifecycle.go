@@ -78,6 +78,7 @@ type guestInstance struct {
 	mounts  mountTable
 
 	oneShots oneShotState
+	credits  creditSender // output credit to the agent (flow.go)
 }
 
 type mountKey struct {
@@ -707,10 +708,31 @@ func (s *Service) onAgentEvent(inst *guestInstance, ev protocol.Event) {
 		}
 		s.hub.Publish(out)
 	default: // stdout, stderr
+		s.publishOutput(p, ev)
+	}
+}
+
+// publishOutput publishes an output event of p within its credit (flow.go);
+// one past it is dropped. Called with s.mu held; returns with it released.
+func (s *Service) publishOutput(p *process, ev protocol.Event) {
+	cost := protocol.OutputCost(len(ev.Data))
+	if !p.takeOutputCredit(cost) {
+		first := !p.outputOverrun
+		p.outputOverrun = true
 		s.mu.Unlock()
-		for _, chunk := range splitUTF8(ev.Data, maxEventData) {
-			s.hub.Publish(protocol.Event{Type: ev.Type, ID: ev.ID, Data: chunk})
+		if first {
+			s.log.Warn("the guest sent output past its process's window; dropping it", "id", p.id, "bytes", len(ev.Data))
 		}
+		return
+	}
+	s.mu.Unlock()
+	chunks := splitUTF8(ev.Data, maxEventData)
+	for i, chunk := range chunks {
+		credit := len(chunk)
+		if i == len(chunks)-1 {
+			credit += protocol.OutputEventOverhead
+		}
+		s.hub.PublishOutput(protocol.Event{Type: ev.Type, ID: ev.ID, Data: chunk}, credit)
 	}
 }
 

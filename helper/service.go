@@ -185,6 +185,7 @@ func newService(h *Helper, key profileKey, ps profileState, sessionsDir string) 
 		cpuCount:    defaultCPUCount,
 		innerMounts: map[string]map[string]bool{},
 	}
+	s.hub.onDelivered = s.outputDelivered
 	s.egressSrv = newEgressServer(opts, h.testHosts, s.egressReg, log)
 	s.procs.init()
 	s.restore(ps)
