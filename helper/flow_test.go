@@ -85,7 +85,9 @@ func TestGuestRequestRateLimit(t *testing.T) {
 }
 
 // outputLine is process i's k-th line: checkable for order and loss.
-func outputLine(i, k int) string { return fmt.Sprintf("p%02d line %07d %s\n", i, k, strings.Repeat("x", 40)) }
+func outputLine(i, k int) string {
+	return fmt.Sprintf("p%02d line %07d %s\n", i, k, strings.Repeat("x", 40))
+}
 
 // runOutputFlood makes 32 processes print perProcess bytes each (lines,
 // in events of chunk bytes, within their credit) and exit, while read consumes the
