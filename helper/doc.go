@@ -19,6 +19,8 @@
 //     pings, stopVM, guest death — and turning agent events into client
 //     events; agentclient.go: the agent channel's request/reply client.
 //   - hub.go: a profile's event hub with its backlog.
+//   - flow.go: output flow control (the agent's credit) and the bounds
+//     that keep a hub's memory within its cap.
 //   - sessions.go: session names and their host directories; mounts.go: what
 //     is shared with the guest and mounted where (session homes, mountPath,
 //     the SDK), and withdrawing it; spawn.go: spawn, its environment and
