@@ -119,16 +119,26 @@ func (c *creditSender) run(inst *guestInstance) {
 		batch := c.pending
 		c.pending = make(map[string]int64)
 		c.mu.Unlock()
+		// At once, one call per process (at most maxRunningProcesses): a
+		// reply queues behind the agent's output, and one process's
+		// credit must not wait for another's.
+		var wg sync.WaitGroup
 		for id, bytes := range batch {
-			for bytes > 0 {
-				n := min(bytes, protocol.MaxOutputWindow)
-				bytes -= n
-				if err := inst.call(protocol.AgentMethodCredit, protocol.CreditParams{ID: id, Bytes: n}, nil); err != nil {
-					// The process has ended, or the guest: nobody to give it to.
-					inst.s.log.Debug("output credit not given", "id", id, "err", err)
-					break
-				}
-			}
+			wg.Go(func() { giveCredit(inst, id, bytes) })
+		}
+		wg.Wait()
+	}
+}
+
+// giveCredit sends one process's credit.
+func giveCredit(inst *guestInstance, id string, bytes int64) {
+	for bytes > 0 {
+		n := min(bytes, protocol.MaxOutputWindow)
+		bytes -= n
+		if err := inst.call(protocol.AgentMethodCredit, protocol.CreditParams{ID: id, Bytes: n}, nil); err != nil {
+			// The process has ended, or the guest: nobody to give it to.
+			inst.s.log.Debug("output credit not given", "id", id, "err", err)
+			return
 		}
 	}
 }

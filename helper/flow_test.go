@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -156,12 +157,11 @@ func readAdapter(pause time.Duration, vanishEvery int, away time.Duration) func(
 		sub := subscribe()
 		defer func() { sub.Cancel() }()
 		maxHeld := 0
-		timeout := time.After(30 * time.Second)
 		for n := 1; ; n++ {
 			var ev protocol.Event
 			select {
 			case ev = <-sub.Events:
-			case <-timeout:
+			case <-time.After(30 * time.Second):
 				e.t.Fatal("events stopped coming")
 			}
 			if vanishEvery > 0 && n%vanishEvery == 0 {
@@ -202,10 +202,12 @@ func TestVanishingSubscriberGetsEveryByteAndExit(t *testing.T) {
 }
 
 // TestOutputThroughputFastSubscriber logs what a subscriber that keeps up
-// receives per second (32 processes × 4 MiB through the fake agent).
+// receives per second (32 processes × 4 MiB through the fake agent, within
+// their credit, and the hub). A figure, not a check: it runs only with
+// COWORK_VMM_THROUGHPUT=1.
 func TestOutputThroughputFastSubscriber(t *testing.T) {
-	if testing.Short() {
-		t.Skip("a throughput figure, not a check")
+	if os.Getenv("COWORK_VMM_THROUGHPUT") != "1" {
+		t.Skip("a throughput figure: set COWORK_VMM_THROUGHPUT=1")
 	}
 	start := time.Now()
 	runOutputFlood(t, 4<<20, 64<<10, readAdapter(0, 0, 0))

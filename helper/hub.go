@@ -73,7 +73,7 @@ type Hub struct {
 	wake    chan struct{}
 	acked   uint64 // every event below this has been delivered by a subscriber
 	live    int    // subscribers currently open
-	evicted bool   // a status event was evicted undelivered (logged once)
+	evicted bool   // an event was evicted undelivered (logged once)
 }
 
 // heldEvent is one event in the queue.
@@ -152,16 +152,20 @@ func (h *Hub) publish(ev protocol.Event, credit, limit int) bool {
 
 // trim evicts what the bounds say must go: delivered events past the
 // backlog or the byte cap, then superseded status events, then (backstop)
-// anything. It returns the output events evicted undelivered, whose credit
+// undelivered output, then anything. It returns the output events evicted undelivered, whose credit
 // must still be given back. Called with h.mu held.
 func (h *Hub) trim() []heldEvent {
 	for h.first < h.acked && (int(h.next-h.first) > h.backlog || h.bytes > MaxBacklogBytes) {
 		h.popFront()
 	}
 	if h.bytes > MaxBacklogBytes {
-		h.evictStatus()
+		h.evictUndelivered(MaxBacklogBytes, isStatusEvent)
 	}
-	var lost []heldEvent
+	if h.bytes <= hardBacklogBytes {
+		return nil
+	}
+	h.log.Error("event backlog over its hard bound; dropping undelivered output", "bytes", h.bytes)
+	lost := h.evictUndelivered(hardBacklogBytes, isOutputEvent)
 	for h.bytes > hardBacklogBytes && h.first < h.next {
 		e := h.events[0]
 		if !e.gone {
@@ -186,27 +190,29 @@ func (h *Hub) popFront() {
 	h.first++
 }
 
-// evictStatus drops undelivered status events (network status, API
-// reachability, startup steps: each superseded by a later one), oldest
-// first, until the hub is within MaxBacklogBytes. Called with h.mu held.
-func (h *Hub) evictStatus() {
-	for i := range h.events {
-		if h.bytes <= MaxBacklogBytes {
-			return
-		}
+// evictUndelivered drops undelivered events of the kinds evictable says,
+// oldest first, until the hub holds at most limit bytes, and returns them.
+// Called with h.mu held.
+func (h *Hub) evictUndelivered(limit int, evictable func(string) bool) []heldEvent {
+	var out []heldEvent
+	for i := int(h.acked - h.first); i < len(h.events) && h.bytes > limit; i++ {
 		e := &h.events[i]
-		if e.gone || h.first+uint64(i) < h.acked || !isStatusEvent(e.ev.Type) {
+		if e.gone || !evictable(e.ev.Type) {
 			continue
 		}
 		if !h.evicted {
 			h.evicted = true
-			h.log.Warn("event backlog full; dropping undelivered status events")
+			h.log.Warn("event backlog full; dropping undelivered events", "type", e.ev.Type)
 		}
+		out = append(out, *e)
 		h.bytes -= e.size
 		h.owed -= e.size
 		*e = heldEvent{gone: true}
 	}
+	return out
 }
+
+func isOutputEvent(t string) bool { return t == protocol.EventStdout || t == protocol.EventStderr }
 
 func isStatusEvent(t string) bool {
 	switch t {

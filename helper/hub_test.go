@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -220,4 +221,65 @@ func delivered(sub *protocol.Subscription) {
 	if sub.Delivered != nil {
 		sub.Delivered()
 	}
+}
+
+// Every event counts its whole payload: params, messages, data.
+func TestHubCountsWholeEvents(t *testing.T) {
+	params := json.RawMessage(`"` + strings.Repeat("x", 1000) + `"`)
+	assert.Equal(t, eventOverhead+len("request")+len("7")+len("m")+len(params),
+		eventSize(protocol.Event{Type: protocol.EventRequest, ID: "7", Method: "m", Params: params}))
+	assert.Equal(t, eventOverhead+len("error")+1000,
+		eventSize(protocol.Event{Type: protocol.EventError, Message: strings.Repeat("e", 1000)}))
+	h := NewHub(0, nil)
+	require.NoError(t, h.PublishWithin(protocol.Event{Type: protocol.EventRequest, Params: params}, 2000))
+	assert.ErrorIs(t, h.PublishWithin(protocol.Event{Type: protocol.EventRequest, Params: params}, 2000), errBacklogFull)
+}
+
+// Nobody reading, a flood of output past the hard bound: the output goes,
+// the exits, errors and requests among it stay, and the hub stays bounded.
+func TestHubNeverEvictsExitsForOutput(t *testing.T) {
+	h := NewHub(0, nil)
+	var lostCredit int
+	h.onDelivered = func(_ string, credit int) { lostCredit += credit }
+	chunk := strings.Repeat("o", 1<<20)
+	code := 0
+	for i := range 100 {
+		h.PublishOutput(protocol.Event{Type: protocol.EventStdout, ID: "p", Data: chunk}, len(chunk))
+		h.Publish(protocol.Event{Type: protocol.EventExit, ID: strconv.Itoa(i), ExitCode: &code})
+		h.Publish(protocol.Event{Type: protocol.EventNetworkStatus, Status: protocol.NetworkConnected})
+	}
+	all, _ := h.heldBytes()
+	assert.LessOrEqual(t, all, hardBacklogBytes)
+	assert.Positive(t, lostCredit, "the credit of output dropped undelivered is given back")
+	exits := 0
+	s := h.Subscribe()
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	for {
+		e, err := s.Next(ctx)
+		if err != nil {
+			break
+		}
+		if e.Type == protocol.EventExit {
+			assert.Equal(t, strconv.Itoa(exits), e.ID, "in order")
+			exits++
+		}
+	}
+	assert.Equal(t, 100, exits, "every exit kept")
+}
+
+// Status events are superseded: past the cap, undelivered ones go first.
+func TestHubEvictsStatusEventsPastTheCap(t *testing.T) {
+	h := NewHub(0, nil)
+	status := strings.Repeat("s", 1<<20)
+	for range 40 {
+		h.Publish(protocol.Event{Type: protocol.EventStartupStep, Step: "x", Status: status})
+	}
+	code := 0
+	h.Publish(protocol.Event{Type: protocol.EventExit, ID: "p", ExitCode: &code})
+	all, owed := h.heldBytes()
+	assert.LessOrEqual(t, all, MaxBacklogBytes)
+	assert.Equal(t, all, owed)
+	got := drain(t, h.Subscribe())
+	assert.Less(t, len(got), 41)
 }
