@@ -38,13 +38,25 @@ build: check-go
 check-go:
 	@command -v $(GO) >/dev/null 2>&1 || { echo "make: Go 1.26 or later is needed on PATH (https://go.dev/dl/; Debian 12's golang package is too old)"; exit 1; }
 
-# The newcomer's main job: build, then run one command in a fresh guest.
+# The newcomer's main job: build, then run one command in a fresh guest. On
+# a host whose KVM boots Linux with no guest kernel built yet (a fresh
+# clone), it builds the kernel first (`cowork-vmm kernel-needed` decides;
+# guest/kernel/build.sh says which apt packages to install if some are
+# missing) and embeds it, so the command runs in a VM instead of falling
+# back to the process backend. Elsewhere it runs at once, as before.
 run: build
+	@if ./$(BIN) kernel-needed; then \
+		$(MAKE) --no-print-directory kernel && $(MAKE) --no-print-directory build || exit 1; \
+	fi
 	./$(BIN) run -- sh -c 'echo hello from the cowork-vmm guest; uname -a'
 
+# gofmt, go.mod and go.sum as go mod tidy leaves them (this runs offline
+# once the modules go.sum names are in the module cache, as .ci/run puts
+# them), go vet, then every test.
 test:
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	if [ -n "$$unformatted" ]; then echo "gofmt needed:"; echo "$$unformatted"; exit 1; fi
+	@$(GO) mod tidy -diff || { echo "make: go.mod/go.sum differ from what go mod tidy makes (above): run go mod tidy (or, if a module could not be read, download them as .ci/run does)"; exit 1; }
 	$(GO) vet ./...
 	$(GO) test -race -count=1 -timeout 45m ./...
 
@@ -57,7 +69,7 @@ BENCH_FS_RUNS ?= 3
 # Go micro-benchmarks, then the boot benchmark: directly on a host whose KVM
 # boots Linux, otherwise inside the nested harness (needs qemu-system-x86).
 bench: build kernel kernel-outer
-	$(GO) test -run '^$$' -bench . -benchmem ./bench/ ./protocol/ ./devices/vsock/ ./devices/p9/ ./devices/virtio/ ./guest/agent/ ./vmm/ ./helper/backend/kvm/
+	$(GO) test -run '^$$' -bench . -benchmem ./bench/ ./protocol/ ./devices/vsock/ ./devices/p9/ ./devices/virtio/ ./guest/agent/ ./vmm/ ./helper/backend/vm/
 	CGO_ENABLED=0 $(GO) build -trimpath -o bin/cowork-bench ./bench/cmd/cowork-bench
 	KERNEL_CACHE='$(KERNEL_CACHE)' ./bin/cowork-bench --binary $(BIN) --runs $(BENCH_RUNS) --fs-runs $(BENCH_FS_RUNS) --out $(BENCH_OUT)
 	@echo "bench: results in $(BENCH_OUT)/report.md, report.json, report.svg"
@@ -69,14 +81,14 @@ bench: build kernel kernel-outer
 # `make test` runs the small variant.
 .PHONY: fs-bench
 fs-bench: kernel kernel-outer
-	COWORK_VMM_FS_BENCH=full $(GO) test -count=1 -v -timeout 3h -run '^(TestNestedFSBench|TestFSBench)$$' ./internal/nested/ ./internal/nested/guestboot/fsrun/
+	COWORK_VMM_FS_BENCH=full $(GO) test -count=1 -v -timeout 3h -run '^(TestNestedFSBench|TestFSBench)$$' ./testharness/nested/ ./testharness/guestboot/fsrun/
 
 # The block-device benchmark alone, full sizes (64 MiB written + fsync'd and
 # read on a raw disk, 2000 random reads, 3 runs of each): our virtio-blk and
 # qemu's on the same image file, the same way as fs-bench.
 .PHONY: blk-bench
 blk-bench: kernel kernel-outer
-	COWORK_VMM_FS_BENCH=full GUESTBOOT_FS_SYSTEMS=ours-blk,qemu-blk $(GO) test -count=1 -v -timeout 1h -run '^(TestNestedFSBench|TestFSBench)$$' ./internal/nested/ ./internal/nested/guestboot/fsrun/
+	COWORK_VMM_FS_BENCH=full GUESTBOOT_FS_SYSTEMS=ours-blk,qemu-blk $(GO) test -count=1 -v -timeout 1h -run '^(TestNestedFSBench|TestFSBench)$$' ./testharness/nested/ ./testharness/guestboot/fsrun/
 
 # Every fuzz target for FUZZTIME (default 5s) beyond its seed corpus.
 fuzz:
@@ -120,5 +132,5 @@ kernel-outer:
 # with PAYLOAD shared read-write at /payload; exits with CMD's status.
 #   make nested PAYLOAD=dir CMD='sh -c "ls -l /dev/kvm"'
 nested: kernel-outer
-	CGO_ENABLED=0 $(GO) build -o bin/nested ./internal/nested/cmd/nested
+	CGO_ENABLED=0 $(GO) build -o bin/nested ./testharness/nested/cmd/nested
 	KERNEL_CACHE='$(KERNEL_CACHE)' ./bin/nested $(if $(PAYLOAD),--payload '$(PAYLOAD)') -- $(CMD)

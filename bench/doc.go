@@ -11,7 +11,7 @@
 // boot-latency targets against those medians (targets.go).
 //
 // Then it benchmarks file sharing (fs.go): the test guest of
-// internal/nested/guestboot runs the same workloads as that package's
+// testharness/guestboot runs the same workloads as that package's
 // TestFSBench (sequential write and read, 4 KiB random reads, a git-status
 // style tree walk, git status, python3's start) over our virtio-fs and
 // virtio-9p devices and qemu microvm's virtio-9p and vhost-user-fs with
@@ -22,8 +22,9 @@
 // qemu's on the same file; the "blk" section has their MB/s and the ratio
 // ours/qemu (--fs-runs, --fs-sizes; 0 runs leaves both out).
 //
-// Main is `cowork-vmm bench`; the report is a Markdown table on the
-// terminal plus report.json and report.svg in the output directory.
+// Run is the bench (cowork-bench, its one binary, is its command line:
+// AddFlags, Validate); the report is a Markdown table on the terminal plus
+// report.json and report.svg in the output directory.
 // On hosts without a usable KVM it measures what it can (the process
 // backend, labelled as having no peer) and says what it skipped and why.
 package bench

@@ -10,13 +10,13 @@ import (
 	"strings"
 	"time"
 
-	"github.com/cowork-vmm/cowork-vmm/internal/nested/guestboot"
-	"github.com/cowork-vmm/cowork-vmm/internal/nested/guestboot/fsbench"
-	"github.com/cowork-vmm/cowork-vmm/internal/nested/guestboot/fsrun"
+	"github.com/cowork-vmm/cowork-vmm/testharness/guestboot"
+	"github.com/cowork-vmm/cowork-vmm/testharness/guestboot/fsbench"
+	"github.com/cowork-vmm/cowork-vmm/testharness/guestboot/fsrun"
 )
 
 // The file-sharing benchmark is guestboot/fsrun's (FSBench): the same test guest
-// and workloads as internal/nested's TestNestedFSBench, its figures
+// and workloads as testharness/nested's TestNestedFSBench, its figures
 // summarised here as the report's "fs" section and, for the block-device
 // systems (the same workloads on a raw disk), its "blk" section.
 

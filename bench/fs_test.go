@@ -9,8 +9,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/cowork-vmm/cowork-vmm/internal/nested/guestboot"
-	"github.com/cowork-vmm/cowork-vmm/internal/nested/guestboot/fsbench"
+	"github.com/cowork-vmm/cowork-vmm/testharness/guestboot"
+	"github.com/cowork-vmm/cowork-vmm/testharness/guestboot/fsbench"
 )
 
 // sampleFS is a file-sharing bench of three systems, 3 runs each, the
@@ -189,15 +189,14 @@ func TestFSSizesAndFlags(t *testing.T) {
 	_, err = fsSizes(Options{FSSizes: "huge"})
 	require.Error(t, err)
 
-	var stderr bytes.Buffer
-	o, err := parseFlags([]string{"--fs-runs", "0"}, &stderr)
+	o, err := parseFlags("--fs-runs", "0")
 	require.NoError(t, err)
 	assert.Zero(t, o.FSRuns)
-	o, err = parseFlags(nil, &stderr)
+	o, err = parseFlags()
 	require.NoError(t, err)
 	assert.Equal(t, DefaultFSRuns, o.FSRuns)
-	_, err = parseFlags([]string{"--fs-sizes", "huge"}, &stderr)
+	_, err = parseFlags("--fs-sizes", "huge")
 	require.Error(t, err)
-	_, err = parseFlags([]string{"--fs-runs", "-1"}, &stderr)
+	_, err = parseFlags("--fs-runs", "-1")
 	require.Error(t, err)
 }

@@ -90,21 +90,3 @@ func TestBenchProcessBackend(t *testing.T) {
 	defer svg.Close()
 	assert.Len(t, svgBars(t, svg), len(ours.Phases))
 }
-
-func TestMainFlags(t *testing.T) {
-	var errOut bytes.Buffer
-	assert.Equal(t, 2, Main(context.Background(), []string{"--runs", "0"}, &bytes.Buffer{}, &errOut))
-	assert.Contains(t, errOut.String(), "--runs 0")
-	errOut.Reset()
-	assert.Equal(t, 2, Main(context.Background(), []string{"--backend", "xen"}, &bytes.Buffer{}, &errOut))
-	assert.Contains(t, errOut.String(), `--backend "xen"`)
-	errOut.Reset()
-	assert.Equal(t, 2, Main(context.Background(), []string{"--peers", "firecracker"}, &bytes.Buffer{}, &errOut))
-	assert.Contains(t, errOut.String(), `unknown peer "firecracker"`)
-	errOut.Reset()
-	assert.Equal(t, 0, Main(context.Background(), []string{"-h"}, &bytes.Buffer{}, &errOut))
-	assert.Contains(t, errOut.String(), "Usage: cowork-vmm bench")
-	errOut.Reset()
-	assert.Equal(t, 1, Main(context.Background(), []string{"--binary", "/nonexistent/cowork-vmm", "--out", t.TempDir()}, &bytes.Buffer{}, &errOut))
-	assert.Contains(t, errOut.String(), "not a file")
-}

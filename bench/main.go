@@ -3,7 +3,6 @@ package bench
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -16,24 +15,25 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/cowork-vmm/cowork-vmm/guest/kernel"
-	"github.com/cowork-vmm/cowork-vmm/internal/nested/guestboot"
+	"github.com/cowork-vmm/cowork-vmm/testharness/guestboot"
 	"github.com/cowork-vmm/cowork-vmm/vmm/kvm"
 )
 
 // Defaults of the flags.
 const (
 	DefaultRuns    = 5
-	DefaultOut     = "bench-results"
+	DefaultOut     = "build/bench"
+	DefaultBinary  = "bin/cowork-vmm" // where make build puts it
 	DefaultMemMiB  = 512
 	defaultTimeout = 3 * time.Minute
 )
 
-// Options are the bench's settings (the flags of `cowork-vmm bench`).
+// Options are the bench's settings (cowork-bench's flags, AddFlags).
 type Options struct {
 	Runs    int
 	Out     string
 	Backend string // "auto", "kvm" or "process"
-	Binary  string // the cowork-vmm binary to drive; default this executable
+	Binary  string // the cowork-vmm binary to drive
 	Kernel  string // guest vmlinux; default $COWORK_VMM_KERNEL, then the build cache
 	MemMiB  int
 	Qemu    string // qemu-system-x86_64 path; "none" disables the peers
@@ -54,37 +54,6 @@ type Options struct {
 // DefaultFSRuns is the file-sharing benchmark's default runs per system.
 const DefaultFSRuns = 3
 
-// Main is `cowork-vmm bench [flags]`: args are the arguments after
-// "bench"; the tables go to stdout, progress and notes to stderr. It
-// returns the exit status: 0 when our runs succeeded, 1 when none did, 2
-// for bad flags.
-func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	opts, err := parseFlags(args, stderr)
-	if err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		fmt.Fprintln(stderr, "cowork-vmm bench:", err)
-		return 2
-	}
-	rep, err := Run(ctx, opts, stderr)
-	if err != nil {
-		fmt.Fprintln(stderr, "cowork-vmm bench:", err)
-		return 1
-	}
-	if err := WriteMarkdown(stdout, rep); err != nil {
-		fmt.Fprintln(stderr, "cowork-vmm bench:", err)
-		return 1
-	}
-	fmt.Fprintf(stderr, "cowork-vmm bench: results in %s (report.md, report.json, report.svg)\n", opts.Out)
-	for _, s := range rep.Systems {
-		if !s.Peer && len(s.Phases) == 0 {
-			return 1
-		}
-	}
-	return 0
-}
-
 // stage copies the helper binary and the kernel (with the bzImage beside
 // it, if any) into dir and returns the copies' paths.
 func stage(dir, binary, vmlinux string) (string, string, error) {
@@ -104,70 +73,6 @@ func stage(dir, binary, vmlinux string) (string, string, error) {
 		return "", "", err
 	}
 	return filepath.Join(dir, "cowork-vmm"), filepath.Join(dir, "vmlinux"), nil
-}
-
-func parseFlags(args []string, stderr io.Writer) (Options, error) {
-	o := Options{}
-	fs := flag.NewFlagSet("cowork-vmm bench", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.IntVar(&o.Runs, "runs", DefaultRuns, "runs per system (interleaved)")
-	fs.StringVar(&o.Out, "out", DefaultOut, "directory for report.md, report.json, report.svg")
-	fs.StringVar(&o.Backend, "backend", "auto", `"kvm", "process" or "auto" (kvm when this host's KVM can boot Linux)`)
-	fs.StringVar(&o.Binary, "binary", "", "cowork-vmm binary to measure (default: this one)")
-	fs.StringVar(&o.Kernel, "kernel", "", "guest vmlinux (default: $COWORK_VMM_KERNEL, then the kernel build cache)")
-	fs.IntVar(&o.MemMiB, "mem", DefaultMemMiB, "guest memory in MiB")
-	fs.StringVar(&o.Qemu, "qemu", "", `qemu-system-x86_64 for the peers ("none": no peers)`)
-	fs.StringVar(&o.Peers, "peers", "", `peers to run, comma-separated: "microvm", "q35" (SeaBIOS), "ovmf" (q35 + OVMF) (default all)`)
-	fs.DurationVar(&o.Timeout, "timeout", defaultTimeout, "bound on one boot")
-	fs.IntVar(&o.FSRuns, "fs-runs", DefaultFSRuns, "runs per system of the file-sharing and block-device benchmarks (0: none)")
-	fs.StringVar(&o.FSSizes, "fs-sizes", "full", `file-sharing and block-device benchmark sizes: "full" (64 MiB, 2000 random reads, 10 000 files) or "ci"`)
-	fs.StringVar(&o.FSInitrd, "fs-initrd", "", "the file-sharing test guest's initramfs (default: built with the go tool, from the source tree)")
-	fs.Usage = func() {
-		fmt.Fprint(stderr, `Usage: cowork-vmm bench [--runs N] [--out DIR] [flags]
-
-Times every phase of a guest start (helper start, startVM, VM created, first
-guest instruction, kernel to /init, agent connected, spawn, first output,
-stop), the helper's memory and the binary's size, beside qemu booting the
-same kernel and initramfs (-M microvm; -M q35 with SeaBIOS and with OVMF,
-the official helper's firmware), runs interleaved; then file sharing
-(sequential and random I/O, a tree walk, git status, python3's start in a
-test guest) over our virtio-fs and virtio-9p and qemu's virtio-9p and
-virtiofsd; then the block device (sequential and random I/O on a raw disk
-image) over our virtio-blk and qemu's. Writes report.md, report.json and
-report.svg to DIR.
-
-`)
-		fs.PrintDefaults()
-	}
-	if err := fs.Parse(args); err != nil {
-		return o, err
-	}
-	if fs.NArg() > 0 {
-		return o, fmt.Errorf("unexpected arguments %q", fs.Args())
-	}
-	if o.Runs < 1 || o.Runs > 1000 {
-		return o, fmt.Errorf("--runs %d: want 1 to 1000", o.Runs)
-	}
-	if o.FSRuns < 0 || o.FSRuns > 100 {
-		return o, fmt.Errorf("--fs-runs %d: want 0 to 100", o.FSRuns)
-	}
-	if _, err := fsSizes(o); err != nil {
-		return o, err
-	}
-	if o.MemMiB < 64 {
-		return o, fmt.Errorf("--mem %d: want at least 64 MiB", o.MemMiB)
-	}
-	switch o.Backend {
-	case "auto", "kvm", "process":
-	default:
-		return o, fmt.Errorf(`--backend %q: want "kvm", "process" or "auto"`, o.Backend)
-	}
-	for _, p := range splitList(o.Peers) {
-		if p != "microvm" && p != "q35" && p != "ovmf" {
-			return o, fmt.Errorf(`--peers: unknown peer %q (want "microvm", "q35" or "ovmf")`, p)
-		}
-	}
-	return o, nil
 }
 
 func splitList(s string) []string {
@@ -488,11 +393,7 @@ func findQemu(flagValue, kvmState, kvmWhy string) (path, why string) {
 
 func resolveBinary(b string) (string, error) {
 	if b == "" {
-		exe, err := os.Executable()
-		if err != nil {
-			return "", fmt.Errorf("finding this executable (give --binary): %w", err)
-		}
-		b = exe
+		return "", errors.New("no --binary: the bench measures a cowork-vmm binary (make build puts one in " + DefaultBinary + ")")
 	}
 	abs, err := filepath.Abs(b)
 	if err != nil {

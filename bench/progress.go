@@ -31,14 +31,14 @@ func (p *progress) status(format string, args ...any) {
 	if !p.tty {
 		return
 	}
-	fmt.Fprintf(p.w, "\r\033[Kcowork-vmm bench: "+format, args...)
+	fmt.Fprintf(p.w, "\r\033[Kcowork-bench: "+format, args...)
 	p.dirty = true
 }
 
 // line prints a line that stays, above the status line.
 func (p *progress) line(format string, args ...any) {
 	p.clear()
-	fmt.Fprintf(p.w, "cowork-vmm bench: "+format+"\n", args...)
+	fmt.Fprintf(p.w, "cowork-bench: "+format+"\n", args...)
 }
 
 // clear removes the status line.

@@ -16,19 +16,16 @@ import (
 	"time"
 
 	"github.com/cowork-vmm/cowork-vmm/guest/initramfs"
-	kvmbackend "github.com/cowork-vmm/cowork-vmm/helper/backend/kvm"
+	"github.com/cowork-vmm/cowork-vmm/helper/backend/vm"
+	"github.com/cowork-vmm/cowork-vmm/protocol/guesthost"
 	"github.com/cowork-vmm/cowork-vmm/vmm/x86"
 )
 
-// Boot timer: the guest agent writes bootTimerValue to port bootTimerPort
-// first thing as /init (guest/agent). Our VMM's boot-timer device times
-// it; under qemu an isa-debugcon device on the same port forwards the byte
-// to a socket the bench listens on, so both are timed to the same
-// instruction of the same init.
-const (
-	bootTimerPort  = 0x3f0
-	bootTimerValue = 123
-)
+// Boot timer: the guest agent writes guesthost.BootTimerMagic to port
+// guesthost.BootTimerPort first thing as /init (guest/agent). Our VMM's
+// boot-timer device times it; under qemu an isa-debugcon device on the
+// same port forwards the byte to a socket the bench listens on, so both
+// are timed to the same instruction of the same init.
 
 // guestCmdline is the kernel command line of the peers: our machine's
 // default (machine.DefaultCmdline: console on ttyS0, no PCI probing, no
@@ -52,7 +49,7 @@ func writeInitramfs(path, executable string) error {
 	if err != nil {
 		return fmt.Errorf("writing the guest initramfs: %w", err)
 	}
-	if err := initramfs.Write(f, kvmbackend.InitramfsFiles(executable)); err != nil {
+	if err := initramfs.Write(f, vm.InitramfsFiles(executable)); err != nil {
 		f.Close()
 		return fmt.Errorf("writing the guest initramfs from %s: %w", executable, err)
 	}
@@ -98,7 +95,7 @@ func (q qemuBoot) run(ctx context.Context) (runResult, error) {
 		"-append", guestCmdline,
 		"-no-reboot",
 		"-chardev", "socket,id=boottimer,path="+sock,
-		"-device", fmt.Sprintf("isa-debugcon,iobase=%#x,chardev=boottimer", bootTimerPort),
+		"-device", fmt.Sprintf("isa-debugcon,iobase=%#x,chardev=boottimer", guesthost.BootTimerPort),
 	)
 	args = append(args, q.Args...)
 	logPath := filepath.Join(q.Dir, "qemu.log")
@@ -163,7 +160,7 @@ func readBootTimer(ln net.Listener, at *time.Time) error {
 		n, err := conn.Read(buf)
 		now := time.Now()
 		for _, b := range buf[:n] {
-			if b == bootTimerValue {
+			if b == guesthost.BootTimerMagic {
 				*at = now
 				return nil
 			}

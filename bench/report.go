@@ -307,8 +307,35 @@ func ReadJSON(path string) (Report, error) {
 // then memory and binary size; then the notes.
 func WriteMarkdown(w io.Writer, rep Report) error {
 	var b strings.Builder
-	fmt.Fprintf(&b, "## cowork-vmm bench: %d run(s) per system, backend %s\n\n", rep.Runs, rep.Backend)
+	fmt.Fprintf(&b, "## cowork-bench: %d run(s) per system, backend %s\n\n", rep.Runs, rep.Backend)
 	fmt.Fprintf(&b, "Host: %s, %d CPUs, KVM %s%s. Times are median (min–max).\n\n", rep.Host.Kernel, rep.Host.CPUs, rep.Host.KVM, map[bool]string{true: " (nested)", false: ""}[rep.Host.Nested])
+	writePhases(&b, rep)
+	b.WriteString("\n")
+	writeBootTargets(&b, rep.BootTargets)
+	writeSetupSteps(&b, rep)
+	writeMemory(&b, rep)
+	if rep.BinaryBytes > 0 {
+		fmt.Fprintf(&b, "Binary: %.1f MiB (%d bytes).\n\n", float64(rep.BinaryBytes)/(1<<20), rep.BinaryBytes)
+	}
+	for _, s := range rep.ioSections() {
+		writeFSMarkdown(&b, s)
+	}
+	for _, s := range rep.Systems {
+		for _, f := range s.Failures {
+			fmt.Fprintf(&b, "- %s failed a run: %s\n", s.Label, f)
+		}
+	}
+	for _, n := range rep.Notes {
+		fmt.Fprintf(&b, "- %s\n", n)
+	}
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+// writePhases writes the phases' table: a row per phase some system
+// measured, a column per system, then the ratio of each of ours to each
+// peer and of our other systems (the warm start) to our first (cold).
+func writePhases(b *strings.Builder, rep Report) {
 	var ours []SystemReport
 	var peers []SystemReport
 	for _, s := range rep.Systems {
@@ -327,11 +354,10 @@ func WriteMarkdown(w io.Writer, rep Report) error {
 			header = append(header, o.ID+" / "+p.ID)
 		}
 	}
-	// Our other systems (the warm start) against our first (cold).
 	for _, o := range ours[min(1, len(ours)):] {
 		header = append(header, o.ID+" / "+ours[0].ID)
 	}
-	writeRow(&b, header)
+	writeRow(b, header)
 	sep := make([]string, len(header))
 	for i := range sep {
 		sep[i] = "---"
@@ -339,7 +365,7 @@ func WriteMarkdown(w io.Writer, rep Report) error {
 			sep[i] = "---:"
 		}
 	}
-	writeRow(&b, sep)
+	writeRow(b, sep)
 	for _, p := range Phases {
 		row := []string{p.Label}
 		any := false
@@ -361,12 +387,15 @@ func WriteMarkdown(w io.Writer, rep Report) error {
 			row = append(row, fmtRatio(rep.ratio(p.ID, o.ID, ours[0].ID)))
 		}
 		if any {
-			writeRow(&b, row)
+			writeRow(b, row)
 		}
 	}
-	b.WriteString("\n")
-	writeBootTargets(&b, rep.BootTargets)
-	writeSetupSteps(&b, rep)
+}
+
+// writeMemory writes the memory table, a row per system with figures:
+// RSS, the VMM's share and the guest RAM touched when they could be told
+// apart, and the peak.
+func writeMemory(b *strings.Builder, rep Report) {
 	var memRows [][]string
 	for _, s := range rep.Systems {
 		if s.Memory == nil {
@@ -384,30 +413,15 @@ func WriteMarkdown(w io.Writer, rep Report) error {
 		}
 		memRows = append(memRows, []string{s.Label, fmtKiB(m.RSS), vmm, guest, fmtKiB(m.HWM)})
 	}
-	if len(memRows) > 0 {
-		writeRow(&b, []string{"memory (median, min–max)", "RSS", "VMM without guest RAM", "guest RAM touched", "peak RSS (HWM)"})
-		writeRow(&b, []string{"---", "---:", "---:", "---:", "---:"})
-		for _, r := range memRows {
-			writeRow(&b, r)
-		}
-		b.WriteString("\n")
+	if len(memRows) == 0 {
+		return
 	}
-	if rep.BinaryBytes > 0 {
-		fmt.Fprintf(&b, "Binary: %.1f MiB (%d bytes).\n\n", float64(rep.BinaryBytes)/(1<<20), rep.BinaryBytes)
+	writeRow(b, []string{"memory (median, min–max)", "RSS", "VMM without guest RAM", "guest RAM touched", "peak RSS (HWM)"})
+	writeRow(b, []string{"---", "---:", "---:", "---:", "---:"})
+	for _, r := range memRows {
+		writeRow(b, r)
 	}
-	for _, s := range rep.ioSections() {
-		writeFSMarkdown(&b, s)
-	}
-	for _, s := range rep.Systems {
-		for _, f := range s.Failures {
-			fmt.Fprintf(&b, "- %s failed a run: %s\n", s.Label, f)
-		}
-	}
-	for _, n := range rep.Notes {
-		fmt.Fprintf(&b, "- %s\n", n)
-	}
-	_, err := io.WriteString(w, b.String())
-	return err
+	b.WriteString("\n")
 }
 
 // writeSetupSteps writes the guest set-up's steps as a table: a row per

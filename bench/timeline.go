@@ -29,7 +29,7 @@ const (
 	MarkGone        = "gone"         // isRunning first answered false
 )
 
-// Startup step names the kvm backend (helper/backend/kvm) reports; the timeline maps
+// Startup step names the kvm backend (helper/backend/vm) reports; the timeline maps
 // their "completed" events to marks.
 const (
 	stepVMCreate   = "vm_create"

@@ -10,6 +10,9 @@
 //     the virtio-mmio transport; virtio/virtiotest plays the guest in tests.
 //   - rng, vsock, p9, virtiofs, blk: virtio devices built on package virtio
 //     (blk: the profile's writable root disk, a sparse raw image).
+//   - hostfs: the export layer the two file-sharing devices (virtiofs, the
+//     default, and p9) serve: confined host directories behind a node
+//     interface of its own.
 //
 // A device is a bus device: it has Read(offset, data) and Write(offset, data)
 // methods with offsets relative to its base, called concurrently from

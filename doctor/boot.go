@@ -11,8 +11,8 @@ import (
 	"time"
 
 	"github.com/cowork-vmm/cowork-vmm/helper"
-	kvmbackend "github.com/cowork-vmm/cowork-vmm/helper/backend/kvm"
 	"github.com/cowork-vmm/cowork-vmm/helper/backend/process"
+	"github.com/cowork-vmm/cowork-vmm/helper/backend/vm"
 	"github.com/cowork-vmm/cowork-vmm/protocol"
 )
 
@@ -32,7 +32,7 @@ func trialBoot(ctx context.Context, backend string) (BootResult, error) {
 	var b helper.Backend
 	switch backend {
 	case BackendKVM:
-		b = kvmbackend.New(kvmbackend.Options{Console: console, FileSharing: os.Getenv(kvmbackend.FSEnv)})
+		b = vm.New(vm.Options{Console: console, FileSharing: os.Getenv(vm.FSEnv)})
 	case BackendProcess:
 		b = process.New(process.Options{Stderr: console})
 	default:

@@ -3,8 +3,9 @@
 //
 // It owns the checks (KVM device, access, API and capabilities, whether this
 // KVM can boot Linux at all, the guest kernel and its version, the socket's
-// runtime directory, user namespaces for the process backend, free disk for
-// sessions, the profiles' root disks, an optional trial boot), the separate
+// runtime directory, user namespaces and the spawns' seccomp filter for the
+// process backend, free disk for sessions, the profiles' root disks, an
+// optional trial boot), the separate
 // view of what Claude Desktop's support gate checks before it starts any
 // helper, the verdict (which backends work, exit status) and the two
 // renderings: aligned text for a terminal and JSON with stable field names.
@@ -15,5 +16,5 @@
 // answer to "can this KVM boot Linux?" that the kvm backend's preflight and
 // the tests use too; the kernel locations are guest/kernel and
 // guest/kernel/embedded, the data directory helper.DefaultDataDir, and the
-// trial boot the helper/backend/kvm and helper/backend/process backends themselves.
+// trial boot the helper/backend/vm and helper/backend/process backends themselves.
 package doctor

@@ -47,14 +47,15 @@ func Run(ctx context.Context, opts Options) Report {
 	r.fileLimitCheck()
 	serveOK := r.socketChecks()
 	usernsOK := r.userNSCheck()
+	seccompOK := r.seccompCheck()
 	r.diskCheck()
 	r.rootDiskCheck()
 	kvmReady := kvmFacts.works() && kernelOK && fileSharingOK
-	kvmBooted, processBooted := r.bootChecks(kvmReady, usernsOK)
+	kvmBooted, processBooted := r.bootChecks(kvmReady, usernsOK && seccompOK)
 	gatePasses, gate := r.clientChecks()
 
 	kvmWorks := kvmReady && kvmBooted
-	processWorks := usernsOK && processBooted
+	processWorks := usernsOK && seccompOK && processBooted
 	diskOK := true
 	if c, ok := r.find(CheckDisk); ok && c.Status == StatusFail {
 		diskOK = false

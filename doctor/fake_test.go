@@ -56,11 +56,13 @@ type fakeHost struct {
 	pvmWhy    string
 	kvm       kvm.HostProbe
 	usernsErr error
-	embedded  []byte
-	cache     string // KernelCache answer; "" = none built
-	exe       string
-	rootDisks []RootDisk // RootDisks answer
-	fileLimit uint64     // FileLimit answer; 0 = 1<<20
+	// seccompErr is ProbeSeccomp's answer.
+	seccompErr error
+	embedded   []byte
+	cache      string // KernelCache answer; "" = none built
+	exe        string
+	rootDisks  []RootDisk // RootDisks answer
+	fileLimit  uint64     // FileLimit answer; 0 = 1<<20
 
 	mu    sync.Mutex
 	boots []string
@@ -176,8 +178,9 @@ func (f *fakeHost) host() *Host {
 			}
 			return f.embedded, nil
 		},
-		ProbeKVM:    f.probeKVM,
-		ProbeUserNS: func(context.Context) error { return f.usernsErr },
+		ProbeKVM:     f.probeKVM,
+		ProbeUserNS:  func(context.Context) error { return f.usernsErr },
+		ProbeSeccomp: func() error { return f.seccompErr },
 		TrialBoot: func(ctx context.Context, backend string) (BootResult, error) {
 			f.mu.Lock()
 			defer f.mu.Unlock()

@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"strings"
 
-	kvmbackend "github.com/cowork-vmm/cowork-vmm/helper/backend/kvm"
+	"github.com/cowork-vmm/cowork-vmm/helper/backend/vm"
 	"github.com/cowork-vmm/cowork-vmm/internal/fdlimit"
 	"github.com/cowork-vmm/cowork-vmm/protocol"
 )
@@ -15,19 +15,19 @@ import (
 func (r *runner) fileSharingCheck() bool {
 	c := Check{ID: CheckFileSharing, Group: GroupCoworkVMM, Title: "File sharing (kvm backend)"}
 	defer func() { r.add(c) }()
-	kind, err := kvmbackend.FileSharingKind(r.h.Getenv(kvmbackend.FSEnv))
+	kind, err := vm.FileSharingKind(r.h.Getenv(vm.FSEnv))
 	switch {
 	case err != nil:
 		c.Status = StatusFail
 		c.Detail = err.Error()
-		c.Fix = "unset " + kvmbackend.FSEnv + " (virtio-fs, the default) or set it to " + kvmbackend.FileSharingNineP
+		c.Fix = "unset " + vm.FSEnv + " (virtio-fs, the default) or set it to " + vm.FileSharingNineP
 		return false
 	case kind == protocol.MountKindNineP:
 		c.Status = StatusOK
-		c.Detail = "virtio-9p devices (" + kvmbackend.FSEnv + "=" + kvmbackend.FileSharingNineP + "); unset it for virtio-fs, the default"
+		c.Detail = "virtio-9p devices (" + vm.FSEnv + "=" + vm.FileSharingNineP + "); unset it for virtio-fs, the default"
 	default:
 		c.Status = StatusOK
-		c.Detail = "virtio-fs devices (the default; " + kvmbackend.FSEnv + "=" + kvmbackend.FileSharingNineP + " selects virtio-9p)"
+		c.Detail = "virtio-fs devices (the default; " + vm.FSEnv + "=" + vm.FileSharingNineP + " selects virtio-9p)"
 	}
 	return true
 }
@@ -58,16 +58,16 @@ func (r *runner) fileLimitCheck() {
 func (r *runner) warmStartCheck() {
 	c := Check{ID: CheckWarmStart, Group: GroupCoworkVMM, Title: "Warm starts (kvm backend)", Status: StatusOK}
 	defer func() { r.add(c) }()
-	dir := kvmbackend.SnapshotDirFor(r.h.Getenv)
+	dir := vm.SnapshotDirFor(r.h.Getenv)
 	if dir == "" {
-		c.Detail = "off: every start boots cold (" + kvmbackend.SnapshotEnv + "=off, or no cache directory)"
+		c.Detail = "off: every start boots cold (" + vm.SnapshotEnv + "=off, or no cache directory)"
 		return
 	}
-	snaps := kvmbackend.Snapshots(dir)
+	snaps := vm.Snapshots(dir)
 	if len(snaps) == 0 {
-		c.Detail = "on, no snapshot yet in " + dir + ": the next start boots cold and takes one; " + kvmbackend.SnapshotEnv + "=off turns warm starts off"
+		c.Detail = "on, no snapshot yet in " + dir + ": the next start boots cold and takes one; " + vm.SnapshotEnv + "=off turns warm starts off"
 		return
 	}
 	c.Detail = "on: the next start of the same VM (this build, kernel, memory and vCPUs) restores " + strings.Join(snaps, ", ") +
-		"; remove it to boot cold once, or set " + kvmbackend.SnapshotEnv + "=off"
+		"; remove it to boot cold once, or set " + vm.SnapshotEnv + "=off"
 }

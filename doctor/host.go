@@ -15,6 +15,7 @@ import (
 
 	"github.com/cowork-vmm/cowork-vmm/guest/kernel"
 	"github.com/cowork-vmm/cowork-vmm/guest/kernel/embedded"
+	"github.com/cowork-vmm/cowork-vmm/guest/seccomp"
 	"github.com/cowork-vmm/cowork-vmm/helper"
 	"github.com/cowork-vmm/cowork-vmm/internal/fdlimit"
 	"github.com/cowork-vmm/cowork-vmm/vmm/kvm"
@@ -62,6 +63,9 @@ type Host struct {
 	// ProbeUserNS starts a short-lived child in the namespaces the process
 	// backend uses; nil means it worked.
 	ProbeUserNS func(ctx context.Context) error
+	// ProbeSeccomp says whether the kernel can install the sandbox's
+	// seccomp filter (seccomp.Supported); nil means it can.
+	ProbeSeccomp func() error
 	// TrialBoot starts a guest on backend ("kvm" or "process"), waits for
 	// its agent's hello and stops it.
 	TrialBoot func(ctx context.Context, backend string) (BootResult, error)
@@ -102,6 +106,7 @@ func RealHost() Host {
 		EmbeddedKernel: embedded.Kernel,
 		ProbeKVM:       kvm.ProbeHost,
 		ProbeUserNS:    probeUserNS,
+		ProbeSeccomp:   seccomp.Supported,
 		TrialBoot:      trialBoot,
 		BuildInfo:      readBuildInfo,
 		FileLimit:      fdlimit.Raise,
@@ -167,6 +172,9 @@ func (h Host) withDefaults() Host {
 	}
 	if h.ProbeUserNS == nil {
 		h.ProbeUserNS = r.ProbeUserNS
+	}
+	if h.ProbeSeccomp == nil {
+		h.ProbeSeccomp = r.ProbeSeccomp
 	}
 	if h.TrialBoot == nil {
 		h.TrialBoot = r.TrialBoot

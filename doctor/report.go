@@ -33,6 +33,7 @@ const (
 	CheckRuntimeDir     = "runtime-dir"
 	CheckSocketPath     = "socket-path"
 	CheckUserNS         = "user-namespaces"
+	CheckSeccomp        = "sandbox-seccomp"
 	CheckDisk           = "disk-space"
 	CheckRootDisks      = "root-disks"
 	CheckBootKVM        = "boot-kvm"

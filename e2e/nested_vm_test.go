@@ -11,8 +11,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/cowork-vmm/cowork-vmm/guest/kernel"
-	"github.com/cowork-vmm/cowork-vmm/internal/nested"
 	"github.com/cowork-vmm/cowork-vmm/protocol"
+	"github.com/cowork-vmm/cowork-vmm/testharness/nested"
 )
 
 // TestNestedKVMClientFlow runs the kvm backend's client flow

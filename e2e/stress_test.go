@@ -13,8 +13,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/cowork-vmm/cowork-vmm/internal/nested"
 	"github.com/cowork-vmm/cowork-vmm/protocol"
+	"github.com/cowork-vmm/cowork-vmm/testharness/nested"
 )
 
 // StressBootsEnv sets how many boots TestKVMStress2VCPUs makes; unset, the

@@ -6,6 +6,8 @@ import (
 	"net"
 	"net/netip"
 	"strings"
+
+	"github.com/cowork-vmm/cowork-vmm/protocol/guesthost"
 )
 
 // The address filter: which resolved (or literal) addresses the helper may
@@ -16,10 +18,6 @@ import (
 // its link (169.254.169.254 is the cloud metadata service), nor, unless
 // Config.AllowPrivate, the private networks around it. Every check runs on
 // the unmapped address, so ::ffff:127.0.0.1 is 127.0.0.1.
-
-// AddressBlockedPrefix starts the error of every refusal by the address
-// filter (after the policy allowed the host).
-const AddressBlockedPrefix = "blocked-by-address-filter"
 
 // AllowPrivateEnv is the helper's environment variable that sets
 // Config.AllowPrivate when it is "1".
@@ -190,10 +188,15 @@ func isHostAddr(own []netip.Addr, a netip.Addr) bool {
 }
 
 // AddrRefusedError is a dial refused because every address of the host is
-// one the guest may not reach. Its message starts with AddressBlockedPrefix.
+// one the guest may not reach. Its message starts with
+// guesthost.EgressBlockedByAddressFilter.
 type AddrRefusedError struct {
 	Host    string
 	Refused []RefusedAddr
+	// PrivateAllowed: the filter already lets the private ranges through
+	// (Config.AllowPrivate), so the message does not suggest AllowPrivateEnv
+	// for a private address refused for another reason (the host's own).
+	PrivateAllowed bool
 }
 
 // maxRefusedListed bounds the addresses an AddrRefusedError names.
@@ -201,7 +204,7 @@ const maxRefusedListed = 4
 
 func (e *AddrRefusedError) Error() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "%s: %s: the guest may not reach ", AddressBlockedPrefix, e.Host)
+	fmt.Fprintf(&b, "%s: %s: the guest may not reach ", guesthost.EgressBlockedByAddressFilter, e.Host)
 	private := false
 	for i, r := range e.Refused {
 		if i == maxRefusedListed {
@@ -214,7 +217,7 @@ func (e *AddrRefusedError) Error() string {
 		fmt.Fprintf(&b, "%s, %s", r.Addr, r.Why)
 		private = private || rangeRefusal(r.Addr, true) == "" && rangeRefusal(r.Addr, false) != ""
 	}
-	if private {
+	if private && !e.PrivateAllowed {
 		fmt.Fprintf(&b, " (private ranges are reachable only when the helper runs with %s=1)", AllowPrivateEnv)
 	}
 	return b.String()

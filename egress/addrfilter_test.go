@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/cowork-vmm/cowork-vmm/protocol"
+	"github.com/cowork-vmm/cowork-vmm/protocol/guesthost"
 )
 
 // recordingDialer records every address the server dials and never opens a
@@ -140,7 +141,7 @@ func TestAddrFilterRanges(t *testing.T) {
 			_, err := s.DialContext(context.Background(), "tcp", net.JoinHostPort(a, "443"))
 			var refused *AddrRefusedError
 			require.ErrorAs(t, err, &refused, "%s (allowPrivate %v)", a, allowPrivate)
-			require.True(t, strings.HasPrefix(err.Error(), AddressBlockedPrefix+": "), err.Error())
+			require.True(t, strings.HasPrefix(err.Error(), guesthost.EgressBlockedByAddressFilter+": "), err.Error())
 		}
 		for _, a := range privateAddrs {
 			conn, err := s.DialContext(context.Background(), "tcp", net.JoinHostPort(a, "443"))
@@ -223,7 +224,7 @@ func TestAddrFilterMixedAnswers(t *testing.T) {
 	// Only forbidden addresses: the refusal names them and why.
 	r["bad.test"] = []string{"10.0.0.1", "127.0.0.1", "198.51.100.7", "0.0.0.0", "fd00::1", "::1"}
 	_, err = s.DialContext(context.Background(), "tcp", "bad.test:443")
-	require.Equal(t, AddressBlockedPrefix+": bad.test: the guest may not reach 10.0.0.1, private (10.0.0.0/8), "+
+	require.Equal(t, guesthost.EgressBlockedByAddressFilter+": bad.test: the guest may not reach 10.0.0.1, private (10.0.0.0/8), "+
 		"127.0.0.1, loopback (127.0.0.0/8), 198.51.100.7, an address of the host itself, "+
 		`0.0.0.0, "this network" (Linux connects 0.0.0.0 to the host itself) (0.0.0.0/8), and 2 more `+
 		"(private ranges are reachable only when the helper runs with "+AllowPrivateEnv+"=1)", err.Error())
@@ -232,7 +233,7 @@ func TestAddrFilterMixedAnswers(t *testing.T) {
 
 // TestAddrFilterReplyAndLog: through HandleConn, a refusal is a plain
 // error reply (not Blocked: the allowlist did allow the host) starting with
-// AddressBlockedPrefix, and its warning is rate-limited.
+// guesthost.EgressBlockedByAddressFilter, and its warning is rate-limited.
 func TestAddrFilterReplyAndLog(t *testing.T) {
 	var logs bytes.Buffer
 	var logMu sync.Mutex
@@ -250,7 +251,7 @@ func TestAddrFilterReplyAndLog(t *testing.T) {
 		rep, guest := exchange(t, s, protocol.EgressRequest{SpawnID: "s", Token: token, Host: "lan.test", Port: 443})
 		guest.Close()
 		require.False(t, rep.OK || rep.Blocked)
-		require.True(t, strings.HasPrefix(rep.Error, AddressBlockedPrefix+": lan.test: "), rep.Error)
+		require.True(t, strings.HasPrefix(rep.Error, guesthost.EgressBlockedByAddressFilter+": lan.test: "), rep.Error)
 		require.Contains(t, rep.Error, "192.168.1.20, private (192.168.0.0/16)")
 	}
 	require.Empty(t, d.addresses())
@@ -296,4 +297,22 @@ func TestAddrFilterRealHostAddr(t *testing.T) {
 		t.Skip("this machine has no interface address outside loopback and link-local (TestAddrFilterNetns covers one)")
 	}
 	require.Empty(t, d.addresses())
+}
+
+// TestAddrFilterPrivateHintOnlyWhenOff: a private address refused while
+// AllowPrivate is already on (here the host's own LAN address) does not
+// tell the user to turn AllowPrivateEnv on; with it off, the hint is there.
+func TestAddrFilterPrivateHintOnlyWhenOff(t *testing.T) {
+	r := mapResolver{"lan.test": {"192.168.1.5"}}
+	for _, allowPrivate := range []bool{false, true} {
+		s, d := filterServer(t, allowPrivate, hostAddrList("192.168.1.5"), r)
+		_, err := s.DialContext(context.Background(), "tcp", "lan.test:443")
+		require.True(t, isAddrRefused(err), "allowPrivate %v: %v", allowPrivate, err)
+		if allowPrivate {
+			require.Equal(t, guesthost.EgressBlockedByAddressFilter+": lan.test: the guest may not reach 192.168.1.5, an address of the host itself", err.Error())
+		} else {
+			require.Contains(t, err.Error(), AllowPrivateEnv+"=1", "the refusal says how to allow private ranges")
+		}
+		require.Empty(t, d.addresses())
+	}
 }

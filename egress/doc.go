@@ -20,6 +20,6 @@
 // Wiring: each of the helper's profiles owns one Registry and one Server; it registers each
 // spawn before asking the agent to start it (the token goes to the agent
 // with the spawn) and unregisters it on exit; each guest's egress listener
-// (vsock.Device.Listen(protocol.EgressVSockPort), or fdpass.NewListener on
+// (vsock.Device.Listen(guesthost.EgressVSockPort), or fdpass.NewListener on
 // the process backend's control socket) is given to Server.Serve.
 package egress

@@ -15,6 +15,7 @@ import (
 	"github.com/cowork-vmm/cowork-vmm/internal/acceptloop"
 	"github.com/cowork-vmm/cowork-vmm/internal/ratelog"
 	"github.com/cowork-vmm/cowork-vmm/protocol"
+	"github.com/cowork-vmm/cowork-vmm/protocol/guesthost"
 )
 
 // Defaults of Config's limits.
@@ -24,10 +25,6 @@ const (
 	DefaultDialTimeout      = 15 * time.Second
 	DefaultIdleTimeout      = 10 * time.Minute
 )
-
-// BlockedPrefix starts the error of every refusal by policy; the guest proxy
-// shows it to the process.
-const BlockedPrefix = "blocked-by-allowlist"
 
 // Resolver resolves a host name; *net.Resolver implements it.
 type Resolver interface {
@@ -235,7 +232,7 @@ func (s *Server) open(ctx context.Context, req protocol.EgressRequest) (net.Conn
 	}
 	if !policy.AllowsPort(req.Host, req.Port) {
 		s.guestLog.Warn("egress blocked by allowedDomains", "spawn", req.SpawnID, "host", req.Host, "port", req.Port)
-		return nil, protocol.EgressReply{Blocked: true, Error: BlockedPrefix + ": " + req.Host}
+		return nil, protocol.EgressReply{Blocked: true, Error: guesthost.EgressBlockedByAllowlist + ": " + req.Host}
 	}
 	conn, err := s.dial(ctx, req.Host, req.Port)
 	if err != nil {
@@ -327,7 +324,7 @@ func (s *Server) allowedAddrs(host string, addrs []netip.Addr) ([]netip.Addr, er
 		return nil, err
 	}
 	if len(allowed) == 0 {
-		return nil, &AddrRefusedError{Host: host, Refused: refused}
+		return nil, &AddrRefusedError{Host: host, Refused: refused, PrivateAllowed: s.filter.allowPrivate}
 	}
 	if len(refused) > 0 {
 		s.log.Debug("egress: skipping addresses the guest may not reach", "host", host, "refused", refused)

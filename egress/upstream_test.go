@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/cowork-vmm/cowork-vmm/protocol"
+	"github.com/cowork-vmm/cowork-vmm/protocol/guesthost"
 )
 
 // fakeProxy is an HTTP CONNECT proxy on 127.0.0.1 that connects nowhere:
@@ -150,7 +151,7 @@ func TestUpstreamProxyConnect(t *testing.T) {
 		rep, guest = exchange(t, s, protocol.EgressRequest{SpawnID: "open", Token: openToken, Host: host, Port: 22})
 		guest.Close()
 		require.False(t, rep.OK || rep.Blocked, host)
-		require.True(t, strings.HasPrefix(rep.Error, AddressBlockedPrefix), "%s: %s", host, rep.Error)
+		require.True(t, strings.HasPrefix(rep.Error, guesthost.EgressBlockedByAddressFilter), "%s: %s", host, rep.Error)
 	}
 	require.Len(t, p.seen(), 1, "refused targets never reach the proxy")
 	require.Len(t, d.addresses(), 1)

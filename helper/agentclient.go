@@ -1,6 +1,7 @@
 package helper
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -32,7 +33,11 @@ type agentClient struct {
 	onEvent func(protocol.Event)
 	hello   protocol.AgentHello
 
-	writeMu sync.Mutex
+	// writeSlot holds a token while a frame is being written: frames never
+	// interleave, and a writer waits for its turn only as long as its
+	// call's context allows (a guest that stops reading must not hold every
+	// caller behind the one whose write it stalls).
+	writeSlot chan struct{}
 
 	mu      sync.Mutex
 	nextID  uint64
@@ -68,12 +73,13 @@ func dialAgent(ctx context.Context, conn io.ReadWriteCloser, log *slog.Logger, o
 		return nil, fmt.Errorf("waiting for the guest agent's hello: %w", ctx.Err())
 	}
 	c := &agentClient{
-		conn:    conn,
-		log:     log,
-		onEvent: onEvent,
-		hello:   hello,
-		pending: make(map[uint64]chan protocol.AgentFrame),
-		done:    make(chan struct{}),
+		conn:      conn,
+		log:       log,
+		onEvent:   onEvent,
+		hello:     hello,
+		pending:   make(map[uint64]chan protocol.AgentFrame),
+		done:      make(chan struct{}),
+		writeSlot: make(chan struct{}, 1),
 	}
 	go c.readLoop()
 	return c, nil
@@ -147,13 +153,33 @@ func (c *agentClient) readLoop() {
 	close(c.done)
 }
 
-// Call sends one request and waits for its reply. result may be nil.
+// Call sends one request and waits for its reply. result may be nil. ctx
+// bounds both: the write too (send).
 func (c *agentClient) Call(ctx context.Context, method string, params, result any) error {
+	call, err := c.begin(ctx, method, params)
+	if err != nil {
+		return err
+	}
+	return call.wait(ctx, result)
+}
+
+// agentCall is a request sent and waiting for its reply.
+type agentCall struct {
+	c      *agentClient
+	method string
+	id     uint64
+	reply  chan protocol.AgentFrame
+}
+
+// begin sends one request, its write bounded by ctx; wait takes its reply.
+// A caller may give the two different bounds (shutdown: a guest that does
+// not even read the request is not waited for as long as its answer).
+func (c *agentClient) begin(ctx context.Context, method string, params any) (*agentCall, error) {
 	var raw json.RawMessage
 	if params != nil {
 		b, err := json.Marshal(params)
 		if err != nil {
-			return fmt.Errorf("agent %s: encoding params: %w", method, err)
+			return nil, fmt.Errorf("agent %s: encoding params: %w", method, err)
 		}
 		raw = b
 	}
@@ -162,31 +188,32 @@ func (c *agentClient) Call(ctx context.Context, method string, params, result an
 	if c.err != nil {
 		err := c.err
 		c.mu.Unlock()
-		return err
+		return nil, err
 	}
 	if len(c.pending) >= maxPendingAgentCalls {
 		c.mu.Unlock()
-		return fmt.Errorf("agent %s: too many requests in flight", method)
+		return nil, fmt.Errorf("agent %s: too many requests in flight", method)
 	}
 	c.nextID++
 	id := c.nextID
 	c.pending[id] = ch
 	c.mu.Unlock()
 
-	c.writeMu.Lock()
-	err := protocol.WriteJSON(c.conn, protocol.AgentFrame{Kind: protocol.AgentKindRequest, ID: id, Method: method, Params: raw})
-	c.writeMu.Unlock()
-	if err != nil {
+	if err := c.send(ctx, protocol.AgentFrame{Kind: protocol.AgentKindRequest, ID: id, Method: method, Params: raw}); err != nil {
 		c.forget(id)
-		// A failed write leaves the stream unsynchronised.
-		c.conn.Close()
-		return fmt.Errorf("agent %s: %w: %w", method, errAgentGone, err)
+		return nil, fmt.Errorf("agent %s: %w", method, err)
 	}
+	return &agentCall{c: c, method: method, id: id, reply: ch}, nil
+}
 
+// wait waits for the call's reply, or ctx, and decodes its result into
+// result (may be nil).
+func (call *agentCall) wait(ctx context.Context, result any) error {
+	method := call.method
 	select {
-	case f := <-ch:
+	case f := <-call.reply:
 		if f.ID == 0 {
-			return fmt.Errorf("agent %s: %w", method, c.Err())
+			return fmt.Errorf("agent %s: %w", method, call.c.Err())
 		}
 		if f.Error != "" {
 			return fmt.Errorf("agent %s: %s", method, f.Error)
@@ -201,8 +228,92 @@ func (c *agentClient) Call(ctx context.Context, method string, params, result an
 		}
 		return nil
 	case <-ctx.Done():
-		c.forget(id)
+		call.c.forget(call.id)
 		return fmt.Errorf("agent %s: %w", method, ctx.Err())
+	}
+}
+
+// deadlineWriter is a connection whose writes take a deadline (a net.Conn:
+// the backends' sockets and vsock connections, net.Pipe).
+type deadlineWriter interface {
+	SetWriteDeadline(t time.Time) error
+}
+
+// send writes one frame, bounded by ctx: waiting for its turn, and the
+// write itself. A write cut short before its first byte leaves the stream
+// as it was; one cut short mid-frame is finished in the background (the
+// frames after it must start on a frame boundary), still holding the turn,
+// until the guest reads it or the connection closes — the ping loop closes
+// one that stays stalled. A connection without write deadlines is closed
+// when ctx ends mid-write, as is one whose write failed otherwise: the
+// stream is then unsynchronised.
+func (c *agentClient) send(ctx context.Context, f protocol.AgentFrame) error {
+	body, err := json.Marshal(f)
+	if err != nil {
+		return fmt.Errorf("encoding the request: %w", err)
+	}
+	var frame bytes.Buffer
+	if err := protocol.WriteFrame(&frame, body); err != nil {
+		return err
+	}
+	select {
+	case c.writeSlot <- struct{}{}:
+	case <-c.done:
+		return c.Err()
+	case <-ctx.Done():
+		return fmt.Errorf("the guest agent is not reading its connection (an earlier request is still being written): %w", ctx.Err())
+	}
+	_, deadlines := c.conn.(deadlineWriter)
+	n, err := c.writeBounded(ctx, frame.Bytes())
+	stalled := err != nil && ctx.Err() != nil && deadlines
+	switch {
+	case err == nil, stalled && n == 0:
+		<-c.writeSlot
+	case stalled:
+		go c.finishFrame(frame.Bytes()[n:])
+	default:
+		c.conn.Close()
+		<-c.writeSlot
+	}
+	switch {
+	case err == nil:
+		return nil
+	case ctx.Err() != nil:
+		return fmt.Errorf("the guest agent did not read the request (%d of %d bytes written): %w", n, frame.Len(), ctx.Err())
+	default:
+		return fmt.Errorf("%w: %w", errAgentGone, err)
+	}
+}
+
+// writeBounded writes b, cut short when ctx ends: by a write deadline in
+// the past where the connection has them, else by closing it.
+func (c *agentClient) writeBounded(ctx context.Context, b []byte) (int, error) {
+	dw, deadlines := c.conn.(deadlineWriter)
+	interrupted := make(chan struct{})
+	stop := context.AfterFunc(ctx, func() {
+		defer close(interrupted)
+		if deadlines {
+			_ = dw.SetWriteDeadline(time.Unix(1, 0))
+		} else {
+			c.conn.Close()
+		}
+	})
+	n, err := c.conn.Write(b)
+	if !stop() {
+		<-interrupted
+	}
+	if deadlines {
+		_ = dw.SetWriteDeadline(time.Time{})
+	}
+	return n, err
+}
+
+// finishFrame writes the rest of a frame whose caller gave up mid-write,
+// then gives the turn up (send).
+func (c *agentClient) finishFrame(rest []byte) {
+	defer func() { <-c.writeSlot }()
+	if _, err := c.conn.Write(rest); err != nil {
+		c.conn.Close()
 	}
 }
 

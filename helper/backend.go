@@ -53,7 +53,7 @@ type Guest interface {
 	Unshare(src protocol.MountSource)
 	// Egress returns the listener of the guest's processes' outbound
 	// connections (the process backend's fd-passing socket, the VM's vsock
-	// port protocol.EgressVSockPort); the helper serves each with its
+	// port guesthost.EgressVSockPort); the helper serves each with its
 	// egress server, which checks the spawn's allowedDomains, and closes it
 	// when the guest ends. Never nil: without it the guest has no way out.
 	Egress() net.Listener
@@ -83,11 +83,21 @@ type SystemSharer interface {
 }
 
 // SetupAdjuster may be implemented by a Guest whose agent needs a different
-// root filesystem setup than the helper's default (NewRoot is true for the
-// "process" backend, false otherwise; System lists the host's system
-// directories shared read-only).
+// root filesystem setup than the helper's default: NewRoot true (the agent
+// builds a fresh root, as a sandbox on the host must), System listing the
+// host's system directories shared read-only. The kvm backend's guests
+// turn NewRoot off: the VM's initramfs is already a throwaway root.
 type SetupAdjuster interface {
 	AdjustSetup(*protocol.SetupParams)
+}
+
+// RootDiskAttacher may be implemented by a Backend whose guests attach the
+// profile's root disk (GuestConfig.RootDisk): the helper prepares the disk
+// (rootdisk.go) only for a backend that says true. The kvm backend does;
+// the process backend's guests keep their changes on the host and take
+// none.
+type RootDiskAttacher interface {
+	AttachesRootDisk() bool
 }
 
 // Restorable may be implemented by a Guest that can start from a snapshot

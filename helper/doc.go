@@ -3,7 +3,7 @@
 // starts a guest and hands back one connection to the guest agent.
 //
 // It knows nothing of sockets (package protocol serves the client) nor of how
-// a guest is made (the backends: helper/backend/kvm and
+// a guest is made (the backends: helper/backend/vm and
 // helper/backend/process). The Helper keeps one Service per client profile
 // (userDataName + userDataRoot) and hands each call to the Service of its
 // profile; a Service holds everything of one profile: its guest, processes,
@@ -12,7 +12,10 @@
 //   - helper.go: the Helper — profiles and the routing of calls to them (the
 //     connection's configured profile, else the last configured), Close.
 //   - service.go: Options, the Service, method dispatch, configure, createVM
-//     and the small methods; backend.go: the Backend and Guest interfaces.
+//     and the small methods; backend.go: the Backend and Guest interfaces,
+//     and the optional ones for what only some backends do (SystemSharer,
+//     SetupAdjuster, RootDiskAttacher, Restorable): the helper never tests
+//     a backend's name.
 //   - state.go: the data directory's layout and state files (what a
 //     restarted helper reloads), saved atomically.
 //   - lifecycle.go: one guest's life — startVM, the agent connection and its
@@ -21,10 +24,13 @@
 //   - hub.go: a profile's event hub with its backlog.
 //   - flow.go: output flow control (the agent's credit) and the bounds
 //     that keep a hub's memory within its cap.
-//   - sessions.go: session names and their host directories; mounts.go: what
-//     is shared with the guest and mounted where (session homes, mountPath,
-//     the SDK), and withdrawing it; spawn.go: spawn, its environment and
-//     its flags (isResume, oneShot, mountSkeletonHome);
+//   - sessions.go: session names and their host directories;
+//     sessionmounts.go: the one owner of what is shared with the guest and
+//     mounted where (session homes, mountPath, the SDK), its states
+//     (mounted, withdrawn, forgotten) and the sessions' uses; mounts.go:
+//     the client's mount requests checked on the host side, and mountPath;
+//     spawn.go: spawn, its environment and its flags (isResume, oneShot,
+//     mountSkeletonHome); skeleton.go: the home skeleton's copy;
 //     processes.go: the process table, kill, writeStdin, isProcessRunning;
 //     readfile.go: readFile (in the guest, or from the host while it is
 //     down); sdk.go: installSdk.

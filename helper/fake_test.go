@@ -239,6 +239,41 @@ type fakeAgent struct {
 	// (emitOutput); creditChanged is closed and replaced when some comes.
 	credits       map[string]int64
 	creditChanged chan struct{}
+	// readGate, while set, holds the agent's reads (stopReading).
+	readGate chan struct{}
+}
+
+// stopReading makes the agent stop reading its connection, as a hung or
+// hostile guest does: the helper's writes to it stall (a read already
+// waiting takes the first bytes of the next frame). resumeReading ends it.
+func (a *fakeAgent) stopReading() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.readGate == nil {
+		a.readGate = make(chan struct{})
+	}
+}
+
+func (a *fakeAgent) resumeReading() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.readGate != nil {
+		close(a.readGate)
+		a.readGate = nil
+	}
+}
+
+// gatedReader reads the agent's connection unless it stopped reading.
+type gatedReader struct{ a *fakeAgent }
+
+func (r gatedReader) Read(p []byte) (int, error) {
+	r.a.mu.Lock()
+	gate := r.a.readGate
+	r.a.mu.Unlock()
+	if gate != nil {
+		<-gate
+	}
+	return r.a.conn.Read(p)
 }
 
 func newFakeAgent(conn net.Conn, g *fakeGuest) *fakeAgent {
@@ -335,7 +370,7 @@ func (a *fakeAgent) unmounted() []string {
 func (a *fakeAgent) serve() {
 	a.send(protocol.AgentFrame{Kind: protocol.AgentKindHello, Hello: &protocol.AgentHello{Version: protocol.AgentProtocolVersion, Kernel: "fake", PID: 1}})
 	for {
-		body, err := protocol.ReadFrame(a.conn)
+		body, err := protocol.ReadFrame(gatedReader{a})
 		if err != nil {
 			return
 		}

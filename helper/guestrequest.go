@@ -12,8 +12,9 @@ package helper
 // client's sendGuestResponse with that id — a JSON string or number — is the
 // answer the agent gets (guestResponse); when the call's timeout passes
 // first (protocol.GuestRequestTimeout of what the caller asked: 1 s to
-// 30 min), the agent gets an error instead and the id is forgotten. An id not
-// waiting, or another profile's, is refused.
+// 30 min), the agent gets an error instead and the id is forgotten. When the
+// guest ends, its requests are forgotten (dropGuest). An id not waiting, or
+// another profile's, is refused.
 //
 // Ids are decimal integers from a counter that starts at the helper's start
 // time in milliseconds × 1024: unique across profiles and, short of 1024
@@ -164,7 +165,27 @@ func (t *guestRequestTable) take(s *Service, id string) *guestRequest {
 	}
 	delete(t.byID, id)
 	r.timer.Stop()
+	if r.inst.ending.Load() {
+		return nil // its guest is being torn down (dropGuest)
+	}
 	return r
+}
+
+// dropGuest forgets the requests of inst, a guest being torn down, and
+// stops their timers: nobody is left to answer, and a sendGuestResponse
+// for one finds nothing waiting. It returns how many there were.
+func (t *guestRequestTable) dropGuest(inst *guestInstance) int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	n := 0
+	for id, r := range t.byID {
+		if r.inst == inst {
+			r.timer.Stop()
+			delete(t.byID, id)
+			n++
+		}
+	}
+	return n
 }
 
 // waiting counts s's requests waiting for the client (tests).
@@ -261,7 +282,7 @@ func (inst *guestInstance) answerGuest(id uint64, result json.RawMessage, errMsg
 func (s *Service) sendGuestResponse(_ context.Context, p protocol.SendGuestResponseParams) (empty, error) {
 	r := guestRequests.take(s, string(p.ID))
 	if r == nil {
-		return nil, fmt.Errorf("sendGuestResponse: no guest request %q is waiting (answered already, timed out, or never asked)", string(p.ID))
+		return nil, fmt.Errorf("sendGuestResponse: no guest request %q is waiting (answered already, timed out, its guest ended, or never asked)", string(p.ID))
 	}
 	result, errMsg, err := guestResult(p)
 	if err != nil {

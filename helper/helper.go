@@ -15,7 +15,7 @@ import (
 )
 
 // maxProfiles bounds the profiles one helper serves (each has its own
-// guest, event backlog and egress server).
+// guest, event backlog and egress server), besides the default profile.
 const maxProfiles = 32
 
 // Helper is the helper: one Service per profile (userDataName +
@@ -30,7 +30,12 @@ const maxProfiles = 32
 //     call before the pipe's configure, an in-process call — acts on the last
 //     profile a configure named (on any connection; kept in helper.json, so
 //     also after a restart), or on the default profile (the empty name and
-//     root) before any configure.
+//     root) before any configure. The default profile does not count
+//     against maxProfiles: a call before any configure takes no client
+//     profile's place.
+//   - A connection whose configure failed (the profile limit, bad params)
+//     fails every later call with that error: it never acts on another
+//     profile.
 //   - subscribeEvents names its profile in its params: it receives that
 //     profile's events only.
 //
@@ -102,7 +107,7 @@ func (h *Helper) service(key profileKey) (*Service, error) {
 	if h.closed {
 		return nil, errors.New("the helper is shutting down")
 	}
-	if len(h.services) >= maxProfiles {
+	if key != (profileKey{}) && h.namedProfiles() >= maxProfiles {
 		return nil, fmt.Errorf("this helper already serves %d profiles, its limit", maxProfiles)
 	}
 	ps := h.states.byID[profileID(key)]
@@ -117,6 +122,18 @@ func (h *Helper) service(key profileKey) (*Service, error) {
 	h.services[key] = s
 	h.log.Info("profile", "profile", key.name, "root", key.root, "sessions", sessionsDir)
 	return s, nil
+}
+
+// namedProfiles counts the profiles served that count against
+// maxProfiles: all but the default one, which calls made before any
+// configure act on (one more at most, so the bound holds). Called with h.mu
+// held.
+func (h *Helper) namedProfiles() int {
+	n := len(h.services)
+	if h.services[profileKey{}] != nil {
+		n--
+	}
+	return n
 }
 
 // claimDataSessions makes ps, a profile met for the first time, the owner
@@ -143,8 +160,11 @@ func (h *Helper) claimDataSessions(ps *profileState) bool {
 // serviceFor is the Service a call on ctx's connection acts on (see Helper).
 func (h *Helper) serviceFor(ctx context.Context) (*Service, error) {
 	if st := protocol.ConnStateFrom(ctx); st != nil {
-		if key, ok := st.Get().(profileKey); ok {
-			return h.service(key)
+		switch v := st.Get().(type) {
+		case profileKey:
+			return h.service(v)
+		case refusedConfigure:
+			return nil, v.err
 		}
 	}
 	h.mu.Lock()
@@ -153,19 +173,38 @@ func (h *Helper) serviceFor(ctx context.Context) (*Service, error) {
 	return h.service(key)
 }
 
+// refusedConfigure is the state of a connection whose configure failed:
+// its later calls fail with the same error. Acting on another profile (the
+// last configured) would run them in that profile's guest and sessions,
+// with its token.
+type refusedConfigure struct{ err error }
+
 // configureProfile is the routing half of configure: the Service of the
 // profile it names, which becomes the connection's and the last profile.
+// When it fails, the connection is refused for good (refusedConfigure).
 func (h *Helper) configureProfile(ctx context.Context, params json.RawMessage) (*Service, error) {
+	st := protocol.ConnStateFrom(ctx)
+	if st != nil {
+		if r, ok := st.Get().(refusedConfigure); ok {
+			return nil, r.err
+		}
+	}
+	refuse := func(err error) (*Service, error) {
+		if st != nil {
+			st.Set(refusedConfigure{err})
+		}
+		return nil, err
+	}
 	p, err := protocol.DecodeParams[protocol.ConfigureParams](protocol.MethodConfigure, params)
 	if err != nil {
-		return nil, err
+		return refuse(err)
 	}
 	key := profileKey{name: p.UserDataName, root: p.UserDataRoot}
 	s, err := h.service(key)
 	if err != nil {
-		return nil, fmt.Errorf("configure: %w", err)
+		return refuse(fmt.Errorf("configure: %w", err))
 	}
-	if st := protocol.ConnStateFrom(ctx); st != nil {
+	if st != nil {
 		st.Set(key)
 	}
 	h.setLast(key)

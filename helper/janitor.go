@@ -196,7 +196,7 @@ func (s *Service) deleteSessionDirs(_ context.Context, p protocol.DeleteSessionD
 			continue
 		}
 		if inst != nil {
-			inst.forgetSessionMounts(name)
+			inst.mounts.forget(name)
 			if _, err := inst.pruneGuestTmp(protocol.PruneTmpParams{Sessions: []string{name}, Remove: true}); err != nil {
 				s.log.Warn("the session's /tmp stays on the guest's disk until the next start", "session", name, "err", err)
 			}

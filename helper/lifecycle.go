@@ -40,6 +40,12 @@ const (
 	// false answer for a dead guest.
 	pingFailuresFatal    = 3
 	pingTimeoutIntervals = 5
+	// shutdownSendTimeout bounds the write of stopVM's shutdown request: a
+	// guest that does not read it by then (its agent hung, or hostile) is
+	// stopped forcibly at once. shutdownExitMargin is how long, past the
+	// grace period, the agent has to answer it and exit.
+	shutdownSendTimeout = 2 * time.Second
+	shutdownExitMargin  = 5 * time.Second
 	// maxEventData caps one stdout/stderr event's data; longer chunks from
 	// the agent are split so no event frame nears the 10 MiB limit.
 	maxEventData = 1 << 20
@@ -71,20 +77,11 @@ type guestInstance struct {
 	guest Guest
 	agent *agentClient
 
-	// mountMu serialises mounts so concurrent spawns of one session do not
-	// mount its home twice; mounts records what is mounted where and which
-	// sessions are in use (sessions.go).
-	mountMu sync.Mutex
-	mounts  mountTable
+	// mounts owns what the helper has mounted in this guest
+	// (sessionmounts.go).
+	mounts sessionMounts
 
-	oneShots oneShotState
-	credits  creditSender // output credit to the agent (flow.go)
-}
-
-type mountKey struct {
-	host     string
-	file     string
-	readOnly bool
+	credits creditSender // output credit to the agent (flow.go)
 }
 
 func (s *Service) startVM(ctx context.Context, p protocol.StartVMParams) (empty, error) {
@@ -121,6 +118,7 @@ func (s *Service) startVM(ctx context.Context, p protocol.StartVMParams) (empty,
 	s.bundleNoted = p.BundlePath
 	vmCtx, cancel := context.WithCancel(context.Background())
 	inst := &guestInstance{s: s, ctx: vmCtx, cancel: cancel, ended: make(chan struct{})}
+	inst.mounts.guest = inst
 	s.guest = inst
 	s.mu.Unlock()
 
@@ -166,25 +164,17 @@ func (s *Service) missingBackendError() error {
 	if len(names) == 0 {
 		names = []string{"none in this build"}
 	}
-	if s.opts.Backend == BackendKVM {
-		return fmt.Errorf("the kvm backend (a real VM) is not available in this build; set COWORK_VMM_BACKEND=process to run guests as sandboxed host processes (available backends: %s)",
-			strings.Join(names, ", "))
-	}
-	return fmt.Errorf("unknown backend %q in COWORK_VMM_BACKEND; available backends: %s", s.opts.Backend, strings.Join(names, ", "))
+	return fmt.Errorf("the %s backend is not in this build (COWORK_VMM_BACKEND; available backends: %s)%s",
+		s.opts.Backend, strings.Join(names, ", "), s.opts.FallbackHint)
 }
 
-// ProcessFallbackHint ends a failed kvm start's error when the process
-// backend is available.
-const ProcessFallbackHint = "; on a host without usable KVM, set COWORK_VMM_BACKEND=process to run guests as sandboxed host processes"
-
-// fallbackHint points a failed kvm start at the process backend, unless
-// the backend's own error already does (the user reads it once).
+// fallbackHint is Options.FallbackHint, unless the backend's own error
+// already names a backend to choose (the user reads it once).
 func (s *Service) fallbackHint(err error) string {
-	if s.opts.Backend != BackendKVM || s.opts.Backends[BackendProcess] == nil ||
-		strings.Contains(err.Error(), "COWORK_VMM_BACKEND=process") {
+	if strings.Contains(err.Error(), "COWORK_VMM_BACKEND=") {
 		return ""
 	}
-	return ProcessFallbackHint
+	return s.opts.FallbackHint
 }
 
 func (s *Service) step(step, status string) {
@@ -247,6 +237,9 @@ func (inst *guestInstance) run() {
 	}
 	inst.ending.Store(true)
 	inst.connected.Store(false)
+	if n := guestRequests.dropGuest(inst); n > 0 {
+		s.log.Info("the guest's waiting guest requests are dropped", "requests", n)
+	}
 	if inst.stopping.Load() {
 		inst.shutdown()
 		s.log.Info("guest stopped")
@@ -394,7 +387,7 @@ func (inst *guestInstance) connect(ctx context.Context) error {
 func (inst *guestInstance) setUpRoot() error {
 	s := inst.s
 	began := time.Now()
-	setup := protocol.SetupParams{NewRoot: inst.backend.Name() == BackendProcess, Hostname: "cowork"}
+	setup := protocol.SetupParams{NewRoot: true, Hostname: "cowork"}
 	shareSystem := func(dir string) (protocol.MountSource, error) { return inst.guest.Share(dir, true) }
 	if ss, ok := inst.guest.(SystemSharer); ok {
 		shareSystem = ss.ShareSystem
@@ -557,29 +550,46 @@ func (inst *guestInstance) stop(ctx context.Context) error {
 	}
 }
 
-// shutdown ends the guest cleanly: the agent ends every process (SIGTERM,
-// then SIGKILL after the grace period) and exits; then the backend frees it.
+// shutdown ends the guest cleanly if it cooperates: the agent ends every
+// process (SIGTERM, then SIGKILL after the grace period) and exits. Then,
+// whatever the guest did, the backend frees it (forceStop): a guest that
+// does not read the shutdown request within shutdownSendTimeout, or does
+// not exit within the grace period and shutdownExitMargin, is not waited
+// for any longer.
 func (inst *guestInstance) shutdown() {
-	grace := inst.s.opts.StopGrace
 	guest, agent := inst.current()
 	if agent != nil && agent.Err() == nil {
-		ctx, cancel := context.WithTimeout(context.Background(), grace+5*time.Second)
-		err := agent.Call(ctx, protocol.AgentMethodShutdown, protocol.ShutdownParams{GraceMillis: int(grace / time.Millisecond)}, nil)
-		if err != nil {
-			inst.s.log.Warn("guest agent shutdown request failed", "err", err)
-		} else {
-			// The agent exits once its processes are gone; their exit
-			// events arrive before the connection closes.
-			select {
-			case <-agent.Done():
-			case <-guest.Done():
-			case <-ctx.Done():
-				inst.s.log.Warn("guest agent did not exit after shutdown; stopping the guest forcibly")
-			}
+		if err := inst.askShutdown(guest, agent); err != nil {
+			inst.s.log.Warn("the guest did not shut down cleanly; stopping it forcibly", "err", err)
 		}
-		cancel()
 	}
 	inst.forceStop()
+}
+
+// askShutdown sends the agent's shutdown request and waits for the agent
+// to exit.
+func (inst *guestInstance) askShutdown(guest Guest, agent *agentClient) error {
+	grace := inst.s.opts.StopGrace
+	sendCtx, cancelSend := context.WithTimeout(context.Background(), shutdownSendTimeout)
+	call, err := agent.begin(sendCtx, protocol.AgentMethodShutdown, protocol.ShutdownParams{GraceMillis: int(grace / time.Millisecond)})
+	cancelSend()
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), grace+shutdownExitMargin)
+	defer cancel()
+	if err := call.wait(ctx, nil); err != nil {
+		return err
+	}
+	// The agent exits once its processes are gone; their exit events
+	// arrive before the connection closes.
+	select {
+	case <-agent.Done():
+	case <-guest.Done():
+	case <-ctx.Done():
+		return errors.New("the guest agent did not exit after its shutdown")
+	}
+	return nil
 }
 
 // forceStop frees the guest and waits for the agent's read loop, so every
@@ -690,11 +700,7 @@ func (s *Service) onAgentEvent(inst *guestInstance, ev protocol.Event) {
 		} else {
 			s.log.Info("process exited", "id", p.id, "session", p.session, "exitCode", *p.exitCode)
 		}
-		// Its session's mounts go when it was the last one. Not here:
-		// this is the agent's read loop, and a mount in progress holds
-		// mountMu while it waits for the agent's reply.
-		go inst.withdrawIfIdle(p.session)
-		inst.spawnExited(p)
+		inst.mounts.exited(p) // its session's mounts go when it was the last
 		s.hub.Publish(out)
 	case protocol.EventError:
 		s.mu.Unlock()

@@ -167,7 +167,7 @@ func TestExitDuringASpawnKeepsItsMounts(t *testing.T) {
 	e.spawn(map[string]any{"id": "a", "name": "s", "command": "sh"})
 	inst, err := e.s.activeVM()
 	require.NoError(t, err)
-	done := inst.useSession("s") // as a second spawn does until its process is registered
+	done := inst.mounts.use("s") // as a second spawn does until its process is registered
 	g.agent.exit("a", 0)
 	e.next(protocol.EventExit)
 	assertNoMoreUnshares(t, g, 0)

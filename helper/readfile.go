@@ -38,15 +38,16 @@ func (s *Service) readFile(_ context.Context, p protocol.ClientReadFileParams) (
 	if err != nil {
 		return protocol.ClientReadFileResult{}, fmt.Errorf("readFile: %w", err)
 	}
-	if inst == nil || !inst.connected.Load() || !inst.mountsSession(session) {
+	if inst == nil || !inst.connected.Load() || !inst.mounts.has(session) {
 		content, err := s.readFromHost(session, clean)
 		if err != nil {
 			return protocol.ClientReadFileResult{}, fmt.Errorf("readFile (from the session's host directory: the guest does not have it): %w", err)
 		}
 		return protocol.ClientReadFileResult{Content: content}, nil
 	}
-	defer inst.useSession(session)()
-	if err := inst.remountForRead(session, clean); err != nil {
+	done, err := inst.mounts.prepareRead(session, clean)
+	defer done()
+	if err != nil {
 		return protocol.ClientReadFileResult{}, fmt.Errorf("readFile: %w", err)
 	}
 	var r protocol.ReadFileResult

@@ -129,11 +129,12 @@ func prepareRootDisk(path string, size int64) error {
 }
 
 // rootDiskFor returns the root disk a guest of backend starts with,
-// prepared at the size createVM asked for; "" for none (the process
-// backend, no state, turned off, or a disk that could not be made: logged).
+// prepared at the size createVM asked for; "" for none (a backend that
+// attaches none, no state, turned off, or a disk that could not be made:
+// logged).
 func (s *Service) rootDiskFor(backend Backend) string {
 	path := s.rootDiskPath()
-	if path == "" || backend.Name() == BackendProcess {
+	if a, ok := backend.(RootDiskAttacher); path == "" || !ok || !a.AttachesRootDisk() {
 		return ""
 	}
 	s.mu.Lock()

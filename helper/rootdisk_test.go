@@ -91,7 +91,7 @@ func TestRootDiskForInUse(t *testing.T) {
 	held, err := OpenRootDisk(path)
 	require.NoError(t, err)
 	defer held.Close()
-	vm := failingBackend{} // named kvm: a VM backend
+	vm := failingBackend{} // a VM backend: it attaches a root disk
 	assert.Empty(t, s.rootDiskFor(vm), "no root disk: the guest's root is read-only")
 	require.NoError(t, held.Close())
 	assert.Equal(t, path, s.rootDiskFor(vm))

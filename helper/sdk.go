@@ -52,7 +52,7 @@ func (s *Service) installSdk(_ context.Context, p protocol.InstallSdkParams) (em
 
 // mountSDK mounts the SDK binary read-only at GuestSDKPath.
 func (inst *guestInstance) mountSDK(sdk *sdkInstall) error {
-	if err := inst.mount(sdk.file, GuestSDKPath, true); err != nil {
+	if err := inst.mounts.mount(sdk.file, GuestSDKPath, true); err != nil {
 		return fmt.Errorf("mounting the SDK at %s: %w", GuestSDKPath, err)
 	}
 	return nil

@@ -41,6 +41,11 @@ type Options struct {
 	// Backends maps backend names to their factories. A name without a
 	// factory makes startVM fail with an error naming the alternatives.
 	Backends map[string]BackendFactory
+	// FallbackHint ends the error of a failed start (Backend not in this
+	// build, unavailable, or its guest not launching) when another backend
+	// could serve instead, unless the error already names one; "" for
+	// none. The binary, which chose Backend by name, sets it.
+	FallbackHint string
 	// DataDir holds the helper's data: sessions and state (see state.go).
 	// Empty means DefaultDataDir().
 	DataDir string
@@ -62,7 +67,8 @@ type Options struct {
 	// stopVM (default 5 s).
 	StopGrace time.Duration
 	// PingInterval is how often a connected agent is pinged (default 2 s).
-	// A ping unanswered within 5 intervals fails; pingFailuresFatal failures
+	// A ping unanswered within 5 intervals fails (also one the guest does
+	// not read: the write is bounded too); pingFailuresFatal failures
 	// in a row declare the guest dead. Until then isGuestConnected stays
 	// true: one slow ping is not a dead guest.
 	PingInterval time.Duration

@@ -206,12 +206,15 @@ func TestSetDebugLogging(t *testing.T) {
 	assert.Equal(t, "INFO", level.v.Level().String())
 }
 
+// testFallbackHint is a FallbackHint as the binary sets it.
+const testFallbackHint = "; on a host without usable KVM, set COWORK_VMM_BACKEND=process to run guests as sandboxed host processes"
+
 func TestStartVMWithoutBackend(t *testing.T) {
-	s, err := New(Options{DataDir: t.TempDir(), Backends: map[string]BackendFactory{"process": nil}})
+	s, err := New(Options{DataDir: t.TempDir(), Backends: map[string]BackendFactory{"process": nil}, FallbackHint: testFallbackHint})
 	require.NoError(t, err)
 	_, err = s.Call(context.Background(), "startVM", nil)
 	require.Error(t, err)
-	assert.Contains(t, err.Error(), "COWORK_VMM_BACKEND=process")
+	assert.Equal(t, "the kvm backend is not in this build (COWORK_VMM_BACKEND; available backends: none in this build)"+testFallbackHint, err.Error())
 	res, err := s.Call(context.Background(), "isRunning", nil)
 	require.NoError(t, err)
 	assert.Equal(t, protocol.IsRunningResult{}, res)
@@ -221,6 +224,9 @@ func TestStartVMWithoutBackend(t *testing.T) {
 type failingBackend struct{ err error }
 
 func (b failingBackend) Name() string { return BackendKVM }
+
+// AttachesRootDisk implements RootDiskAttacher, as a VM backend does.
+func (b failingBackend) AttachesRootDisk() bool { return true }
 func (b failingBackend) Start(context.Context, GuestConfig) (Guest, error) {
 	return nil, b.err
 }
@@ -230,7 +236,7 @@ func TestStartVMNamesTheProcessBackendOnce(t *testing.T) {
 		errors.New("no KVM device"),
 		errors.New("this KVM is PVM; set COWORK_VMM_BACKEND=process to run guests as host processes"),
 	} {
-		s, err := New(Options{DataDir: t.TempDir(), Backend: BackendKVM, Backends: map[string]BackendFactory{
+		s, err := New(Options{DataDir: t.TempDir(), Backend: BackendKVM, FallbackHint: testFallbackHint, Backends: map[string]BackendFactory{
 			BackendKVM:     func() (Backend, error) { return failingBackend{backendErr}, nil },
 			BackendProcess: func() (Backend, error) { return failingBackend{backendErr}, nil },
 		}})

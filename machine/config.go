@@ -33,7 +33,7 @@ const (
 //   - i8042.nokbd: the i8042 stays (its reset line is our reboot path) but
 //     the driver registers no keyboard port, so atkbd never probes one: its
 //     reset/ID commands wait out timeouts, ~4 s of a nested boot (measured,
-//     internal/nested TestNestedBootGuestKernel). The console is the serial
+//     testharness/nested TestNestedBootGuestKernel). The console is the serial
 //     port; nothing reads a keyboard.
 //   - initcall_blacklist=cmos_init: there is no CMOS RTC (port 0x71 reads
 //     0xff, update-in-progress set), and rtc-cmos polls it for a second of
@@ -73,7 +73,7 @@ type Config struct {
 	// that probed already.
 	SkipBootProbe bool
 	// SnapshotPoint, when set, is the snapshot point device the guest
-	// agent talks to (platform.SnapshotPointPort); nil: none, and the
+	// agent talks to (guesthost.SnapshotPointPort); nil: none, and the
 	// agent goes on at once.
 	SnapshotPoint *platform.SnapshotPoint
 	// KVMDevice overrides /dev/kvm.

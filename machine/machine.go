@@ -12,6 +12,7 @@ import (
 	"github.com/cowork-vmm/cowork-vmm/devices/platform"
 	"github.com/cowork-vmm/cowork-vmm/devices/serial"
 	"github.com/cowork-vmm/cowork-vmm/devices/virtio"
+	"github.com/cowork-vmm/cowork-vmm/protocol/guesthost"
 	"github.com/cowork-vmm/cowork-vmm/vmm"
 	"github.com/cowork-vmm/cowork-vmm/vmm/kvm"
 	"github.com/cowork-vmm/cowork-vmm/vmm/loader"
@@ -109,7 +110,7 @@ func assembleWith(cfg Config, newVM func(vmm.Config) (*vmm.VM, error)) (_ *Machi
 		return nil, err
 	}
 	if cfg.SnapshotPoint != nil {
-		if err := vm.PIO().Register(platform.SnapshotPointPort, platform.SnapshotPointPortCount, cfg.SnapshotPoint); err != nil {
+		if err := vm.PIO().Register(guesthost.SnapshotPointPort, platform.SnapshotPointPortCount, cfg.SnapshotPoint); err != nil {
 			return nil, err
 		}
 	}
@@ -231,7 +232,7 @@ func (m *Machine) startVCPUs() error {
 	m.bootTimer = platform.NewBootTimer(time.Now(), func(d time.Duration) {
 		m.log.Info("guest reported boot", "boot_time", d)
 	})
-	if err := m.vm.PIO().Register(platform.BootTimerPort, platform.BootTimerPortCount, m.bootTimer); err != nil {
+	if err := m.vm.PIO().Register(guesthost.BootTimerPort, platform.BootTimerPortCount, m.bootTimer); err != nil {
 		return err
 	}
 	if err := m.vm.Start(); err != nil {

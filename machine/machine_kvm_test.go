@@ -16,8 +16,8 @@ import (
 	"github.com/cowork-vmm/cowork-vmm/devices/rng"
 	"github.com/cowork-vmm/cowork-vmm/devices/virtio"
 	"github.com/cowork-vmm/cowork-vmm/guest/kernel"
-	"github.com/cowork-vmm/cowork-vmm/internal/nested"
-	"github.com/cowork-vmm/cowork-vmm/internal/nested/guestboot"
+	"github.com/cowork-vmm/cowork-vmm/testharness/guestboot"
+	"github.com/cowork-vmm/cowork-vmm/testharness/nested"
 	"github.com/cowork-vmm/cowork-vmm/vmm"
 	"github.com/cowork-vmm/cowork-vmm/vmm/kvm"
 )

@@ -7,8 +7,8 @@ import (
 	"time"
 
 	"github.com/cowork-vmm/cowork-vmm/guest/kernel"
-	"github.com/cowork-vmm/cowork-vmm/internal/nested"
-	"github.com/cowork-vmm/cowork-vmm/internal/nested/guestboot"
+	"github.com/cowork-vmm/cowork-vmm/testharness/guestboot"
+	"github.com/cowork-vmm/cowork-vmm/testharness/nested"
 )
 
 // TestNestedKVM runs this package's KVM tests inside the nested harness

@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/cowork-vmm/cowork-vmm/devices/rng"
-	"github.com/cowork-vmm/cowork-vmm/internal/nested"
+	"github.com/cowork-vmm/cowork-vmm/testharness/nested"
 	"github.com/cowork-vmm/cowork-vmm/vmm"
 	"github.com/cowork-vmm/cowork-vmm/vmm/snapshot"
 )

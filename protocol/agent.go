@@ -33,8 +33,7 @@ import (
 // number (GuestResponseParams), after the client's sendGuestResponse or its
 // timeout. See GuestCall for the guest's side.
 
-// AgentVSockPort is the host vsock port the agent dials (guest → host CID 2).
-const AgentVSockPort = 1024
+// In the VM the agent dials host vsock port guesthost.AgentVSockPort.
 
 // AgentProtocolVersion is bumped on any incompatible change to these types.
 const AgentProtocolVersion = 1

@@ -22,6 +22,9 @@
 //   - agent.go, agentconn.go: the helper ↔ agent channel and AgentConn.
 //   - egress.go: the egress channel's request/reply frames (guest proxy ↔
 //     helper), added by the egress work.
+//   - guesthost/: the constants both sides of the guest ↔ host contract
+//     share (vsock and I/O ports, magic bytes, refusal words), in a leaf
+//     package that devices/ and the guest import without this one.
 //   - client.go: a small client (CallOneShot, DialPipe, SubscribeEvents)
 //     speaking the contract as the desktop client does, for tests and tools.
 //

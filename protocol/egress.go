@@ -15,7 +15,7 @@ import (
 //
 // The guest has no network device. A spawned process's HTTP proxy (on guest
 // loopback) opens one connection to the helper per target — a vsock stream to
-// host port EgressVSockPort in the VM, a passed socketpair end in the process
+// host port guesthost.EgressVSockPort in the VM, a passed socketpair end in the process
 // backend — and:
 //  1. sends one EgressRequest frame (4-byte BE length + JSON, at most
 //     MaxEgressFrameSize bytes) naming the spawn, its token and host:port;
@@ -26,10 +26,6 @@ import (
 //
 // Neither side reads past its frame before step 3: the frames use the bare
 // connection, not a buffered reader, so no target byte is swallowed.
-
-// EgressVSockPort is the host vsock port the guest proxy dials for egress
-// (guest → host CID 2). The agent channel uses AgentVSockPort.
-const EgressVSockPort = 1025
 
 // MaxEgressFrameSize caps both egress frames: a host name is at most 253
 // bytes, so a request needs far less; anything larger is a hostile peer.

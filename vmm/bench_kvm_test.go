@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cowork-vmm/cowork-vmm/internal/nested"
+	"github.com/cowork-vmm/cowork-vmm/testharness/nested"
 )
 
 // BenchmarkKVMSetup measures the VMM's set-up time: from opening /dev/kvm

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cowork-vmm/cowork-vmm/internal/nested"
+	"github.com/cowork-vmm/cowork-vmm/testharness/nested"
 	"github.com/cowork-vmm/cowork-vmm/vmm/kvm"
 	"golang.org/x/sys/unix"
 )

@@ -4,7 +4,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cowork-vmm/cowork-vmm/internal/nested"
+	"github.com/cowork-vmm/cowork-vmm/testharness/nested"
 )
 
 // TestNestedKVM runs this package's and vmm/kvm's KVM tests and benchmarks

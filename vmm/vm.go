@@ -100,18 +100,9 @@ type VM struct {
 // and cfg.CPUs vCPUs with their CPUID set and their LAPIC LINT0 wired to
 // ExtINT and LINT1 to NMI. On error everything created is released.
 func New(cfg Config) (_ *VM, err error) {
-	if cfg.CPUs < 1 || cfg.CPUs > MaxVCPUs {
-		return nil, fmt.Errorf("vmm: %d vCPUs requested, must be 1..%d", cfg.CPUs, MaxVCPUs)
-	}
-	if cfg.MemoryBytes == 0 || cfg.MemoryBytes%pageSize != 0 || cfg.MemoryBytes > x86.MaxGuestMemory {
-		return nil, fmt.Errorf("vmm: memory size %d must be a non-zero multiple of 4 KiB, at most %d", cfg.MemoryBytes, x86.MaxGuestMemory)
-	}
-	hole := cfg.MMIOHoleStart
-	if hole == 0 {
-		hole = DefaultMMIOHoleStart
-	}
-	if hole%pageSize != 0 || hole > TSSAddr {
-		return nil, fmt.Errorf("vmm: MMIO hole start %#x must be 4 KiB aligned and below %#x", hole, TSSAddr)
+	hole, err := cfg.check()
+	if err != nil {
+		return nil, err
 	}
 	log := cfg.Logger
 	if log == nil {
@@ -129,80 +120,133 @@ func New(cfg Config) (_ *VM, err error) {
 			v.release()
 		}
 	}()
+	if err = v.openKVM(cfg.DevicePath, cfg.CPUs); err != nil {
+		return nil, err
+	}
+	if err = v.createVM(); err != nil {
+		return nil, err
+	}
+	if err = v.mapMemory(cfg.MemoryBytes, hole, cfg.MemoryImage); err != nil {
+		return nil, err
+	}
+	if err = v.createVCPUs(cfg.CPUs, policy); err != nil {
+		return nil, err
+	}
+	return v, nil
+}
 
-	path := cfg.DevicePath
+// check validates cfg's sizes and returns where the MMIO hole starts.
+func (cfg Config) check() (hole uint64, err error) {
+	if cfg.CPUs < 1 || cfg.CPUs > MaxVCPUs {
+		return 0, fmt.Errorf("vmm: %d vCPUs requested, must be 1..%d", cfg.CPUs, MaxVCPUs)
+	}
+	if cfg.MemoryBytes == 0 || cfg.MemoryBytes%pageSize != 0 || cfg.MemoryBytes > x86.MaxGuestMemory {
+		return 0, fmt.Errorf("vmm: memory size %d must be a non-zero multiple of 4 KiB, at most %d", cfg.MemoryBytes, x86.MaxGuestMemory)
+	}
+	hole = cfg.MMIOHoleStart
+	if hole == 0 {
+		hole = DefaultMMIOHoleStart
+	}
+	if hole%pageSize != 0 || hole > TSSAddr {
+		return 0, fmt.Errorf("vmm: MMIO hole start %#x must be 4 KiB aligned and below %#x", hole, TSSAddr)
+	}
+	return hole, nil
+}
+
+// openKVM opens the KVM device at path (empty: kvm.DevicePath), notes
+// whether it is PVM, warns about a host that does not know its TSC
+// frequency and refuses more vCPUs than this KVM allows.
+func (v *VM) openKVM(path string, cpus int) error {
 	if path == "" {
 		path = kvm.DevicePath
 	}
+	var err error
 	if v.sys, err = kvm.OpenPath(path); err != nil {
-		return nil, err
+		return err
 	}
 	v.pvm, _ = kvm.IsPVM()
 	if !hostTSCKnown() {
-		log.Warn("the host kernel does not know its TSC frequency (cpu MHz 0 in /proc/cpuinfo): " +
+		v.log.Warn("the host kernel does not know its TSC frequency (cpu MHz 0 in /proc/cpuinfo): " +
 			"KVM then never enters the guest (it keeps retrying the guest clock update) and the VM hangs; " +
 			"if this host is itself a VM, boot it with tsc_early_khz=<TSC kHz>")
 	}
-	if n, cerr := v.sys.CheckExtension(kvm.CapMaxVCPUs); cerr == nil && n > 0 && cfg.CPUs > n {
-		return nil, fmt.Errorf("vmm: %d vCPUs requested, this KVM allows %d", cfg.CPUs, n)
+	if n, cerr := v.sys.CheckExtension(kvm.CapMaxVCPUs); cerr == nil && n > 0 && cpus > n {
+		return fmt.Errorf("vmm: %d vCPUs requested, this KVM allows %d", cpus, n)
 	}
+	return nil
+}
+
+// createVM creates the KVM VM with its real-mode pages (TSS, EPT identity
+// map), the in-kernel irqchip and the PIT.
+func (v *VM) createVM() error {
+	var err error
 	if v.kvm, err = v.sys.CreateVM(); err != nil {
-		return nil, err
+		return err
 	}
-	if err = v.kvm.SetTSSAddr(TSSAddr); err != nil {
-		return nil, err
+	if err := v.kvm.SetTSSAddr(TSSAddr); err != nil {
+		return err
 	}
-	if err = v.kvm.SetIdentityMapAddr(IdentityMapAddr); err != nil {
-		return nil, err
+	if err := v.kvm.SetIdentityMapAddr(IdentityMapAddr); err != nil {
+		return err
 	}
-	if err = v.kvm.CreateIRQChip(); err != nil {
-		return nil, err
+	if err := v.kvm.CreateIRQChip(); err != nil {
+		return err
 	}
-	if err = v.kvm.CreatePIT2(); err != nil {
-		return nil, err
-	}
-	if cfg.MemoryImage != nil {
-		v.mem, err = NewMemoryFromImage(Layout(cfg.MemoryBytes, hole), *cfg.MemoryImage)
+	return v.kvm.CreatePIT2()
+}
+
+// mapMemory makes the guest's RAM (zeroed, or image's copy-on-write),
+// split around the MMIO hole, and registers each region with KVM.
+func (v *VM) mapMemory(size, hole uint64, image *MemoryImage) error {
+	var err error
+	if image != nil {
+		v.mem, err = NewMemoryFromImage(Layout(size, hole), *image)
 	} else {
-		v.mem, err = NewMemory(Layout(cfg.MemoryBytes, hole))
+		v.mem, err = NewMemory(Layout(size, hole))
 	}
 	if err != nil {
-		return nil, err
+		return err
 	}
 	for slot, r := range v.mem.regions {
-		if err = v.kvm.SetUserMemoryRegion(kvm.UserspaceMemoryRegion{
+		if err := v.kvm.SetUserMemoryRegion(kvm.UserspaceMemoryRegion{
 			Slot: uint32(slot), GuestPhysAddr: r.GPA, MemorySize: r.Size, UserspaceAddr: hostAddress(r.host),
 		}); err != nil {
-			return nil, err
+			return err
 		}
 	}
+	return nil
+}
+
+// createVCPUs creates cpus vCPUs, each with policy's CPUID, the boot MSRs
+// and its LAPIC's LINT pins wired (setLINT).
+func (v *VM) createVCPUs(cpus int, policy CPUIDPolicy) error {
 	supported, err := v.sys.GetSupportedCPUID()
 	if err != nil {
-		return nil, err
+		return err
 	}
 	tscDeadline, _ := v.sys.CheckExtension(kvm.CapTSCDeadlineTimer)
 	msrs := bootMSRs()
-	for i := 0; i < cfg.CPUs; i++ {
-		c, cerr := v.kvm.CreateVCPU(i)
-		if cerr != nil {
-			return nil, cerr
+	for i := 0; i < cpus; i++ {
+		c, err := v.kvm.CreateVCPU(i)
+		if err != nil {
+			return err
 		}
 		v.vcpus = append(v.vcpus, &vcpuThread{index: i, vcpu: c})
-		entries, perr := policy(supported, CPUIDContext{CPU: i, CPUs: cfg.CPUs, PVM: v.pvm, TSCDeadlineTimer: tscDeadline > 0})
-		if perr != nil {
-			return nil, fmt.Errorf("CPUID policy for vCPU %d: %w", i, perr)
+		entries, err := policy(supported, CPUIDContext{CPU: i, CPUs: cpus, PVM: v.pvm, TSCDeadlineTimer: tscDeadline > 0})
+		if err != nil {
+			return fmt.Errorf("CPUID policy for vCPU %d: %w", i, err)
 		}
-		if err = c.SetCPUID2(entries); err != nil {
-			return nil, err
+		if err := c.SetCPUID2(entries); err != nil {
+			return err
 		}
-		if err = c.SetMSRs(msrs); err != nil {
-			return nil, err
+		if err := c.SetMSRs(msrs); err != nil {
+			return err
 		}
-		if err = setLINT(c); err != nil {
-			return nil, err
+		if err := setLINT(c); err != nil {
+			return err
 		}
 	}
-	return v, nil
+	return nil
 }
 
 // Stats counts what the vCPUs did, for diagnostics and benchmarks.

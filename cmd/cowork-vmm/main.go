@@ -8,13 +8,10 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"os/signal"
 	"path/filepath"
 	"runtime"
 	"strings"
-	"syscall"
 
-	"github.com/cowork-vmm/cowork-vmm/bench"
 	"github.com/cowork-vmm/cowork-vmm/doctor"
 	"github.com/cowork-vmm/cowork-vmm/guest/agent"
 	"github.com/cowork-vmm/cowork-vmm/guest/kernel/embedded"
@@ -55,12 +52,10 @@ func dispatch(args []string, stdout, stderr io.Writer) int {
 			return runMain(args[1:], stderr)
 		case "client":
 			return clientMain(args[1:], stdout, stderr)
-		case "bench":
-			ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-			defer stop()
-			return bench.Main(ctx, args[1:], stdout, stderr)
 		case "doctor":
 			return doctor.Main(context.Background(), args[1:], stdout, stderr)
+		case "kernel-needed":
+			return kernelNeededMain(args[1:], stdout, stderr)
 		case "version":
 			fmt.Fprintf(stdout, "cowork-vmm %s (commit %s, %s, %s/%s)\n", version, commit, runtime.Version(), runtime.GOOS, runtime.GOARCH)
 			fmt.Fprintf(stdout, "guest kernel: %s\n", embeddedKernelVersion())
@@ -113,12 +108,12 @@ Usage:
   cowork-vmm sudo [-u root] [-s] [--] CMD [ARG…]
                                          inside a guest (as sudo on PATH): run CMD as root of a
                                          namespace of its own in this session (apt-get, dpkg)
-  cowork-vmm bench [--runs N] [--out DIR] time a guest start, phase by phase, beside qemu
-                                         (report.md, report.json, report.svg in DIR)
   cowork-vmm doctor [--json] [--boot]    check what this host can run, with a fix for each problem
   cowork-vmm doctor --reset-root PROFILE|all
                                          remove a profile's root disk (its VM stopped), so its
                                          next VM starts on a clean root
+  cowork-vmm kernel-needed               exit 0 when this host's KVM boots Linux and no guest
+                                         kernel is built (make run then runs make kernel), else 1
   cowork-vmm version                     print version, commit and Go version
   cowork-vmm help                        this text
 

@@ -119,6 +119,18 @@ func TestChooseRunBackend(t *testing.T) {
 	assert.Empty(t, note.String())
 }
 
+// TestFallbackHint: the kvm backend (named, or the default) points at the
+// process backend only when that one is built in; no other backend gets a
+// hint.
+func TestFallbackHint(t *testing.T) {
+	none := func() (helper.Backend, error) { return nil, nil }
+	both := map[string]helper.BackendFactory{helper.BackendKVM: none, helper.BackendProcess: none}
+	assert.Equal(t, processFallbackHint, fallbackHint("", both))
+	assert.Equal(t, processFallbackHint, fallbackHint(helper.BackendKVM, both))
+	assert.Empty(t, fallbackHint(helper.BackendProcess, both))
+	assert.Empty(t, fallbackHint(helper.BackendKVM, map[string]helper.BackendFactory{helper.BackendKVM: none}))
+}
+
 func TestRunFallsBackWhenKVMCannotStart(t *testing.T) {
 	t.Setenv("COWORK_VMM_BACKEND", "")
 	t.Setenv("XDG_DATA_HOME", t.TempDir())

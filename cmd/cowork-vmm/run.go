@@ -177,7 +177,8 @@ func runWith(args []string, stderr io.Writer, backends func(*slog.Logger, io.Wri
 	for {
 		// Stateless: a run shares the helper's data directory but none of
 		// its state (no profile of the client's is read, changed or taken).
-		h, err := helper.New(helper.Options{Backend: backend, Backends: factories, Logger: log, LogLevel: level,
+		h, err := helper.New(helper.Options{Backend: backend, Backends: factories, FallbackHint: fallbackHint(backend, factories),
+			Logger: log, LogLevel: level,
 			Stateless:          true,
 			EgressTestHosts:    os.Getenv(helper.EgressTestHostsEnv),
 			EgressAllowPrivate: os.Getenv(egress.AllowPrivateEnv) == "1", EgressProxy: egress.UpstreamProxyFromEnv(os.Getenv)})
@@ -194,7 +195,7 @@ func runWith(args []string, stderr io.Writer, backends func(*slog.Logger, io.Wri
 		var bootErr *startError
 		if errors.As(err, &bootErr) && fallback {
 			// The kvm backend was only preferred: fall back, once.
-			reason := strings.TrimSuffix(bootErr.Error(), helper.ProcessFallbackHint)
+			reason := strings.TrimSuffix(bootErr.Error(), processFallbackHint)
 			fmt.Fprintf(stderr, "cowork-vmm: %s; using the process backend (namespaced host processes). Set COWORK_VMM_BACKEND to choose.\n", reason)
 			backend, fallback = helper.BackendProcess, false
 			continue

@@ -43,12 +43,14 @@ func helperMain(args []string, stderr io.Writer) int {
 	log, level := newLogger(stderr, *debug)
 
 	var srv *protocol.Server
+	// The agent logs beside the helper, through a pipe the helper drains
+	// whatever becomes of stderr (lossyWriter).
+	factories := backendFactories(log, lossyWriter{stderr})
 	svc, err := helper.New(helper.Options{
-		Backend: os.Getenv("COWORK_VMM_BACKEND"),
-		// The agent logs beside the helper, through a pipe the helper
-		// drains whatever becomes of stderr (lossyWriter).
-		Backends: backendFactories(log, lossyWriter{stderr}),
-		Logger:   log,
+		Backend:      os.Getenv("COWORK_VMM_BACKEND"),
+		Backends:     factories,
+		FallbackHint: fallbackHint(os.Getenv("COWORK_VMM_BACKEND"), factories),
+		Logger:       log,
 		// Test-only (see helper.EgressTestHostsEnv); logged loudly when set.
 		EgressTestHosts:    os.Getenv(helper.EgressTestHostsEnv),
 		EgressAllowPrivate: os.Getenv(egress.AllowPrivateEnv) == "1",

@@ -36,7 +36,8 @@ const errMsgSize = linux.EMSGSIZE
 type Options struct {
 	// Tag is the mount tag the guest names: mount -t 9p -o trans=virtio TAG.
 	Tag string
-	// Attacher serves the attach names (typically *fs.Exports).
+	// Attacher serves the attach names (typically ExportsAttacher of a
+	// *hostfs.Exports).
 	Attacher p9lib.Attacher
 	// Logger for guest misbehaviour (rate-limited) and lifecycle; nil =
 	// slog.Default().
@@ -46,8 +47,10 @@ type Options struct {
 	// MaxInFlight bounds the requests the server handles at once; further
 	// chains wait in the ring.
 	MaxInFlight int
-	// MaxFids bounds the fids the guest may hold (each costs host
-	// descriptors); a request that would exceed it fails with ENFILE.
+	// MaxFids bounds the fids the guest may hold (table entries); a
+	// request that would exceed it fails with ENFILE. The host descriptors
+	// behind them, and behind directories a clunked fid's children keep
+	// open, are bounded by the Attacher's budget (hostfs.NewExportsWithin).
 	MaxFids int
 	// MaxMessageSize caps the msize a guest may negotiate (Tversion's msize
 	// is lowered to it), and so the memory one request can hold:

@@ -14,7 +14,7 @@ import (
 	p9lib "github.com/hugelgupf/p9/p9"
 	"github.com/stretchr/testify/require"
 
-	"github.com/cowork-vmm/cowork-vmm/devices/p9/fs"
+	"github.com/cowork-vmm/cowork-vmm/devices/hostfs"
 	"github.com/cowork-vmm/cowork-vmm/devices/virtio/virtiotest"
 )
 
@@ -29,7 +29,7 @@ func discardLogger() *slog.Logger { return slog.New(slog.DiscardHandler) }
 // rig is a device behind the test driver, with exports in a temp dir.
 type rig struct {
 	dir     string
-	exports *fs.Exports
+	exports *hostfs.Exports
 	dev     *Device
 	drv     *virtiotest.Driver
 	q       *virtiotest.DriverQueue
@@ -37,11 +37,17 @@ type rig struct {
 
 func newRig(t testing.TB, opts Options) *rig {
 	t.Helper()
-	r := &rig{dir: t.TempDir(), exports: fs.NewExports(discardLogger())}
+	return newRigOver(t, opts, hostfs.NewExports(discardLogger()))
+}
+
+// newRigOver is newRig over exports of the caller's (a budget of its own).
+func newRigOver(t testing.TB, opts Options, exports *hostfs.Exports) *rig {
+	t.Helper()
+	r := &rig{dir: t.TempDir(), exports: exports}
 	if opts.Tag == "" {
 		opts.Tag = "cowork"
 	}
-	opts.Attacher = r.exports
+	opts.Attacher = ExportsAttacher(r.exports)
 	if opts.Logger == nil {
 		opts.Logger = discardLogger()
 	}

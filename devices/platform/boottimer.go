@@ -3,20 +3,16 @@ package platform
 import (
 	"sync"
 	"time"
+
+	"github.com/cowork-vmm/cowork-vmm/protocol/guesthost"
 )
 
-const (
-	// BootTimerPort is the I/O port of the boot timer, as in Firecracker.
-	BootTimerPort = 0x3f0
-	// BootTimerMagic is the byte the guest writes at offset 0 to say that
-	// boot finished (the agent writes it when it starts).
-	BootTimerMagic = 123
-	// BootTimerPortCount is how many ports the boot timer decodes.
-	BootTimerPortCount = 1
-)
+// BootTimerPortCount is how many ports the boot timer decodes, from
+// guesthost.BootTimerPort.
+const BootTimerPortCount = 1
 
 // BootTimer records the time from the VM's start to the guest's first
-// write of BootTimerMagic. Safe for concurrent use.
+// write of guesthost.BootTimerMagic. Safe for concurrent use.
 type BootTimer struct {
 	start time.Time
 
@@ -38,9 +34,9 @@ func NewBootTimer(start time.Time, onBoot func(time.Duration)) *BootTimer {
 func (b *BootTimer) Read(offset uint64, data []byte) { clear(data) }
 
 // Write implements the bus device write. Only the first write of
-// BootTimerMagic at offset 0 counts; anything else is ignored.
+// guesthost.BootTimerMagic at offset 0 counts; anything else is ignored.
 func (b *BootTimer) Write(offset uint64, data []byte) {
-	if offset != 0 || len(data) == 0 || data[0] != BootTimerMagic {
+	if offset != 0 || len(data) == 0 || data[0] != guesthost.BootTimerMagic {
 		return
 	}
 	b.once.Do(func() {

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/cowork-vmm/cowork-vmm/protocol/guesthost"
 )
 
 func TestBootTimerRecordsOnce(t *testing.T) {
@@ -16,9 +18,9 @@ func TestBootTimerRecordsOnce(t *testing.T) {
 
 	_, ok := bt.Elapsed()
 	require.False(t, ok)
-	bt.Write(0, []byte{BootTimerMagic - 1}) // wrong value
-	bt.Write(1, []byte{BootTimerMagic})     // wrong offset
-	bt.Write(0, nil)                        // empty access
+	bt.Write(0, []byte{guesthost.BootTimerMagic - 1}) // wrong value
+	bt.Write(1, []byte{guesthost.BootTimerMagic})     // wrong offset
+	bt.Write(0, nil)                                  // empty access
 	_, ok = bt.Elapsed()
 	require.False(t, ok)
 	select {
@@ -27,13 +29,13 @@ func TestBootTimerRecordsOnce(t *testing.T) {
 	default:
 	}
 
-	bt.Write(0, []byte{BootTimerMagic})
+	bt.Write(0, []byte{guesthost.BootTimerMagic})
 	first, ok := bt.Elapsed()
 	require.True(t, ok)
 	require.GreaterOrEqual(t, first, time.Second)
 	<-bt.Done()
 
-	bt.Write(0, []byte{BootTimerMagic, 0, 0, 0}) // a later write changes nothing
+	bt.Write(0, []byte{guesthost.BootTimerMagic, 0, 0, 0}) // a later write changes nothing
 	again, ok := bt.Elapsed()
 	require.True(t, ok)
 	require.Equal(t, first, again)
@@ -49,7 +51,7 @@ func TestBootTimerConcurrentWrites(t *testing.T) {
 	bt := NewBootTimer(time.Now(), func(time.Duration) { calls.Add(1) })
 	var wg sync.WaitGroup
 	for range 8 {
-		wg.Go(func() { bt.Write(0, []byte{BootTimerMagic}) })
+		wg.Go(func() { bt.Write(0, []byte{guesthost.BootTimerMagic}) })
 	}
 	wg.Wait()
 	require.EqualValues(t, 1, calls.Load())

@@ -4,6 +4,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/cowork-vmm/cowork-vmm/protocol/guesthost"
 )
 
 func readAnswer(p *SnapshotPoint) byte {
@@ -23,26 +25,26 @@ func isClosed(c <-chan struct{}) bool {
 
 func TestSnapshotPointHoldsUntilRelease(t *testing.T) {
 	p := NewSnapshotPoint(true)
-	require.EqualValues(t, SnapshotPointWait, readAnswer(p))
+	require.EqualValues(t, guesthost.SnapshotPointWait, readAnswer(p))
 	p.Write(0, []byte{7}) // not the arrival
 	require.False(t, isClosed(p.Arrived()))
-	p.Write(0, []byte{SnapshotPointArrive})
-	p.Write(0, []byte{SnapshotPointArrive}) // twice is once
+	p.Write(0, []byte{guesthost.SnapshotPointArrive})
+	p.Write(0, []byte{guesthost.SnapshotPointArrive}) // twice is once
 	require.True(t, isClosed(p.Arrived()))
-	require.EqualValues(t, SnapshotPointWait, readAnswer(p))
+	require.EqualValues(t, guesthost.SnapshotPointWait, readAnswer(p))
 	p.Release()
-	require.EqualValues(t, SnapshotPointGo, readAnswer(p))
+	require.EqualValues(t, guesthost.SnapshotPointGo, readAnswer(p))
 }
 
 func TestSnapshotPointAnswers(t *testing.T) {
-	require.EqualValues(t, SnapshotPointGo, readAnswer(NewSnapshotPoint(false)))
+	require.EqualValues(t, guesthost.SnapshotPointGo, readAnswer(NewSnapshotPoint(false)))
 	r := NewRestoredSnapshotPoint()
-	require.EqualValues(t, SnapshotPointRestored, readAnswer(r))
+	require.EqualValues(t, guesthost.SnapshotPointRestored, readAnswer(r))
 	r.Release() // a restored guest stays restored
-	require.EqualValues(t, SnapshotPointRestored, readAnswer(r))
+	require.EqualValues(t, guesthost.SnapshotPointRestored, readAnswer(r))
 	wide := make([]byte, 4)
 	r.Read(0, wide)
-	require.Equal(t, []byte{SnapshotPointRestored, 0, 0, 0}, wide)
+	require.Equal(t, []byte{guesthost.SnapshotPointRestored, 0, 0, 0}, wide)
 	r.Read(1, wide)
 	require.Equal(t, []byte{0, 0, 0, 0}, wide)
 }

@@ -9,7 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/cowork-vmm/cowork-vmm/devices/p9/fs"
+	"github.com/cowork-vmm/cowork-vmm/devices/hostfs"
 	"github.com/cowork-vmm/cowork-vmm/devices/virtio"
 	"github.com/cowork-vmm/cowork-vmm/devices/virtio/virtiotest"
 )
@@ -25,7 +25,7 @@ func (p plainMemory) WriteAt(b []byte, gpa uint64) error { return p.m.WriteAt(b,
 // newBounceRig is newRig over memory the device cannot map.
 func newBounceRig(t *testing.T, opts Options) *rig {
 	t.Helper()
-	r := &rig{dir: t.TempDir(), exports: fs.NewExports(discardLogger())}
+	r := &rig{dir: t.TempDir(), exports: hostfs.NewExports(discardLogger())}
 	opts.Tag, opts.Root, opts.Logger = "bounce", r.exports, discardLogger()
 	dev, err := New(opts)
 	require.NoError(t, err)

@@ -119,11 +119,7 @@ func (d *Device) Activate(mem virtio.GuestMemory, irq virtio.Interrupt, queues [
 	if d.session != nil {
 		return errors.New("virtio-fs: activated twice without a reset")
 	}
-	root, err := d.opts.Root.Attach()
-	if err != nil {
-		return fmt.Errorf("virtio-fs: attaching the root: %w", err)
-	}
-	fsys := newFileSystem(root, d.opts)
+	fsys := newFileSystem(d.opts.Root.Root(), d.opts)
 	server := fuse.NewProtocolServer(fsys, &fuse.MountOptions{
 		MaxWrite:     MaxWrite,
 		MaxReadAhead: MaxWrite,

@@ -19,10 +19,13 @@
 //     does not serve, the session answers itself: the guest's sync(2)
 //     syncs the host file systems of the writable exports.
 //   - fs.go, names.go, io.go, nodes.go: the FUSE file system, over the
-//     export layer of package p9/fs, the one the virtio-9p device uses. A
-//     FUSE node is a p9.File of that layer, keyed by (export, host device,
-//     host inode) so the guest gets one node id per inode and a node reached
-//     through a read-only export is never the one of a read-write export.
+//     export layer of package hostfs, the one the virtio-9p device uses.
+//     Each FUSE operation maps onto a hostfs.Node directly (an open is a
+//     Clone opened, a read or write one preadv or pwritev); nothing of 9P
+//     is involved. A FUSE node is a hostfs.Node, keyed by hostfs.Key
+//     (export, host device, host inode) so the guest gets one node id per
+//     inode and a node reached through a read-only export is never the
+//     one of a read-write export.
 //     Everything the 9p device guarantees about host files therefore holds
 //     here too: each name resolved by openat2 beneath a held directory
 //     descriptor, no symlink followed on the host, read-only exports
@@ -54,10 +57,19 @@
 //   - a panic while serving a request is EIO for that request only;
 //   - node and handle ids are never reused in a session, unknown ids are
 //     ESTALE or EBADF, FORGET of more than was looked up forgets the node,
-//     and both tables are bounded (MaxNodes, MaxHandles: each entry is a
-//     host descriptor), beyond which lookups and opens fail with ENFILE;
-//     a NoOpen device's nodes keeping a reader are bounded by MaxHandles
-//     too, beyond which each READ opens and closes its own;
+//     and both tables are bounded (MaxNodes, MaxHandles), beyond which
+//     lookups and opens fail with ENFILE; a NoOpen device's nodes keeping
+//     a reader are bounded by MaxHandles too, beyond which each READ opens
+//     and closes its own;
+//   - the host descriptors behind all of them — a node's one, an open
+//     handle's two (a clone and its open file), a reader's two, and a
+//     forgotten directory's one while a node below it lives — come out of
+//     the export layer's descriptor budget (the Root's, see package
+//     hostfs), so however the guest orders its lookups, opens and FORGETs,
+//     the device holds at most that budget; past it a lookup, open or
+//     READ fails with ENFILE and the device keeps serving (a lookup of a
+//     name whose node the guest holds is still answered, from that node:
+//     Node.ChildKey finds it without opening anything);
 //   - a request the server cannot take is answered with an error header,
 //     never left pending.
 //

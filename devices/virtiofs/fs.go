@@ -6,10 +6,9 @@ import (
 	"time"
 
 	"github.com/hanwen/go-fuse/v2/fuse"
-	"github.com/hugelgupf/p9/linux"
-	"github.com/hugelgupf/p9/p9"
+	"golang.org/x/sys/unix"
 
-	"github.com/cowork-vmm/cowork-vmm/devices/p9/fs"
+	"github.com/cowork-vmm/cowork-vmm/devices/hostfs"
 )
 
 // cachedTimeout is how long the guest keeps entries and attributes of a
@@ -17,7 +16,7 @@ import (
 const cachedTimeout = 24 * time.Hour
 
 // fileSystem is one session's FUSE file system (go-fuse's RawFileSystem)
-// over the export layer of package p9/fs: every node is a p9.File of it,
+// over the export layer of package hostfs: every node is a hostfs.Node,
 // so virtio-fs inherits its confinement (openat2 beneath held directory
 // descriptors, no symlink followed on the host), read-only exports,
 // withdrawal (ESTALE) and set-id stripping. Operations the layer has no
@@ -31,7 +30,7 @@ type fileSystem struct {
 	noOpen             bool
 }
 
-func newFileSystem(root p9.File, opts Options) *fileSystem {
+func newFileSystem(root hostfs.Node, opts Options) *fileSystem {
 	return &fileSystem{
 		RawFileSystem: fuse.NewDefaultRawFileSystem(),
 		t:             newTable(root, opts.MaxNodes, opts.MaxHandles),
@@ -42,16 +41,13 @@ func newFileSystem(root p9.File, opts Options) *fileSystem {
 
 func (*fileSystem) String() string { return "cowork-vmm" }
 
-// status converts an error of the export layer to a FUSE status.
+// status converts an error of the export layer (a unix.Errno) to a FUSE
+// status.
 func status(err error) fuse.Status {
 	if err == nil {
 		return fuse.OK
 	}
-	var le linux.Errno
-	if errors.As(err, &le) {
-		return fuse.Status(le)
-	}
-	var se syscall.Errno
+	var se unix.Errno
 	if errors.As(err, &se) {
 		return fuse.Status(se)
 	}
@@ -77,25 +73,26 @@ func (f *fileSystem) timeout() time.Duration {
 	return CoherentTimeout
 }
 
-// fillAttr converts the export layer's attributes; the inode number is the
-// layer's QID path (the host inode mixed with its device), stable across
-// lookups as tools like git expect.
-func fillAttr(out *fuse.Attr, qid p9.QID, a p9.Attr) {
+// fillAttr converts the export layer's attributes; the inode number is
+// the layer's (hostfs.GuestIno: the host inode mixed with its device),
+// stable across lookups as tools like git expect.
+func fillAttr(out *fuse.Attr, a hostfs.Attr) {
+	st := &a.Stat
 	*out = fuse.Attr{
-		Ino:       qid.Path,
-		Size:      a.Size,
-		Blocks:    a.Blocks,
-		Atime:     a.ATimeSeconds,
-		Atimensec: uint32(a.ATimeNanoSeconds),
-		Mtime:     a.MTimeSeconds,
-		Mtimensec: uint32(a.MTimeNanoSeconds),
-		Ctime:     a.CTimeSeconds,
-		Ctimensec: uint32(a.CTimeNanoSeconds),
-		Mode:      uint32(a.Mode),
-		Nlink:     uint32(a.NLink),
-		Owner:     fuse.Owner{Uid: uint32(a.UID), Gid: uint32(a.GID)},
-		Rdev:      uint32(a.RDev),
-		Blksize:   uint32(a.BlockSize),
+		Ino:       a.Key.GuestIno(),
+		Size:      uint64(st.Size),
+		Blocks:    uint64(st.Blocks),
+		Atime:     uint64(st.Atim.Sec),
+		Atimensec: uint32(st.Atim.Nsec),
+		Mtime:     uint64(st.Mtim.Sec),
+		Mtimensec: uint32(st.Mtim.Nsec),
+		Ctime:     uint64(st.Ctim.Sec),
+		Ctimensec: uint32(st.Ctim.Nsec),
+		Mode:      st.Mode,
+		Nlink:     uint32(st.Nlink),
+		Owner:     fuse.Owner{Uid: st.Uid, Gid: st.Gid},
+		Rdev:      uint32(st.Rdev),
+		Blksize:   uint32(st.Blksize),
 	}
 }
 
@@ -107,24 +104,54 @@ func (f *fileSystem) lookup(parent uint64, name string, out *fuse.EntryOut) fuse
 		return st
 	}
 	defer f.t.putNode(p)
-	_, child, err := p.file.Walk([]string{name})
+	child, attr, err := p.file.Walk(name)
+	if errors.Is(err, unix.ENFILE) {
+		return f.lookupHeld(p, name, out)
+	}
 	if err != nil {
 		return status(err)
 	}
-	key, qid, attr, err := fs.Identify(child)
-	if err != nil {
-		_ = child.Close()
-		return status(err)
-	}
-	id, st := f.t.add(key, child, uint32(attr.Mode))
+	id, st := f.t.add(attr.Key, child, attr.Stat.Mode)
 	if !st.Ok() {
 		return st
 	}
+	f.fillEntry(out, id, attr)
+	return fuse.OK
+}
+
+// lookupHeld answers a lookup of name in p, with the descriptor budget
+// spent, from the node the guest already holds for it (its kernel
+// revalidating an entry it knows): the name's key is had without opening
+// it, and the node's own file gives the attributes. ENFILE when the guest
+// holds no node for it (a new node needs a descriptor).
+func (f *fileSystem) lookupHeld(p *node, name string, out *fuse.EntryOut) fuse.Status {
+	key, err := p.file.ChildKey(name)
+	if err != nil {
+		return status(err)
+	}
+	n, ok := f.t.lookupByKey(key)
+	if !ok {
+		return fuse.Status(syscall.ENFILE)
+	}
+	defer f.t.putNode(n)
+	attr, err := n.file.Stat()
+	if err != nil {
+		return status(err)
+	}
+	id, ok := f.t.relookup(key)
+	if !ok || attr.Key != key {
+		return fuse.Status(syscall.ENFILE) // forgotten or replaced meanwhile
+	}
+	f.fillEntry(out, id, attr)
+	return fuse.OK
+}
+
+// fillEntry fills a lookup's reply for node id.
+func (f *fileSystem) fillEntry(out *fuse.EntryOut, id uint64, attr hostfs.Attr) {
 	*out = fuse.EntryOut{NodeId: id}
 	out.SetEntryTimeout(f.timeout())
 	out.SetAttrTimeout(f.timeout())
-	fillAttr(&out.Attr, qid, attr)
-	return fuse.OK
+	fillAttr(&out.Attr, attr)
 }
 
 // Lookup implements fuse.RawFileSystem. A name the host does not have gets, from a Cached device, a negative
@@ -157,13 +184,13 @@ func (f *fileSystem) GetAttr(_ <-chan struct{}, in *fuse.GetAttrIn, out *fuse.At
 	return f.attrOut(n.file, out)
 }
 
-func (f *fileSystem) attrOut(file p9.File, out *fuse.AttrOut) fuse.Status {
-	_, qid, attr, err := fs.Identify(file)
+func (f *fileSystem) attrOut(file hostfs.Node, out *fuse.AttrOut) fuse.Status {
+	attr, err := file.Stat()
 	if err != nil {
 		return status(err)
 	}
 	out.SetTimeout(f.timeout())
-	fillAttr(&out.Attr, qid, attr)
+	fillAttr(&out.Attr, attr)
 	return fuse.OK
 }
 
@@ -176,36 +203,31 @@ func (f *fileSystem) SetAttr(_ <-chan struct{}, in *fuse.SetAttrIn, out *fuse.At
 		return st
 	}
 	defer f.t.putNode(n)
-	valid, attr := setAttrFor(in)
-	if err := n.file.SetAttr(valid, attr); err != nil {
+	if err := n.file.SetAttr(setAttrFor(in)); err != nil {
 		return status(err)
 	}
 	return f.attrOut(n.file, out)
 }
 
-func setAttrFor(in *fuse.SetAttrIn) (p9.SetAttrMask, p9.SetAttr) {
+// setAttrFor converts a SETATTR.
+func setAttrFor(in *fuse.SetAttrIn) hostfs.SetAttr {
 	v := in.Valid
-	valid := p9.SetAttrMask{
-		Permissions:        v&fuse.FATTR_MODE != 0,
-		UID:                v&fuse.FATTR_UID != 0,
-		GID:                v&fuse.FATTR_GID != 0,
-		Size:               v&fuse.FATTR_SIZE != 0,
-		ATime:              v&(fuse.FATTR_ATIME|fuse.FATTR_ATIME_NOW) != 0,
-		MTime:              v&(fuse.FATTR_MTIME|fuse.FATTR_MTIME_NOW) != 0,
-		ATimeNotSystemTime: v&fuse.FATTR_ATIME != 0 && v&fuse.FATTR_ATIME_NOW == 0,
-		MTimeNotSystemTime: v&fuse.FATTR_MTIME != 0 && v&fuse.FATTR_MTIME_NOW == 0,
+	out := hostfs.SetAttr{
+		Mode: in.Mode, UID: in.Uid, GID: in.Gid, Size: in.Size,
+		ATime: hostfs.SetTime(v&fuse.FATTR_ATIME_NOW != 0, in.Atime, uint64(in.Atimensec)),
+		MTime: hostfs.SetTime(v&fuse.FATTR_MTIME_NOW != 0, in.Mtime, uint64(in.Mtimensec)),
 	}
-	attr := p9.SetAttr{
-		Permissions:      p9.FileMode(in.Mode),
-		UID:              p9.UID(in.Uid),
-		GID:              p9.GID(in.Gid),
-		Size:             in.Size,
-		ATimeSeconds:     in.Atime,
-		ATimeNanoSeconds: uint64(in.Atimensec),
-		MTimeSeconds:     in.Mtime,
-		MTimeNanoSeconds: uint64(in.Mtimensec),
+	for _, b := range []struct{ fuse, set uint32 }{
+		{fuse.FATTR_MODE, hostfs.SetMode}, {fuse.FATTR_UID, hostfs.SetUID}, {fuse.FATTR_GID, hostfs.SetGID},
+		{fuse.FATTR_SIZE, hostfs.SetSize},
+		{fuse.FATTR_ATIME | fuse.FATTR_ATIME_NOW, hostfs.SetATime},
+		{fuse.FATTR_MTIME | fuse.FATTR_MTIME_NOW, hostfs.SetMTime},
+	} {
+		if v&b.fuse != 0 {
+			out.Valid |= b.set
+		}
 	}
-	return valid, attr
+	return out
 }
 
 // StatFs implements fuse.RawFileSystem.
@@ -220,9 +242,9 @@ func (f *fileSystem) StatFs(_ <-chan struct{}, h *fuse.InHeader, out *fuse.Statf
 		return status(err)
 	}
 	*out = fuse.StatfsOut{
-		Blocks: s.Blocks, Bfree: s.BlocksFree, Bavail: s.BlocksAvailable,
-		Files: s.Files, Ffree: s.FilesFree,
-		Bsize: s.BlockSize, Frsize: s.BlockSize, NameLen: s.NameLength,
+		Blocks: s.Blocks, Bfree: s.Bfree, Bavail: s.Bavail,
+		Files: s.Files, Ffree: s.Ffree,
+		Bsize: uint32(s.Bsize), Frsize: uint32(s.Bsize), NameLen: uint32(s.Namelen),
 	}
 	return fuse.OK
 }

@@ -9,11 +9,10 @@ import (
 	"time"
 
 	"github.com/hanwen/go-fuse/v2/fuse"
-	"github.com/hugelgupf/p9/linux"
-	"github.com/hugelgupf/p9/p9"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 
-	"github.com/cowork-vmm/cowork-vmm/devices/p9/fs"
+	"github.com/cowork-vmm/cowork-vmm/devices/hostfs"
 	"github.com/cowork-vmm/cowork-vmm/devices/virtio/virtiotest"
 )
 
@@ -24,10 +23,11 @@ import (
 // read, write or create through some other file. The table must close a
 // file only once no request uses it.
 
-// blockingFile is a p9.File whose ReadAt, WriteAt and Mkdir wait until
-// released, and which records whether it was closed while one of them ran.
+// blockingFile is a hostfs.Node whose ReadvAt, WritevAt and Mkdir wait
+// until released, and which records whether it was closed while one of
+// them ran.
 type blockingFile struct {
-	p9.File // nil: only the methods below are called
+	hostfs.Node // nil: only the methods below are called
 
 	entered chan struct{}
 	proceed chan struct{}
@@ -48,19 +48,19 @@ func (f *blockingFile) block() {
 	f.inUse.Store(false)
 }
 
-func (f *blockingFile) ReadAt(p []byte, _ int64) (int, error) {
+func (f *blockingFile) ReadvAt(iov [][]byte, _ int64) (int, error) {
 	f.block()
-	return copy(p, "data"), nil
+	return copy(iov[0], "data"), nil
 }
 
-func (f *blockingFile) WriteAt(p []byte, _ int64) (int, error) {
+func (f *blockingFile) WritevAt(iov [][]byte, _ int64) (int, error) {
 	f.block()
-	return len(p), nil
+	return len(iov[0]), nil
 }
 
-func (f *blockingFile) Mkdir(string, p9.FileMode, p9.UID, p9.GID) (p9.QID, error) {
+func (f *blockingFile) Mkdir(string, uint32) (hostfs.Attr, error) {
 	f.block()
-	return p9.QID{}, linux.EEXIST // stop before the lookup of the new name
+	return hostfs.Attr{}, unix.EEXIST // stop before the lookup of the new name
 }
 
 func (f *blockingFile) Close() error {
@@ -126,7 +126,7 @@ func TestReleaseDuringReadClosesAfterTheRead(t *testing.T) {
 func TestForgetDuringMkdirClosesAfterTheMkdir(t *testing.T) {
 	fsys := newTestFileSystem()
 	bf := newBlockingFile()
-	id, st := fsys.t.add(fs.NodeKey{Export: 1, Ino: 42}, bf, fuse.S_IFDIR)
+	id, st := fsys.t.add(hostfs.Key{Export: 1, Ino: 42}, bf, fuse.S_IFDIR)
 	require.True(t, st.Ok())
 
 	done := make(chan fuse.Status)
@@ -138,10 +138,10 @@ func TestForgetDuringMkdirClosesAfterTheMkdir(t *testing.T) {
 	fsys.Forget(id, 1)
 	require.False(t, bf.closed.Load(), "FORGET closed the directory under a running MKDIR")
 	_, st = fsys.t.node(id)
-	require.Equal(t, fuse.Status(linux.ESTALE), st, "the forgotten node is gone for new requests")
+	require.Equal(t, fuse.Status(unix.ESTALE), st, "the forgotten node is gone for new requests")
 
 	close(bf.proceed)
-	require.Equal(t, fuse.Status(linux.EEXIST), <-done)
+	require.Equal(t, fuse.Status(unix.EEXIST), <-done)
 	require.True(t, bf.closed.Load(), "closed once the MKDIR ended")
 	require.False(t, bf.closedWhileUse.Load())
 }

@@ -6,13 +6,13 @@ import (
 	"math"
 
 	"github.com/hanwen/go-fuse/v2/fuse"
-	"github.com/hugelgupf/p9/p9"
+	"golang.org/x/sys/unix"
 
-	"github.com/cowork-vmm/cowork-vmm/devices/p9/fs"
+	"github.com/cowork-vmm/cowork-vmm/devices/hostfs"
 )
 
-// Open files and directories. An open is a clone of the node's file
-// opened through the export layer, which opens only regular files and
+// Open files and directories. An open is a clone of the node opened
+// through the export layer, which opens only regular files and
 // directories on the host (a FIFO's or socket's open never reaches the
 // host: the guest kernel serves those itself). Reads and writes go
 // straight between the host file and the chain's guest buffers when the
@@ -56,7 +56,7 @@ func (f *fileSystem) openNode(id uint64, flags uint32, dir bool) (uint64, fuse.S
 	case !dir && isDir:
 		return 0, fuse.Status(fuse.EISDIR)
 	}
-	clone, err := openClone(n.file, p9.OpenFlags(flags))
+	clone, err := openClone(n.file, flags)
 	if err != nil {
 		return 0, status(err)
 	}
@@ -67,14 +67,14 @@ func (f *fileSystem) openNode(id uint64, flags uint32, dir bool) (uint64, fuse.S
 	return f.t.open(clone, dir)
 }
 
-// openClone opens a clone of file with flags: the node keeps its own
-// descriptor, and the clone is the caller's to close.
-func openClone(file p9.File, flags p9.OpenFlags) (p9.File, error) {
-	_, clone, err := file.Walk(nil)
+// openClone opens a clone of file with open(2) flags: the node keeps its
+// own descriptor, and the clone is the caller's to close.
+func openClone(file hostfs.Node, flags uint32) (hostfs.Node, error) {
+	clone, err := file.Clone()
 	if err != nil {
 		return nil, err
 	}
-	if _, _, err := clone.Open(flags); err != nil {
+	if _, err := clone.Open(flags); err != nil {
 		_ = clone.Close()
 		return nil, err
 	}
@@ -89,15 +89,15 @@ func openClone(file p9.File, flags p9.OpenFlags) (p9.File, error) {
 // ESTALE with a fresh lookup of every name (LOOKUP_REVAL), so it opens
 // what the name is now. An open of the unlinked file by a path that
 // needs no lookup (/proc/PID/fd/N) keeps failing with ESTALE, as over NFS.
-func (f *fileSystem) checkStillLinked(file p9.File, dir bool) fuse.Status {
+func (f *fileSystem) checkStillLinked(file hostfs.Node, dir bool) fuse.Status {
 	if f.cached || dir {
 		return fuse.OK
 	}
-	_, _, attr, err := fs.Identify(file)
+	attr, err := file.Stat()
 	if err != nil {
 		return status(err)
 	}
-	if attr.NLink == 0 {
+	if attr.Stat.Nlink == 0 {
 		return fuse.Status(syscall.ESTALE)
 	}
 	return fuse.OK
@@ -125,7 +125,7 @@ func (f *fileSystem) Open(_ <-chan struct{}, in *fuse.OpenIn, out *fuse.OpenOut)
 
 // OpenDir implements fuse.RawFileSystem.
 func (f *fileSystem) OpenDir(_ <-chan struct{}, in *fuse.OpenIn, out *fuse.OpenOut) fuse.Status {
-	fh, st := f.openNode(in.NodeId, uint32(p9.ReadOnly), true)
+	fh, st := f.openNode(in.NodeId, unix.O_RDONLY, true)
 	if !st.Ok() {
 		return st
 	}
@@ -241,8 +241,8 @@ func (r *readResult) readNode(dst [][]byte) (int, fuse.Status) {
 }
 
 // readvStatus is readv with a FUSE status: a short read is a success.
-func readvStatus(file p9.File, dst [][]byte, offset int64) (int, fuse.Status) {
-	n, err := readv(file, dst, offset)
+func readvStatus(file hostfs.Node, dst [][]byte, offset int64) (int, fuse.Status) {
+	n, err := file.ReadvAt(dst, offset)
 	if err != nil && n == 0 {
 		return 0, status(err)
 	}
@@ -250,7 +250,7 @@ func readvStatus(file p9.File, dst [][]byte, offset int64) (int, fuse.Status) {
 }
 
 // Writev implements fuse.RawFileSystem: the guest's segments are written
-// in order, in one pwritev where the file offers it.
+// in order, in one pwritev.
 func (f *fileSystem) Writev(_ <-chan struct{}, in *fuse.WriteIn, data [][]byte) (uint32, fuse.Status) {
 	h, st := f.t.handle(in.Fh, false)
 	if !st.Ok() {
@@ -260,50 +260,11 @@ func (f *fileSystem) Writev(_ <-chan struct{}, in *fuse.WriteIn, data [][]byte) 
 	if in.Offset > math.MaxInt64 {
 		return 0, fuse.EINVAL
 	}
-	n, err := writev(h.file, data, int64(in.Offset))
+	n, err := h.file.WritevAt(data, int64(in.Offset))
 	if err != nil && n == 0 {
 		return 0, status(err)
 	}
 	return uint32(n), fuse.OK
-}
-
-// readv reads into iov from offset: one preadv where file offers it,
-// else one ReadAt per buffer until a short one.
-func readv(file p9.File, iov [][]byte, offset int64) (int, error) {
-	if v, ok := file.(fs.VectoredFile); ok {
-		return v.ReadvAt(iov, offset)
-	}
-	return eachBuffer(iov, offset, file.ReadAt)
-}
-
-// writev writes iov at offset: one pwritev where file offers it, else
-// one WriteAt per buffer until a short one.
-func writev(file p9.File, iov [][]byte, offset int64) (int, error) {
-	if v, ok := file.(fs.VectoredFile); ok {
-		return v.WritevAt(iov, offset)
-	}
-	return eachBuffer(iov, offset, file.WriteAt)
-}
-
-// eachBuffer runs op on each buffer of iov in turn, stopping at the first
-// short or failed one; an error after some bytes moved is dropped.
-func eachBuffer(iov [][]byte, offset int64, op func([]byte, int64) (int, error)) (int, error) {
-	total := 0
-	for _, b := range iov {
-		n, err := op(b, offset)
-		total += n
-		offset += int64(n)
-		if err != nil {
-			if total > 0 {
-				return total, nil
-			}
-			return 0, err
-		}
-		if n < len(b) {
-			break
-		}
-	}
-	return total, nil
 }
 
 // Flush implements fuse.RawFileSystem: nothing is buffered on the host.
@@ -337,34 +298,26 @@ func (f *fileSystem) fsync(fh uint64, dir bool) fuse.Status {
 		return st
 	}
 	defer f.t.putHandle(h)
-	return status(h.file.FSync())
+	return status(h.file.Sync())
 }
 
 // direntMode is a directory entry's type as FUSE wants it (S_IFMT bits),
-// from the export layer's QID type. Entries that are neither directories
-// nor symlinks are reported as regular files; the guest learns a FIFO's
-// or socket's real type from its attributes.
-func direntMode(t p9.QIDType) uint32 {
-	switch {
-	case t&p9.TypeDir != 0:
-		return fuse.S_IFDIR
-	case t&p9.TypeSymlink != 0:
-		return fuse.S_IFLNK
-	}
-	return fuse.S_IFREG
-}
+// from the export layer's DT_ type (a directory, a symlink, or a regular
+// file for the rest: the guest learns a FIFO's or socket's real type from
+// its attributes); a DT_ value is its S_IFMT bits shifted down by 12.
+func direntMode(t uint8) uint32 { return uint32(t) << 12 }
 
 // readdirPlusShare divides a READDIRPLUS's size into what the layer is
 // asked for: each entry carries a 128-byte entry besides its name.
 const readdirPlusShare = 5
 
 // ReadDir implements fuse.RawFileSystem. The offset is the host's own
-// directory position (see package p9/fs), so nothing is cached between
+// directory position (see package hostfs), so nothing is cached between
 // requests.
 func (f *fileSystem) ReadDir(_ <-chan struct{}, in *fuse.ReadIn, out *fuse.DirEntryList) fuse.Status {
 	ents, st := f.readdir(in, in.Size)
 	for _, d := range ents {
-		if !out.AddDirEntry(fuse.DirEntry{Mode: direntMode(d.Type), Name: d.Name, Ino: d.QID.Path, Off: d.Offset}) {
+		if !out.AddDirEntry(fuse.DirEntry{Mode: direntMode(d.Type), Name: d.Name, Ino: d.Ino, Off: d.Offset}) {
 			break
 		}
 	}
@@ -377,7 +330,7 @@ func (f *fileSystem) ReadDir(_ <-chan struct{}, in *fuse.ReadIn, out *fuse.DirEn
 func (f *fileSystem) ReadDirPlus(_ <-chan struct{}, in *fuse.ReadIn, out *fuse.DirEntryList) fuse.Status {
 	ents, st := f.readdir(in, in.Size/readdirPlusShare)
 	for _, d := range ents {
-		e := out.AddDirLookupEntry(fuse.DirEntry{Mode: direntMode(d.Type), Name: d.Name, Ino: d.QID.Path, Off: d.Offset})
+		e := out.AddDirLookupEntry(fuse.DirEntry{Mode: direntMode(d.Type), Name: d.Name, Ino: d.Ino, Off: d.Offset})
 		if e == nil {
 			break
 		}
@@ -393,7 +346,7 @@ func (f *fileSystem) ReadDirPlus(_ <-chan struct{}, in *fuse.ReadIn, out *fuse.D
 	return st
 }
 
-func (f *fileSystem) readdir(in *fuse.ReadIn, count uint32) (p9.Dirents, fuse.Status) {
+func (f *fileSystem) readdir(in *fuse.ReadIn, count uint32) ([]hostfs.Dirent, fuse.Status) {
 	h, st := f.t.handle(in.Fh, true)
 	if !st.Ok() {
 		return nil, st

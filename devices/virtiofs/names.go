@@ -2,17 +2,16 @@ package virtiofs
 
 import (
 	"github.com/hanwen/go-fuse/v2/fuse"
-	"github.com/hugelgupf/p9/p9"
 	"golang.org/x/sys/unix"
 
-	"github.com/cowork-vmm/cowork-vmm/devices/p9/fs"
+	"github.com/cowork-vmm/cowork-vmm/devices/hostfs"
 )
 
 // Operations that create, remove or rename names. Each runs on the parent
 // directory's node through the export layer (which checks the name and
 // refuses a read-only export), then looks the new name up to answer with
 // its entry. The guest's uid and gid are not used: files belong to the
-// helper's user on the host (see package p9/fs).
+// helper's user on the host (see package hostfs).
 
 // parentFile returns the directory node id, for the caller's use until it
 // calls putNode.
@@ -35,7 +34,7 @@ func (f *fileSystem) Mkdir(_ <-chan struct{}, in *fuse.MkdirIn, name string, out
 		return st
 	}
 	defer f.t.putNode(dir)
-	if _, err := dir.file.Mkdir(name, p9.FileMode(in.Mode).Permissions(), 0, 0); err != nil {
+	if _, err := dir.file.Mkdir(name, in.Mode); err != nil {
 		return status(err)
 	}
 	return f.lookup(in.NodeId, name, out)
@@ -50,8 +49,7 @@ func (f *fileSystem) Mknod(_ <-chan struct{}, in *fuse.MknodIn, name string, out
 		return st
 	}
 	defer f.t.putNode(dir)
-	major, minor := unix.Major(uint64(in.Rdev)), unix.Minor(uint64(in.Rdev))
-	if _, err := dir.file.Mknod(name, p9.FileMode(in.Mode), major, minor, 0, 0); err != nil {
+	if _, err := dir.file.Mknod(name, in.Mode); err != nil {
 		return status(err)
 	}
 	return f.lookup(in.NodeId, name, out)
@@ -65,7 +63,7 @@ func (f *fileSystem) Symlink(_ <-chan struct{}, h *fuse.InHeader, target, name s
 		return st
 	}
 	defer f.t.putNode(dir)
-	if _, err := dir.file.Symlink(target, name, 0, 0); err != nil {
+	if _, err := dir.file.Symlink(target, name); err != nil {
 		return status(err)
 	}
 	return f.lookup(h.NodeId, name, out)
@@ -137,17 +135,13 @@ func (f *fileSystem) Rename(_ <-chan struct{}, in *fuse.RenameIn, oldName, newNa
 
 // noteRenamed tells the node the guest holds for dir/name, if any, its new
 // parent and name.
-func (f *fileSystem) noteRenamed(dir p9.File, name string) {
-	_, moved, err := dir.Walk([]string{name})
+func (f *fileSystem) noteRenamed(dir hostfs.Node, name string) {
+	moved, attr, err := dir.Walk(name)
 	if err != nil {
 		return
 	}
 	defer moved.Close()
-	key, _, _, err := fs.Identify(moved)
-	if err != nil {
-		return
-	}
-	if n, ok := f.t.lookupByKey(key); ok {
+	if n, ok := f.t.lookupByKey(attr.Key); ok {
 		n.file.Renamed(dir, name)
 		f.t.putNode(n)
 	}
@@ -162,7 +156,7 @@ func (f *fileSystem) Create(_ <-chan struct{}, in *fuse.CreateIn, name string, o
 		return st
 	}
 	defer f.t.putNode(dir)
-	created, _, _, err := dir.file.Create(name, p9.OpenFlags(in.Flags), p9.FileMode(in.Mode).Permissions(), 0, 0)
+	created, _, err := dir.file.Create(name, in.Flags, in.Mode)
 	if err != nil {
 		return status(err)
 	}

@@ -6,17 +6,17 @@ import (
 	"sync"
 
 	"github.com/hanwen/go-fuse/v2/fuse"
-	"github.com/hugelgupf/p9/p9"
+	"golang.org/x/sys/unix"
 
-	"github.com/cowork-vmm/cowork-vmm/devices/p9/fs"
+	"github.com/cowork-vmm/cowork-vmm/devices/hostfs"
 )
 
 // node is one inode the guest kernel holds: a file of the export layer
 // (an O_PATH descriptor on the host) and the guest's lookup count, which
 // FORGET lowers. The guest learns it as a node id.
 type node struct {
-	file    p9.File
-	key     fs.NodeKey
+	file    hostfs.Node
+	key     hostfs.Key
 	mode    uint32 // the host file type bits (S_IFMT), stable for an inode
 	lookups uint64
 	use     // guarded by table.mu
@@ -24,7 +24,7 @@ type node struct {
 	// whose guest opens files without asking (see fileSystem.Open), from
 	// the first such READ until the node closes; nil before. Guarded by
 	// table.mu; counted in table.readers.
-	reader p9.File
+	reader hostfs.Node
 }
 
 // close closes the node's files (its last user, out of the table).
@@ -37,7 +37,7 @@ func (n *node) close() {
 
 // handle is one open file or directory (an open descriptor on the host).
 type handle struct {
-	file p9.File
+	file hostfs.Node
 	dir  bool
 	use  // guarded by table.mu
 }
@@ -79,18 +79,18 @@ type table struct {
 
 	mu         sync.Mutex
 	nodes      map[uint64]*node
-	byKey      map[fs.NodeKey]uint64
+	byKey      map[hostfs.Key]uint64
 	handles    map[uint64]*handle
 	readers    int // nodes holding a reader, bounded by maxHandles
 	nextNode   uint64
 	nextHandle uint64
 }
 
-func newTable(root p9.File, maxNodes, maxHandles int) *table {
+func newTable(root hostfs.Node, maxNodes, maxHandles int) *table {
 	t := &table{
 		maxNodes: maxNodes, maxHandles: maxHandles,
 		nodes:    make(map[uint64]*node),
-		byKey:    make(map[fs.NodeKey]uint64),
+		byKey:    make(map[hostfs.Key]uint64),
 		handles:  make(map[uint64]*handle),
 		nextNode: fuse.FUSE_ROOT_ID,
 	}
@@ -125,7 +125,7 @@ func (t *table) putNode(n *node) {
 // add records one lookup of the inode key names and returns its node id:
 // the existing node's (f is then closed: the node keeps its own file), or
 // a new node holding f. ENFILE when the table is full.
-func (t *table) add(key fs.NodeKey, f p9.File, mode uint32) (uint64, fuse.Status) {
+func (t *table) add(key hostfs.Key, f hostfs.Node, mode uint32) (uint64, fuse.Status) {
 	t.mu.Lock()
 	if id, ok := t.byKey[key]; ok {
 		t.nodes[id].lookups++
@@ -146,9 +146,21 @@ func (t *table) add(key fs.NodeKey, f p9.File, mode uint32) (uint64, fuse.Status
 	return id, fuse.OK
 }
 
+// relookup records one more lookup of the node of an inode key and
+// returns its id, if the guest still holds it.
+func (t *table) relookup(key hostfs.Key) (uint64, bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	id, ok := t.byKey[key]
+	if ok {
+		t.nodes[id].lookups++
+	}
+	return id, ok
+}
+
 // lookupByKey returns the node of an inode key, if the guest holds it,
 // for the caller's use until it calls putNode.
-func (t *table) lookupByKey(key fs.NodeKey) (*node, bool) {
+func (t *table) lookupByKey(key hostfs.Key) (*node, bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	id, ok := t.byKey[key]
@@ -195,14 +207,14 @@ func (t *table) forget(id, n uint64) {
 // first one opened for the READs that follow, unless maxHandles nodes
 // already keep one (each is a host descriptor): then every READ of the
 // node opens its own.
-func (t *table) reader(n *node) (file p9.File, transient bool, st fuse.Status) {
+func (t *table) reader(n *node) (file hostfs.Node, transient bool, st fuse.Status) {
 	t.mu.Lock()
 	file = n.reader
 	t.mu.Unlock()
 	if file != nil {
 		return file, false, fuse.OK
 	}
-	clone, err := openClone(n.file, p9.ReadOnly)
+	clone, err := openClone(n.file, unix.O_RDONLY)
 	if err != nil {
 		return nil, false, status(err)
 	}
@@ -219,7 +231,7 @@ func (t *table) reader(n *node) (file p9.File, transient bool, st fuse.Status) {
 
 // open records an open file or directory and returns its handle id.
 // ENFILE when the table is full (f is then closed).
-func (t *table) open(f p9.File, dir bool) (uint64, fuse.Status) {
+func (t *table) open(f hostfs.Node, dir bool) (uint64, fuse.Status) {
 	t.mu.Lock()
 	if len(t.handles) >= t.maxHandles {
 		t.mu.Unlock()

@@ -3,7 +3,7 @@ package virtiofs
 import (
 	"log/slog"
 
-	"github.com/hugelgupf/p9/p9"
+	"github.com/cowork-vmm/cowork-vmm/devices/hostfs"
 )
 
 // MaxTagLen is the length of the config space's tag field (virtio 1.2
@@ -27,9 +27,9 @@ type Options struct {
 	// Tag is the mount tag the guest names (mount -t virtiofs TAG dir),
 	// 1..MaxTagLen bytes.
 	Tag string
-	// Root serves the device's tree: its Attach returns the directory the
-	// guest mounts (an *fs.Exports: one name per export). Required.
-	Root p9.Attacher
+	// Root serves the device's tree: its Root is the directory the guest
+	// mounts (a *hostfs.Exports: one name per export). Required.
+	Root Tree
 	// Cached says the files under Root do not change behind the guest's
 	// back (the system directories): the guest keeps entries, attributes
 	// and page cache for a long time. Otherwise entries and attributes
@@ -57,10 +57,22 @@ type Options struct {
 	// MaxInFlight bounds the requests served at once; 0 =
 	// DefaultMaxInFlight.
 	MaxInFlight int
-	// MaxNodes bounds the inodes the guest may hold (each is a host
-	// descriptor); a lookup beyond it fails with ENFILE. 0 = DefaultMaxNodes.
+	// MaxNodes bounds the inodes the guest may hold (table entries); a
+	// lookup beyond it fails with ENFILE. 0 = DefaultMaxNodes. The host
+	// descriptors behind nodes, handles and readers are bounded by the
+	// Root's own budget (hostfs.NewExportsWithin), whatever these bounds.
 	MaxNodes int
 	// MaxHandles bounds the files and directories the guest may hold open
-	// (each is a host descriptor); 0 = DefaultMaxHandles.
+	// (table entries); 0 = DefaultMaxHandles.
 	MaxHandles int
+}
+
+// Tree is what a device serves: the export layer's registry of exports
+// (*hostfs.Exports).
+type Tree interface {
+	// Root returns the directory the guest mounts, for one session.
+	Root() hostfs.Node
+	// SyncWritable flushes the host file systems under the writable
+	// exports (the guest's sync(2)).
+	SyncWritable() error
 }

@@ -8,10 +8,10 @@ import (
 	"time"
 
 	"github.com/hanwen/go-fuse/v2/fuse"
-	"github.com/hugelgupf/p9/linux"
-	"github.com/hugelgupf/p9/p9"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 
+	"github.com/cowork-vmm/cowork-vmm/devices/hostfs"
 	"github.com/cowork-vmm/cowork-vmm/devices/virtio"
 	"github.com/cowork-vmm/cowork-vmm/devices/virtio/virtiotest"
 	"github.com/cowork-vmm/cowork-vmm/internal/ratelog/ratelogtest"
@@ -25,14 +25,16 @@ type failingRoot struct {
 	calls  atomic.Int64
 }
 
-func (a *failingRoot) Attach() (p9.File, error) { return &failingRootFile{a: a}, nil }
+func (a *failingRoot) Root() hostfs.Node { return &failingRootFile{a: a} }
+
+func (a *failingRoot) SyncWritable() error { return nil }
 
 type failingRootFile struct {
-	p9.File // nil: only the methods below are called
-	a       *failingRoot
+	hostfs.Node // nil: only the methods below are called
+	a           *failingRoot
 }
 
-func (f *failingRootFile) StatFS() (p9.FSStat, error) {
+func (f *failingRootFile) StatFS() (unix.Statfs_t, error) {
 	f.a.calls.Add(1)
 	if f.a.goexit {
 		runtime.Goexit()
@@ -42,7 +44,9 @@ func (f *failingRootFile) StatFS() (p9.FSStat, error) {
 
 func (f *failingRootFile) Readlink() (string, error) { return "still serving", nil }
 
-func (f *failingRootFile) Walk([]string) ([]p9.QID, p9.File, error) { return nil, nil, linux.ENOENT }
+func (f *failingRootFile) Walk(string) (hostfs.Node, hostfs.Attr, error) {
+	return nil, hostfs.Attr{}, unix.ENOENT
+}
 
 func (f *failingRootFile) Close() error { return nil }
 

@@ -205,20 +205,13 @@ func (s *session) run(in, out [][]byte) (n int, st fuse.Status) {
 	return s.server.HandleRequest(in, out)
 }
 
-// hostSyncer is the export layer's sync of the host file systems under
-// its writable exports (an *fs.Exports).
-type hostSyncer interface{ SyncWritable() error }
-
 // syncFS answers FUSE_SYNCFS, the guest's sync(2) or syncfs(2) of the
 // mount, which go-fuse does not serve (the guest would take its ENOSYS as
 // "nothing to do" and never ask again): what the guest wrote reaches the
 // host's disk, not only its page cache. A root with nothing writable (the
 // system directories' device) has nothing to sync.
 func (s *session) syncFS() fuse.Status {
-	if sy, ok := s.d.opts.Root.(hostSyncer); ok {
-		return status(sy.SyncWritable())
-	}
-	return fuse.OK
+	return status(s.d.opts.Root.SyncWritable())
 }
 
 // opcodeOf returns the opcode of the request whose header is in (0 when

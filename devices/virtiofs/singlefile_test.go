@@ -24,7 +24,7 @@ func home(t *testing.T, r *rig) string {
 	return dir
 }
 
-// A single-file export (fs.Exports.AddFile) shows its one file: listed,
+// A single-file export (hostfs.Exports.AddFile) shows its one file: listed,
 // read and written in place, chmod-able; nothing else of the directory
 // holding it is visible, and no name in it can be made, removed or renamed.
 func TestSingleFileExportReachesOnlyItsFile(t *testing.T) {

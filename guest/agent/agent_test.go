@@ -22,6 +22,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/cowork-vmm/cowork-vmm/protocol"
+	"github.com/cowork-vmm/cowork-vmm/testharness/sandboxprobe"
 )
 
 // testAgentEnv makes the test binary act as `cowork-vmm agent`, and
@@ -32,6 +33,10 @@ const (
 )
 
 func TestMain(m *testing.M) {
+	if os.Getenv(testProbeEnv) == "1" { // a spawn looking around (confine_test.go)
+		sandboxprobe.Run(os.Stdout, false)
+		os.Exit(0)
+	}
 	if os.Getenv(testAgentEnv) == "1" {
 		os.Exit(ProcessMain(os.Args[1:]))
 	}

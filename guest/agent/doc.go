@@ -17,6 +17,11 @@
 // non-dumpable. See isolate.go for the design and how the process backend
 // differs.
 //
+// Confinement (confine.go), VM and process backend alike: every spawn is
+// forked from a thread of its own that joined a fresh anonymous session
+// keyring and installed guest/seccomp's filter (keyrings, TIOCSTI, kernel
+// attack surface refused); the child inherits both, the agent does not.
+//
 // Guest requests (guestrequest.go): every spawn gets a Unix socket of its
 // own, named in its environment (protocol.GuestRequestSocketEnv) — in an
 // isolated spawn's own /run — whose calls become request events to the
@@ -34,7 +39,8 @@
 //
 // Mount points (mountpoint.go): every mount target, and every directory or
 // file made on the way to one, is walked component by component beneath a
-// root descriptor with openat2 RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS, and the
+// root descriptor with the confined open (internal/beneath.OpenAt: openat2
+// RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS), and the
 // mount made onto the held descriptor: a symlink a session's process
 // planted or swapped in (towards another session's home, or /) makes the
 // mount fail, naming it; it is never followed.
@@ -42,7 +48,7 @@
 // Files: agent.go (Run, dispatch), spawn.go (starting a process, step by
 // step), process.go (the process table, reaping, output, stdin, kill),
 // credit.go (output flow control: a process sends within its credit),
-// isolate.go, mount.go, mountpoint.go, setup.go, guestrequest.go,
+// isolate.go, confine.go, mount.go, mountpoint.go, setup.go, guestrequest.go,
 // guestcall.go, sudo.go, rootdisk.go, rootvar.go, sessiontmp.go, cgroup.go, utf8chunk.go, main.go (ProcessMain, VMMain),
 // vsock.go.
 //

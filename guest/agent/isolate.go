@@ -44,7 +44,7 @@ package agent
 //     reach by permission bits alone is started through /bin/sh
 //     (isolation.start).
 //   - Files on virtio-fs or 9p: the host's device (both over the export
-//     layer of devices/p9/fs) reports the host's owner of each file (the
+//     layer of devices/hostfs) reports the host's owner of each file (the
 //     helper's uid and gid, H) and ignores the guest's ids on create; the
 //     guest kernel checks access against what it reports. The spawn's user
 //     namespace maps, besides U, the owners of its session's mounts (H,
@@ -457,7 +457,7 @@ func buildSpawnRoot(root string, iso *isolation, tmp *os.File) error {
 			return err
 		}
 	}
-	if err := setupDev(at("dev")); err != nil {
+	if err := setupDev(at("dev"), append(slices.Clone(devNodes), ttyNode)); err != nil {
 		return err
 	}
 	if err := mountSpawnTmp(at("tmp"), tmp); err != nil {

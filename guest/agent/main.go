@@ -19,14 +19,7 @@ import (
 	"github.com/cowork-vmm/cowork-vmm/egress/fdpass"
 	"github.com/cowork-vmm/cowork-vmm/guest/proxy"
 	"github.com/cowork-vmm/cowork-vmm/guest/timerslack"
-)
-
-// Boot timer: the VM agent writes BootTimerValue to I/O port BootTimerPort as
-// soon as it starts, so the VMM can measure kernel boot time (the VMM's
-// devices/ platform code listens on that port).
-const (
-	BootTimerPort  = 0x3f0
-	BootTimerValue = 123
+	"github.com/cowork-vmm/cowork-vmm/protocol/guesthost"
 )
 
 // ProcessMain is the process backend's agent mode, `cowork-vmm agent --fd N`:
@@ -89,7 +82,7 @@ func ProcessMain(args []string) int {
 
 // VMMain is PID 1 (/init) of the VM: it writes the boot timer, moves off the
 // kernel's rootfs (leaveRootfs), mounts the kernel filesystems, dials the
-// helper over vsock (host CID 2, protocol.AgentVSockPort), serves it with
+// helper over vsock (host CID 2, guesthost.AgentVSockPort), serves it with
 // isolated sessions (Options.IsolateSessions), and powers the VM off (a
 // reset, which the VMM treats as the end; the kernel command line has
 // reboot=k). It does not return.
@@ -223,11 +216,11 @@ func mountKernelFilesystems(log *slog.Logger) {
 }
 
 // writeBootTimer tells the VMM that the guest reached userspace: one byte,
-// BootTimerValue, to port BootTimerPort, with outb after ioperm; where that
+// guesthost.BootTimerMagic, to port guesthost.BootTimerPort, with outb after ioperm; where that
 // is refused it goes through /dev/port (CONFIG_DEVPORT). Failure is only
 // logged.
 func writeBootTimer(log *slog.Logger) {
-	err := writePortByte(BootTimerPort, BootTimerValue)
+	err := writePortByte(guesthost.BootTimerPort, guesthost.BootTimerMagic)
 	if err == nil {
 		return
 	}
@@ -241,7 +234,7 @@ func writeBootTimer(log *slog.Logger) {
 		return
 	}
 	defer f.Close()
-	if _, werr := f.WriteAt([]byte{BootTimerValue}, BootTimerPort); werr != nil {
+	if _, werr := f.WriteAt([]byte{guesthost.BootTimerMagic}, guesthost.BootTimerPort); werr != nil {
 		log.Warn("boot timer not written", "ioperm", err, "devport", werr)
 	}
 }
@@ -305,7 +298,7 @@ func absorbSignals(log *slog.Logger) (stop func()) {
 // "stepped the guest's wall clock") cost a set-up step ~100 ms and a spawn
 // two of them, nested; the helper logs the same events on its side.
 func consoleLogLevel(cmdline string) slog.Level {
-	if slices.Contains(strings.Fields(cmdline), "cowork.debug") {
+	if slices.Contains(strings.Fields(cmdline), guesthost.DebugCmdlineFlag) {
 		return slog.LevelDebug
 	}
 	return slog.LevelWarn

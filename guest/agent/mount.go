@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/cowork-vmm/cowork-vmm/guest/readahead"
+	"github.com/cowork-vmm/cowork-vmm/internal/beneath"
 	"github.com/cowork-vmm/cowork-vmm/protocol"
 )
 
@@ -209,7 +210,7 @@ func (m *mounter) deviceExport(src protocol.MountSource, rel string) (int, error
 		return -1, err
 	}
 	name := path.Join(src.Aname, rel)
-	fd, err := unix.Openat2(int(root.Fd()), name, &unix.OpenHow{Flags: unix.O_PATH | unix.O_CLOEXEC, Resolve: resolveBeneath})
+	fd, err := beneath.OpenAt(int(root.Fd()), name, unix.OpenHow{Flags: unix.O_PATH})
 	if err != nil {
 		return -1, fmt.Errorf("the %s export %s:%s: %w", deviceKinds[src.Kind].name, src.Tag, name, err)
 	}

@@ -14,7 +14,8 @@ package agent
 //   - It is walked one component at a time from a root descriptor the agent
 //     trusts (its own root, or the new root it builds before any process
 //     runs), each component opened beneath the descriptor of the one before
-//     with openat2 RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS|RESOLVE_NO_MAGICLINKS.
+//     with the confined open (beneath.OpenAt: openat2
+//     RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS|RESOLVE_NO_MAGICLINKS).
 //     A missing directory is made with mkdirat, a missing file with openat
 //     O_CREAT|O_EXCL, in the directory descriptor already held.
 //   - A symlink (or /proc magic link) at any component is an error naming
@@ -39,18 +40,12 @@ import (
 	"strings"
 
 	"golang.org/x/sys/unix"
-)
 
-// resolveBeneath is how every component of a mount point is opened: no
-// symlink, no magic link, nothing outside the held directory.
-const resolveBeneath = unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS
+	"github.com/cowork-vmm/cowork-vmm/internal/beneath"
+)
 
 // noMkdir makes walkDir make no missing directory.
 const noMkdir = 0
-
-// maxResolveRetries bounds the retries of one openat2 that a concurrent
-// rename made fail with EAGAIN (or a signal with EINTR).
-const maxResolveRetries = 16
 
 // mountPoint is a mount target held open with O_PATH.
 type mountPoint struct {
@@ -85,18 +80,10 @@ func withRoot(fn func(root int) error) error {
 }
 
 // openComponent opens name, one entry of the held directory dir, with
-// O_PATH and flags, as resolveBeneath says.
+// O_PATH and flags: the confined open (beneath.OpenAt), no symlink, no
+// magic link, nothing outside dir.
 func openComponent(dir int, name string, flags uint64) (int, error) {
-	if name == "" || name == "." || name == ".." || strings.ContainsRune(name, '/') {
-		return -1, fmt.Errorf("%q is not one path component: %w", name, unix.EINVAL)
-	}
-	how := unix.OpenHow{Flags: flags | unix.O_PATH | unix.O_CLOEXEC, Resolve: resolveBeneath}
-	for i := 0; ; i++ {
-		fd, err := unix.Openat2(dir, name, &how)
-		if (!errors.Is(err, unix.EINTR) && !errors.Is(err, unix.EAGAIN)) || i == maxResolveRetries {
-			return fd, err
-		}
-	}
+	return beneath.OpenEntryAt(dir, name, unix.OpenHow{Flags: flags | unix.O_PATH})
 }
 
 // components splits p (absolute, clean) into its names; "/" has none.
@@ -263,7 +250,7 @@ func openFileTarget(root int, target string) (mountPoint, error) {
 // makeFile makes the empty file name in dir and opens it; one made
 // meanwhile is opened as it is (and refused if it is a symlink).
 func makeFile(dir int, name string) (int, error) {
-	fd, err := unix.Openat(dir, name, unix.O_CREAT|unix.O_EXCL|unix.O_WRONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o755)
+	fd, err := beneath.OpenEntryAt(dir, name, unix.OpenHow{Flags: unix.O_CREAT | unix.O_EXCL | unix.O_WRONLY | unix.O_NOFOLLOW, Mode: 0o755})
 	if err == nil {
 		unix.Close(fd)
 	} else if !errors.Is(err, unix.EEXIST) {

@@ -13,9 +13,11 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/net/bpf"
 	"golang.org/x/sys/unix"
 
 	"github.com/cowork-vmm/cowork-vmm/guest/proxy"
+	"github.com/cowork-vmm/cowork-vmm/guest/seccomp"
 	"github.com/cowork-vmm/cowork-vmm/protocol"
 )
 
@@ -91,14 +93,22 @@ type processTable struct {
 
 	uids sessionUIDs   // isolated spawns' uids by session
 	seq  atomic.Uint64 // names the guest-request sockets of spawns not isolated
+	// filter is the spawns' seccomp program (confine.go); nil when this
+	// architecture has none, and then no spawn starts.
+	filter []bpf.RawInstruction
 }
 
 func newProcessTable(a *agent) *processTable {
+	filter, err := seccomp.Program()
+	if err != nil {
+		a.log.Error("spawned processes cannot be confined: none will start", "err", err)
+	}
 	return &processTable{
 		a:        a,
 		byID:     make(map[string]*process),
 		byPID:    make(map[int]*process),
 		finished: make(chan struct{}, 1),
+		filter:   filter,
 	}
 }
 

@@ -26,6 +26,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/cowork-vmm/cowork-vmm/internal/beneath"
 	"github.com/cowork-vmm/cowork-vmm/protocol"
 )
 
@@ -127,7 +128,7 @@ func inUpperLayer(disk, p string) bool {
 		return false
 	}
 	defer unix.Close(upper)
-	fd, err := unix.Openat2(upper, strings.TrimPrefix(p, "/"), &unix.OpenHow{Flags: unix.O_PATH | unix.O_CLOEXEC, Resolve: resolveBeneath})
+	fd, err := beneath.OpenAt(upper, strings.TrimPrefix(p, "/"), unix.OpenHow{Flags: unix.O_PATH})
 	if err != nil {
 		return false
 	}
@@ -223,7 +224,7 @@ func writeAptSandboxConf(disk string) error {
 			return err
 		}
 		defer dir.close()
-		fd, err := unix.Openat(dir.fd, path.Base(aptSandboxConf), unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o644)
+		fd, err := beneath.OpenEntryAt(dir.fd, path.Base(aptSandboxConf), unix.OpenHow{Flags: unix.O_WRONLY | unix.O_CREAT | unix.O_EXCL | unix.O_NOFOLLOW, Mode: 0o644})
 		if errors.Is(err, unix.EEXIST) {
 			return nil
 		}

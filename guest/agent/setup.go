@@ -15,7 +15,14 @@ import (
 
 // devNodes are bound one by one from the host's /dev into a NewRoot's /dev
 // (a user namespace may not create device nodes).
-var devNodes = []string{"null", "zero", "full", "random", "urandom", "tty"}
+var devNodes = []string{"null", "zero", "full", "random", "urandom"}
+
+// ttyNode is /dev/tty, a process's controlling terminal. An isolated
+// spawn's /dev (the VM's, whose terminals are the guest kernel's) has it;
+// a NewRoot's does not: that /dev is the process backend's, on the host,
+// where the controlling terminal of anything that reached it would be the
+// user's own (the agent starts in a session of its own, without one).
+const ttyNode = "tty"
 
 // setup lays out the guest root once. See the mounter comment for the design.
 func (m *mounter) setup(p protocol.SetupParams, timer *stepTimer) error {
@@ -183,11 +190,38 @@ func (m *mounter) buildNewRoot(root string, system []protocol.Mount) error {
 	if err := unix.Mount("tmpfs", filepath.Join(root, "tmp"), "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=1777"); err != nil {
 		return fmt.Errorf("mounting /tmp: %w", err)
 	}
-	if err := setupDev(filepath.Join(root, "dev")); err != nil {
+	if err := setupDev(filepath.Join(root, "dev"), devNodes); err != nil {
 		return err
 	}
 	if err := unix.Mount("proc", filepath.Join(root, "proc"), "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
 		return fmt.Errorf("mounting /proc (the agent needs its own PID namespace): %w", err)
+	}
+	return maskProcFiles(filepath.Join(root, "proc"))
+}
+
+// maskedProcFiles are the files of a NewRoot's /proc covered with an empty
+// one: /proc is not namespaced for them, and on the host (the process
+// backend) they list the user's kernel keys by name — Kerberos
+// credential caches, fscrypt and ecryptfs keys — which spawns may not
+// read through keyctl either (guest/seccomp). Docker masks them too.
+var maskedProcFiles = []string{"keys", "key-users"}
+
+// maskProcFiles binds /dev/null read-only over maskedProcFiles in proc.
+// Spawns cannot lift the cover: the mount is locked in their user
+// namespace, and a /proc of their own needs a PID namespace of theirs.
+func maskProcFiles(proc string) error {
+	for _, name := range maskedProcFiles {
+		target := filepath.Join(proc, name)
+		if _, err := os.Stat(target); errors.Is(err, os.ErrNotExist) {
+			continue // a kernel without keyrings
+		}
+		if err := unix.Mount(os.DevNull, target, "", unix.MS_BIND, ""); err != nil {
+			return fmt.Errorf("covering /proc/%s: %w", name, err)
+		}
+		// Not nodev: /dev/null must stay readable (it reads as empty).
+		if err := unix.Mount("", target, "", unix.MS_REMOUNT|unix.MS_BIND|unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NOEXEC, ""); err != nil {
+			return fmt.Errorf("covering /proc/%s read-only: %w", name, err)
+		}
 	}
 	return nil
 }
@@ -249,13 +283,14 @@ func (m *mounter) coverHostRoot(root string) error {
 	return nil
 }
 
-// setupDev fills a new root's /dev: a tmpfs with the basic nodes bound from
-// the host, the usual symlinks, /dev/shm and (if possible) a private devpts.
-func setupDev(dev string) error {
+// setupDev fills a new root's /dev: a tmpfs with nodes bound from the
+// agent's /dev, the usual symlinks, /dev/shm and (if possible) a private
+// devpts.
+func setupDev(dev string, nodes []string) error {
 	if err := unix.Mount("tmpfs", dev, "tmpfs", unix.MS_NOSUID, "mode=0755"); err != nil {
 		return fmt.Errorf("mounting /dev: %w", err)
 	}
-	for _, name := range devNodes {
+	for _, name := range nodes {
 		src := "/dev/" + name
 		if _, err := os.Stat(src); err != nil {
 			continue

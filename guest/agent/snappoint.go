@@ -11,7 +11,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/cowork-vmm/cowork-vmm/devices/platform"
+	"github.com/cowork-vmm/cowork-vmm/protocol/guesthost"
 )
 
 // snapshotPointTimeout bounds the wait at the snapshot point: the VMM
@@ -19,19 +19,19 @@ import (
 const snapshotPointTimeout = 2 * time.Minute
 
 // atSnapshotPoint tells the VMM that the agent has started and dialed
-// nothing yet (platform.SnapshotPointPort), waits while the VMM snapshots
+// nothing yet (guesthost.SnapshotPointPort), waits while the VMM snapshots
 // the VM, and says whether this VM was restored from such a snapshot.
 // Without the device (another VMM) it goes on at once, as cold-booted.
 func atSnapshotPoint(log *slog.Logger) (restored bool) {
-	b, err := pollPort(platform.SnapshotPointPort, platform.SnapshotPointArrive, time.Millisecond, snapshotPointTimeout,
-		func(b uint8) bool { return b != platform.SnapshotPointWait })
+	b, err := pollPort(guesthost.SnapshotPointPort, guesthost.SnapshotPointArrive, time.Millisecond, snapshotPointTimeout,
+		func(b uint8) bool { return b != guesthost.SnapshotPointWait })
 	switch {
 	case err != nil:
 		log.Debug("agent: no snapshot point", "err", err)
-	case b == platform.SnapshotPointWait:
+	case b == guesthost.SnapshotPointWait:
 		log.Warn("agent: the VMM held the snapshot point too long; going on")
 	}
-	return b == platform.SnapshotPointRestored
+	return b == guesthost.SnapshotPointRestored
 }
 
 // pollPort writes value to the I/O port, then reads it every interval

@@ -238,8 +238,8 @@ func (t *processTable) procAttr(l *launch) (*syscall.ProcAttr, error) {
 	return attr, nil
 }
 
-// start forks the process on the thread it needs: the network namespace's
-// (egress), an isolated spawn's own, or the caller's.
+// start forks the process on a thread that dies after the fork: the
+// network namespace's (egress) or one of its own.
 func (t *processTable) start(l *launch, attr *syscall.ProcAttr) error {
 	l.proc = &process{
 		id:         l.sp.ID,
@@ -253,16 +253,14 @@ func (t *processTable) start(l *launch, attr *syscall.ProcAttr) error {
 		credit:     newOutputCredit(l.sp.OutputWindow),
 	}
 	fork := func() error { return t.fork(l, attr) }
-	switch {
-	case l.egress != nil:
+	if l.egress != nil {
 		// Forked on the namespace's thread: the child lives in the
 		// spawn's network namespace, where only the proxy listens.
 		return l.egress.Start(fork)
-	case l.iso != nil:
-		return onOwnThread(fork)
-	default:
-		return fork()
 	}
+	// A thread of its own, thrown away after the fork: the fork step
+	// changes it (confine.go, and an isolated spawn's root).
+	return onOwnThread(fork)
 }
 
 // forkExec is syscall.ForkExec with the kernel's default timer slack for
@@ -277,7 +275,8 @@ func forkExec(path string, argv []string, attr *syscall.ProcAttr) (pid int, err 
 }
 
 // fork enters an isolated spawn's namespace (and makes its guest-request
-// socket there), then forks and registers the process. The table lock is
+// socket there), confines the thread (confine.go), then forks and
+// registers the process. The table lock is
 // held across the fork so the reaper cannot reap the pid before it is
 // registered.
 func (t *processTable) fork(l *launch, attr *syscall.ProcAttr) error {
@@ -299,6 +298,9 @@ func (t *processTable) fork(l *launch, attr *syscall.ProcAttr) error {
 		if execPath, execArgv, err = l.iso.start(l.cwd, l.path, l.argv); err != nil {
 			return refuse(err)
 		}
+	}
+	if err := confineSpawnThread(t.filter); err != nil {
+		return refuse(err)
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()

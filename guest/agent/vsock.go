@@ -8,11 +8,8 @@ import (
 	"github.com/mdlayher/vsock"
 	"golang.org/x/sys/unix"
 
-	"github.com/cowork-vmm/cowork-vmm/protocol"
+	"github.com/cowork-vmm/cowork-vmm/protocol/guesthost"
 )
-
-// hostCID is the vsock context id of the host.
-const hostCID = 2
 
 // closeLingerSeconds bounds how long closing the connection to the helper
 // waits for the host to answer the close (SO_LINGER).
@@ -21,7 +18,7 @@ const closeLingerSeconds = 2
 // dialVSock dials the helper. The connection's Close lingers: see
 // deliveringConn.
 func dialVSock() (io.ReadWriteCloser, error) {
-	conn, err := vsock.Dial(hostCID, protocol.AgentVSockPort, nil)
+	conn, err := vsock.Dial(vsock.Host, guesthost.AgentVSockPort, nil)
 	if err != nil {
 		return nil, err
 	}

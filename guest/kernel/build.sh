@@ -155,7 +155,19 @@ fi
 # --- build --------------------------------------------------------------------
 log "make -j$JOBS vmlinux bzImage (several minutes)"
 start=$(date +%s)
+# A line every PROGRESS_SECONDS (default 30; 0: none) while make runs
+# silently, so a first `make run` does not look hung.
+progress=${PROGRESS_SECONDS:-30}
+ticker=
+if [ "$progress" -gt 0 ]; then
+	(exec 9>&-; while sleep "$progress"; do
+		log "still building: $(($(date +%s) - start)) s, $(find . -name '*.o' | wc -l) object files so far"
+	done) &
+	ticker=$!
+	trap 'kill "$ticker" 2>/dev/null || true' EXIT
+fi
 make -s -j"$JOBS" vmlinux bzImage
+[ -z "$ticker" ] || kill "$ticker" 2>/dev/null || true
 log "built in $(($(date +%s) - start)) s"
 
 tmp="$out.tmp.$$"

@@ -14,9 +14,9 @@ import (
 	"sync"
 	"time"
 
-	"github.com/cowork-vmm/cowork-vmm/egress"
 	"github.com/cowork-vmm/cowork-vmm/egress/splice"
 	"github.com/cowork-vmm/cowork-vmm/protocol"
+	"github.com/cowork-vmm/cowork-vmm/protocol/guesthost"
 )
 
 // HostDialer opens one connection to the helper's egress service.
@@ -33,15 +33,11 @@ const (
 	DefaultIdleTimeout      = 10 * time.Minute
 )
 
-// BlockedHeader is set on a refusal: BlockedValue by allowedDomains,
-// AddressBlockedValue by the helper's address filter (an allowed name that
-// leads to an address the guest may not reach: the host, link-local, a
-// private range). Both are 403s.
-const (
-	BlockedHeader       = "X-Cowork-Egress"
-	BlockedValue        = "blocked-by-allowlist"
-	AddressBlockedValue = egress.AddressBlockedPrefix
-)
+// A refusal is a 403 whose guesthost.EgressRefusalHeader says who refused:
+// guesthost.EgressBlockedByAllowlist (allowedDomains) or
+// guesthost.EgressBlockedByAddressFilter (the helper's address filter: an
+// allowed name that leads to an address the guest may not reach: the host,
+// link-local, a private range).
 
 // Config configures one spawn's proxy. SpawnID and Dial are required.
 type Config struct {
@@ -283,10 +279,10 @@ func (p *Proxy) open(conn net.Conn, t target) (net.Conn, bool) {
 		switch {
 		case rep.Blocked:
 			p.log.Debug("egress blocked by allowedDomains", "host", t.host, "port", t.port)
-			writeError(conn, http.StatusForbidden, BlockedValue, BlockedValue+": "+t.host)
-		case strings.HasPrefix(rep.Error, egress.AddressBlockedPrefix):
+			writeError(conn, http.StatusForbidden, guesthost.EgressBlockedByAllowlist, guesthost.EgressBlockedByAllowlist+": "+t.host)
+		case strings.HasPrefix(rep.Error, guesthost.EgressBlockedByAddressFilter):
 			p.log.Debug("egress blocked by the address filter", "host", t.host, "port", t.port)
-			writeError(conn, http.StatusForbidden, AddressBlockedValue, rep.Error)
+			writeError(conn, http.StatusForbidden, guesthost.EgressBlockedByAddressFilter, rep.Error)
 		default:
 			writeError(conn, http.StatusBadGateway, "", fmt.Sprintf("egress to %s failed: %s", net.JoinHostPort(t.host, strconv.Itoa(t.port)), rep.Error))
 		}
@@ -364,7 +360,7 @@ func writeError(w io.Writer, status int, blocked, message string) {
 	var b strings.Builder
 	fmt.Fprintf(&b, "HTTP/1.1 %d %s\r\n", status, http.StatusText(status))
 	if blocked != "" {
-		fmt.Fprintf(&b, "%s: %s\r\n", BlockedHeader, blocked)
+		fmt.Fprintf(&b, "%s: %s\r\n", guesthost.EgressRefusalHeader, blocked)
 	}
 	fmt.Fprintf(&b, "Content-Type: text/plain; charset=utf-8\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s", len(body), body)
 	_, _ = io.WriteString(w, b.String())

@@ -21,6 +21,7 @@ import (
 	"github.com/cowork-vmm/cowork-vmm/egress"
 	"github.com/cowork-vmm/cowork-vmm/egress/fdpass"
 	"github.com/cowork-vmm/cowork-vmm/guest/proxy"
+	"github.com/cowork-vmm/cowork-vmm/protocol/guesthost"
 )
 
 // testResolver maps test names to 127.0.0.1 and nothing else: no test
@@ -200,18 +201,18 @@ func TestAddressFilterRefusalGets403(t *testing.T) {
 	e := setup(t, []string{"allowed.test", "nxdomain.test"}, "pipe", func(c *egress.Config) { c.AllowAddr = nil })
 	status, body, header := get(t, e.client, e.plainURL("allowed.test"))
 	require.Equal(t, http.StatusForbidden, status, body)
-	require.Equal(t, proxy.AddressBlockedValue, header.Get(proxy.BlockedHeader))
-	require.True(t, strings.HasPrefix(body, egress.AddressBlockedPrefix+": allowed.test: "), body)
+	require.Equal(t, guesthost.EgressBlockedByAddressFilter, header.Get(guesthost.EgressRefusalHeader))
+	require.True(t, strings.HasPrefix(body, guesthost.EgressBlockedByAddressFilter+": allowed.test: "), body)
 	require.Contains(t, body, "127.0.0.1")
 
 	resp := rawConnect(t, e.proxy, e.tlsURL("allowed.test"))
 	require.Equal(t, http.StatusForbidden, resp.status)
 	require.Equal(t, "blocked-by-address-filter", resp.header.Get("X-Cowork-Egress"))
-	require.True(t, strings.HasPrefix(resp.body, egress.AddressBlockedPrefix+": "), resp.body)
+	require.True(t, strings.HasPrefix(resp.body, guesthost.EgressBlockedByAddressFilter+": "), resp.body)
 
 	status, _, header = get(t, e.client, "http://nxdomain.test/")
 	require.Equal(t, http.StatusBadGateway, status, "not the filter's refusal")
-	require.Empty(t, header.Get(proxy.BlockedHeader))
+	require.Empty(t, header.Get(guesthost.EgressRefusalHeader))
 }
 
 func TestWildcard(t *testing.T) {

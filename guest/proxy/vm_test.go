@@ -14,7 +14,7 @@ import (
 	"github.com/cowork-vmm/cowork-vmm/devices/vsock/vsocktest"
 	"github.com/cowork-vmm/cowork-vmm/egress"
 	"github.com/cowork-vmm/cowork-vmm/guest/proxy"
-	"github.com/cowork-vmm/cowork-vmm/protocol"
+	"github.com/cowork-vmm/cowork-vmm/protocol/guesthost"
 )
 
 // guestVSockConn makes vsocktest's guest connection a net.Conn. Deadlines
@@ -24,7 +24,7 @@ type guestVSockConn struct{ *vsocktest.GuestConn }
 
 func (guestVSockConn) LocalAddr() net.Addr { return vsock.Addr{CID: 42} }
 func (guestVSockConn) RemoteAddr() net.Addr {
-	return vsock.Addr{CID: vsock.HostCID, Port: protocol.EgressVSockPort}
+	return vsock.Addr{CID: vsock.HostCID, Port: guesthost.EgressVSockPort}
 }
 func (guestVSockConn) SetDeadline(time.Time) error      { return nil }
 func (guestVSockConn) SetReadDeadline(time.Time) error  { return nil }
@@ -36,7 +36,7 @@ func (c guestVSockConn) CloseWrite() error              { return c.Shutdown(vsoc
 type vsockDialer struct{ g *vsocktest.Guest }
 
 func (d vsockDialer) DialHost(context.Context) (net.Conn, error) {
-	c, err := d.g.Dial(protocol.EgressVSockPort, 5*time.Second)
+	c, err := d.g.Dial(guesthost.EgressVSockPort, 5*time.Second)
 	if err != nil {
 		return nil, err
 	}
@@ -53,7 +53,7 @@ func TestVMPath(t *testing.T) {
 
 	dev, err := vsock.New(vsock.Config{GuestCID: 42})
 	require.NoError(t, err)
-	l, err := dev.Listen(protocol.EgressVSockPort)
+	l, err := dev.Listen(guesthost.EgressVSockPort)
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()

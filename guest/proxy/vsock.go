@@ -7,14 +7,11 @@ import (
 
 	"github.com/mdlayher/vsock"
 
-	"github.com/cowork-vmm/cowork-vmm/protocol"
+	"github.com/cowork-vmm/cowork-vmm/protocol/guesthost"
 )
 
-// hostCID is the host's vsock context id, seen from the guest.
-const hostCID = 2
-
 // VSockDialer reaches the helper's egress service in the VM: a vsock stream
-// to host port protocol.EgressVSockPort.
+// to host port guesthost.EgressVSockPort.
 type VSockDialer struct{}
 
 // DialHost implements HostDialer.
@@ -25,13 +22,13 @@ func (VSockDialer) DialHost(ctx context.Context) (net.Conn, error) {
 	}
 	done := make(chan result, 1)
 	go func() {
-		c, err := vsock.Dial(hostCID, protocol.EgressVSockPort, nil)
+		c, err := vsock.Dial(vsock.Host, guesthost.EgressVSockPort, nil)
 		done <- result{c, err}
 	}()
 	select {
 	case r := <-done:
 		if r.err != nil {
-			return nil, fmt.Errorf("dialling the helper over vsock port %d: %w", protocol.EgressVSockPort, r.err)
+			return nil, fmt.Errorf("dialling the helper over vsock port %d: %w", guesthost.EgressVSockPort, r.err)
 		}
 		return r.conn, nil
 	case <-ctx.Done():

@@ -34,10 +34,11 @@ var (
 )
 
 // openHow opens a directory beneath another, refusing symlinks (and /proc
-// magic links) at every component, ".." out of it and mount points.
+// magic links) at every component, ".." out of it (Confined) and mount
+// points.
 var openHow = unix.OpenHow{
 	Flags:   unix.O_RDONLY | unix.O_DIRECTORY | unix.O_NOFOLLOW | unix.O_CLOEXEC,
-	Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS | unix.RESOLVE_NO_XDEV,
+	Resolve: Confined | unix.RESOLVE_NO_XDEV,
 }
 
 // Dir is an open directory. It is not safe for concurrent use: it keeps
@@ -86,15 +87,9 @@ func (d *Dir) OpenDir(rel string) (*Dir, error) {
 	return &Dir{fd: fd, path: d.path + "/" + rel}, nil
 }
 
-// openat2 opens rel, a relative path, beneath d as how says.
+// openat2 opens rel, a relative path, beneath d as how says (OpenAt).
 func (d *Dir) openat2(rel string, how unix.OpenHow) (int, error) {
-	if rel == "" || strings.HasPrefix(rel, "/") {
-		return -1, d.err("openat2", rel, ErrBadName)
-	}
-	fd, err := retryN(func() (int, error) {
-		h := how
-		return unix.Openat2(d.fd, rel, &h)
-	})
+	fd, err := OpenAt(d.fd, rel, how)
 	if err != nil {
 		return -1, d.err("openat2", rel, err)
 	}

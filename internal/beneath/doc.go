@@ -1,8 +1,11 @@
 // Package beneath owns descriptor-relative file work beneath a directory
 // that an untrusted party can write (a session directory the guest shares):
-// opening a directory beneath another, listing its entries, removing a tree
+// the one confined open (OpenAt: openat2 beneath a held descriptor, no
+// symlink or magic link at any component, which the guest agent's mount
+// points and the helper's home skeleton use too), opening a directory
+// beneath another, listing its entries, removing a tree
 // (or every entry older than a time: PruneOlder), summing its size, opening
-// a regular file, reading a size-capped one and removing a file, all
+// a regular file, reading a size-capped one, creating and removing a file, all
 // relative to open directory descriptors and never following a symlink at
 // any component. A party that swaps an entry for a symlink while a call
 // runs makes that call fail or act on the symlink itself, never on what it

@@ -78,3 +78,19 @@ func (d *Dir) Remove(name string) error {
 	}
 	return d.unlink(name, 0)
 }
+
+// CreateFile makes the regular file name (a single entry) in d, with perm
+// (less the umask), and opens it for writing: a name that exists, a
+// symlink too, fails with EEXIST and is left as it is. The caller closes
+// the file.
+func (d *Dir) CreateFile(name string, perm uint32) (*os.File, error) {
+	if err := checkName(name); err != nil {
+		return nil, d.err("openat2", name, err)
+	}
+	how := unix.OpenHow{Flags: unix.O_WRONLY | unix.O_CREAT | unix.O_EXCL | unix.O_NOFOLLOW, Mode: uint64(perm), Resolve: unix.RESOLVE_NO_XDEV}
+	fd, err := d.openat2(name, how)
+	if err != nil {
+		return nil, err
+	}
+	return os.NewFile(uintptr(fd), d.path+"/"+name), nil
+}

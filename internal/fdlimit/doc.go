@@ -11,4 +11,13 @@
 // soft limit to the hard one (Go does that much at start-up too) and,
 // where the process may (CAP_SYS_RESOURCE: a helper run as root), both to
 // the kernel's nr_open; NodeBudget sizes a device's tables to what is left.
+//
+// Pool is the descriptor budget itself: one per helper process, shared by
+// every device of every running VM. Each device takes a Share of it and
+// acquires every host descriptor it holds for its guest (looked-up files,
+// open files, readers) before opening it. The shares together never pass
+// RLIMIT_NOFILE less a reserve (Reserve) for the helper's own sockets and
+// files, and each share gets an equal part, so more VMs each get less;
+// past its part a device answers its guest ENFILE and the helper keeps
+// serving.
 package fdlimit

@@ -1,11 +1,12 @@
-// Command cowork-bench is `make bench`'s driver: it runs the cowork-vmm
-// boot, file-sharing and block-device benchmarks (package bench, the same
-// code as `cowork-vmm bench`) directly on a host whose KVM can boot Linux,
-// and otherwise inside the nested harness (internal/nested: qemu's
-// emulator with nested SVM gives the outer guest a real /dev/kvm; the
-// host's root, qemu included, is shared into it read-only), then copies
-// the reports to --out. The
-// file-sharing test guest's initramfs is built here, outside the harness.
+// Command cowork-bench is the benchmark binary (`make bench` runs it): it
+// runs the cowork-vmm boot, file-sharing and block-device benchmarks
+// (package bench) against a cowork-vmm binary, directly on a host whose
+// KVM can boot Linux, and otherwise inside the nested harness
+// (testharness/nested: qemu's emulator with nested SVM gives the outer
+// guest a real /dev/kvm; the host's root, qemu included, is shared into it
+// read-only), then copies the reports to --out. The file-sharing test
+// guest's initramfs (testharness/guestboot's testinit) is built here,
+// outside the harness.
 //
 //	cowork-bench --binary bin/cowork-vmm [--runs N] [--fs-runs N] [--out DIR] [--kernel vmlinux]
 //	cowork-bench --direct …   (what runs inside the harness)
@@ -13,6 +14,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -26,8 +28,8 @@ import (
 
 	"github.com/cowork-vmm/cowork-vmm/bench"
 	"github.com/cowork-vmm/cowork-vmm/guest/kernel"
-	"github.com/cowork-vmm/cowork-vmm/internal/nested"
-	"github.com/cowork-vmm/cowork-vmm/internal/nested/guestboot"
+	"github.com/cowork-vmm/cowork-vmm/testharness/guestboot"
+	"github.com/cowork-vmm/cowork-vmm/testharness/nested"
 )
 
 func main() {
@@ -40,37 +42,35 @@ func main() {
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("cowork-bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	binary := fs.String("binary", "bin/cowork-vmm", "cowork-vmm binary to measure (a static build)")
-	runs := fs.Int("runs", bench.DefaultRuns, "runs per system")
-	out := fs.String("out", "build/bench", "directory for report.md, report.json, report.svg")
-	kernelPath := fs.String("kernel", "", "guest vmlinux (default: the kernel build cache)")
-	mem := fs.Int("mem", bench.DefaultMemMiB, "guest memory in MiB")
-	peers := fs.String("peers", "", `qemu peers, comma-separated: "microvm", "q35" (SeaBIOS), "ovmf" (q35 + OVMF) (default all)`)
+	var opts bench.Options
+	opts.AddFlags(fs)
 	direct := fs.Bool("direct", false, "run here even without a KVM that boots Linux (the process backend then)")
 	outerCPUs := fs.Int("nested-cpus", 1, "vCPUs of the nested harness's outer guest")
 	timeout := fs.Duration("nested-timeout", 0, "bound on the whole nested run (default: 4 min per run, at least 10 min)")
 	console := fs.Bool("console", false, "show the nested harness's serial console (the bench's progress inside) on stderr")
-	fsRuns := fs.Int("fs-runs", bench.DefaultFSRuns, "runs per system of the file-sharing and block-device benchmarks (0: none)")
-	fsSizes := fs.String("fs-sizes", "full", `file-sharing and block-device benchmark sizes: "full" or "ci"`)
-	fsInitrd := fs.String("fs-initrd", "", "the file-sharing test guest's initramfs (default: built here)")
-	inHarness := fs.Bool("in-nested-harness", false, "set by this program on its run inside the nested harness: q35 + OVMF only when --peers names it")
+	fs.BoolVar(&opts.InHarness, "in-nested-harness", false, "set by this program on its run inside the nested harness: q35 + OVMF only when --peers names it")
+	fs.Usage = func() {
+		fmt.Fprint(stderr, "Usage: cowork-bench [--binary bin/cowork-vmm] [--runs N] [--out DIR] [flags]\n\n"+bench.Usage+
+			"\nWhere this host's KVM cannot boot Linux, it runs itself inside the nested harness (--direct: here, on the process backend).\n\n")
+		fs.PrintDefaults()
+	}
 	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
 		return 2
 	}
-	opts := bench.Options{Runs: *runs, Out: *out, Backend: "auto", Binary: *binary, Kernel: *kernelPath, MemMiB: *mem, Peers: *peers,
-		FSRuns: *fsRuns, FSSizes: *fsSizes, FSInitrd: *fsInitrd, InHarness: *inHarness}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "cowork-bench: unexpected arguments %q\n", fs.Args())
+		return 2
+	}
+	if err := opts.Validate(); err != nil {
+		fmt.Fprintln(stderr, "cowork-bench:", err)
+		return 2
+	}
 	ok, why := bench.HostCanBootVMs()
 	if ok || *direct {
-		if _, err := bench.Run(ctx, opts, stderr); err != nil {
-			fmt.Fprintln(stderr, "cowork-bench:", err)
-			return 1
-		}
-		if err := bench.PrintReport(stdout, filepath.Join(*out, "report.json")); err != nil {
-			fmt.Fprintln(stderr, "cowork-bench:", err)
-			return 1
-		}
-		fmt.Fprintf(stderr, "cowork-bench: results in %s (report.md, report.json, report.svg)\n", *out)
-		return 0
+		return runHere(ctx, opts, stdout, stderr)
 	}
 	fmt.Fprintf(stderr, "cowork-bench: %s; running the bench inside the nested harness (qemu TCG with nested SVM: a real /dev/kvm; figures count only as ratios)\n", why)
 	var live io.Writer
@@ -81,7 +81,28 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "cowork-bench:", err)
 		return 1
 	}
-	fmt.Fprintf(stderr, "cowork-bench: results in %s (report.md, report.json, report.svg)\n", *out)
+	fmt.Fprintf(stderr, "cowork-bench: results in %s (report.md, report.json, report.svg)\n", opts.Out)
+	return 0
+}
+
+// runHere runs the bench on this host and prints the report; 1 when it
+// failed or measured none of our runs.
+func runHere(ctx context.Context, opts bench.Options, stdout, stderr io.Writer) int {
+	rep, err := bench.Run(ctx, opts, stderr)
+	if err != nil {
+		fmt.Fprintln(stderr, "cowork-bench:", err)
+		return 1
+	}
+	if err := bench.PrintReport(stdout, filepath.Join(opts.Out, "report.json")); err != nil {
+		fmt.Fprintln(stderr, "cowork-bench:", err)
+		return 1
+	}
+	fmt.Fprintf(stderr, "cowork-bench: results in %s (report.md, report.json, report.svg)\n", opts.Out)
+	for _, s := range rep.Systems {
+		if !s.Peer && len(s.Phases) == 0 {
+			return 1
+		}
+	}
 	return 0
 }
 

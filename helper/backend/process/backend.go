@@ -146,7 +146,11 @@ func (b *Backend) Start(ctx context.Context, cfg helper.GuestConfig) (helper.Gue
 		GidMappings:                []syscall.SysProcIDMap{{ContainerID: 0, HostID: os.Getgid(), Size: 1}},
 		GidMappingsEnableSetgroups: false,
 		Pdeathsig:                  unix.SIGKILL,
-		Setpgid:                    true,
+		// A session of its own, with no controlling terminal: the
+		// terminal `cowork-vmm run` was started from is the user's, and
+		// a process of the sandbox could otherwise open it (/dev/tty)
+		// and queue input for the user's shell with TIOCSTI.
+		Setsid: true,
 	}
 	if err := cmd.Start(); err != nil {
 		conn.Close()
@@ -195,7 +199,11 @@ func (g *guest) wait() {
 		g.err = fmt.Errorf("the sandbox agent ended unexpectedly: %w", err)
 	}
 	g.mu.Unlock()
-	g.conn.Close()
+	// The connection is not closed here: what the agent wrote before it
+	// exited (its reply to the shutdown request, the last exit events)
+	// may still be unread, and a reader of a closed connection loses it.
+	// With the agent gone nothing holds its end, so a reader gets EOF
+	// once it has read everything; Stop closes ours.
 	g.egress.Close()
 	close(g.done)
 }

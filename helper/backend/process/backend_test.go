@@ -20,12 +20,20 @@ import (
 	"github.com/cowork-vmm/cowork-vmm/guest/agent"
 	"github.com/cowork-vmm/cowork-vmm/helper"
 	"github.com/cowork-vmm/cowork-vmm/protocol"
+	"github.com/cowork-vmm/cowork-vmm/testharness/sandboxprobe"
 )
 
 // testAgentEnv makes the re-executed test binary act as `cowork-vmm agent`.
 const testAgentEnv = "COWORK_VMM_PROCESS_TEST_AGENT"
 
 func TestMain(m *testing.M) {
+	if os.Getenv(testProbeEnv) == "1" { // a spawn looking around (escape_test.go)
+		sandboxprobe.Run(os.Stdout, true)
+		os.Exit(0)
+	}
+	if os.Getenv(testLastWordsEnv) == "1" { // an agent that writes and exits (TestAgentsLastFramesAreReadable)
+		os.Exit(writeLastWords())
+	}
 	if os.Getenv(testAgentEnv) == "1" && len(os.Args) > 1 && os.Args[1] == "agent" {
 		os.Exit(agent.ProcessMain(os.Args[2:]))
 	}
@@ -370,4 +378,47 @@ func countFDs(t *testing.T) int {
 	entries, err := os.ReadDir("/proc/self/fd")
 	require.NoError(t, err)
 	return len(entries)
+}
+
+// testLastWordsEnv makes the re-executed test binary an agent that writes
+// lastWords on its connection (fd 3) and exits at once.
+const testLastWordsEnv = "COWORK_VMM_PROCESS_TEST_LAST_WORDS"
+
+var lastWords = []byte(`{"kind":"reply","id":7}`)
+
+func writeLastWords() int {
+	conn := os.NewFile(3, "agent-conn")
+	if err := protocol.WriteFrame(conn, lastWords); err != nil {
+		return 1
+	}
+	return 0
+}
+
+// TestAgentsLastFramesAreReadable: what the agent wrote just before it
+// exited (its reply to the shutdown request) can still be read after the
+// guest is Done; the backend used to close the connection as soon as the
+// agent was reaped, and the reader lost it.
+func TestAgentsLastFramesAreReadable(t *testing.T) {
+	exe, err := os.Executable()
+	require.NoError(t, err)
+	b := New(Options{Executable: exe, Env: []string{testLastWordsEnv + "=1"}})
+	g, err := b.Start(context.Background(), helper.GuestConfig{})
+	if err != nil && (errors.Is(err, syscall.EPERM) || errors.Is(err, syscall.EINVAL) || errors.Is(err, syscall.ENOSPC)) {
+		t.Skipf("user namespaces unavailable here: %v", err)
+	}
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = g.Stop(context.Background()) })
+	conn, err := g.Agent(context.Background())
+	require.NoError(t, err)
+	select {
+	case <-g.Done():
+	case <-time.After(30 * time.Second):
+		t.Fatal("the agent did not exit")
+	}
+	require.NoError(t, g.Err())
+	body, err := protocol.ReadFrame(conn)
+	require.NoError(t, err, "reading what the agent wrote before it exited")
+	require.Equal(t, lastWords, body)
+	_, err = protocol.ReadFrame(conn)
+	require.ErrorIs(t, err, io.EOF, "then the end of the connection")
 }

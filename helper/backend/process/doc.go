@@ -14,6 +14,15 @@
 // the agent resolves through a descriptor to the host root it keeps (see
 // guest/agent's mounter).
 //
+// No way back to the user's session: the agent starts in a session of its
+// own (setsid), so neither it nor any spawn has the terminal `cowork-vmm
+// run` was started from as its controlling terminal, and the sandbox's
+// /dev has no tty node; every spawn gets a fresh anonymous session keyring
+// instead of the user's login one, and runs under guest/seccomp's filter
+// (keyctl, add_key, request_key and ioctl TIOCSTI refused among others),
+// and /proc/keys and /proc/key-users, which would name the user's keys,
+// read as empty. See guest/agent's confine.go and setup.go.
+//
 // User namespace: the helper's uid and gid map to root inside, so the agent
 // may mount, and files written through rw mounts are owned on the host by the
 // user running the helper.

@@ -1,0 +1,63 @@
+package bench
+
+import (
+	"flag"
+	"fmt"
+)
+
+// Usage describes the bench, for cowork-bench's -h.
+const Usage = `Times every phase of a guest start (helper start, startVM, VM created, first
+guest instruction, kernel to /init, agent connected, spawn, first output,
+stop), the helper's memory and the binary's size, beside qemu booting the
+same kernel and initramfs (-M microvm; -M q35 with SeaBIOS and with OVMF,
+the official helper's firmware), runs interleaved; then file sharing
+(sequential and random I/O, a tree walk, git status, python3's start in a
+test guest) over our virtio-fs and virtio-9p and qemu's virtio-9p and
+virtiofsd; then the block device (sequential and random I/O on a raw disk
+image) over our virtio-blk and qemu's. Writes report.md, report.json and
+report.svg to DIR.
+`
+
+// AddFlags registers the bench's flags on fs, each setting a field of o,
+// with the defaults Run would use.
+func (o *Options) AddFlags(fs *flag.FlagSet) {
+	fs.IntVar(&o.Runs, "runs", DefaultRuns, "runs per system (interleaved)")
+	fs.StringVar(&o.Out, "out", DefaultOut, "directory for report.md, report.json, report.svg")
+	fs.StringVar(&o.Backend, "backend", "auto", `"kvm", "process" or "auto" (kvm when this host's KVM can boot Linux)`)
+	fs.StringVar(&o.Binary, "binary", DefaultBinary, "cowork-vmm binary to measure (a static build)")
+	fs.StringVar(&o.Kernel, "kernel", "", "guest vmlinux (default: $COWORK_VMM_KERNEL, then the kernel build cache)")
+	fs.IntVar(&o.MemMiB, "mem", DefaultMemMiB, "guest memory in MiB")
+	fs.StringVar(&o.Qemu, "qemu", "", `qemu-system-x86_64 for the peers ("none": no peers)`)
+	fs.StringVar(&o.Peers, "peers", "", `peers to run, comma-separated: "microvm", "q35" (SeaBIOS), "ovmf" (q35 + OVMF) (default all)`)
+	fs.DurationVar(&o.Timeout, "timeout", defaultTimeout, "bound on one boot")
+	fs.IntVar(&o.FSRuns, "fs-runs", DefaultFSRuns, "runs per system of the file-sharing and block-device benchmarks (0: none)")
+	fs.StringVar(&o.FSSizes, "fs-sizes", "full", `file-sharing and block-device benchmark sizes: "full" (64 MiB, 2000 random reads, 10 000 files) or "ci"`)
+	fs.StringVar(&o.FSInitrd, "fs-initrd", "", "the file-sharing test guest's initramfs (default: built with the go tool, from the source tree)")
+}
+
+// Validate checks the values AddFlags set: each error names its flag.
+func (o Options) Validate() error {
+	if o.Runs < 1 || o.Runs > 1000 {
+		return fmt.Errorf("--runs %d: want 1 to 1000", o.Runs)
+	}
+	if o.FSRuns < 0 || o.FSRuns > 100 {
+		return fmt.Errorf("--fs-runs %d: want 0 to 100", o.FSRuns)
+	}
+	if _, err := fsSizes(o); err != nil {
+		return err
+	}
+	if o.MemMiB < 64 {
+		return fmt.Errorf("--mem %d: want at least 64 MiB", o.MemMiB)
+	}
+	switch o.Backend {
+	case "auto", "kvm", "process":
+	default:
+		return fmt.Errorf(`--backend %q: want "kvm", "process" or "auto"`, o.Backend)
+	}
+	for _, p := range splitList(o.Peers) {
+		if p != "microvm" && p != "q35" && p != "ovmf" {
+			return fmt.Errorf(`--peers: unknown peer %q (want "microvm", "q35" or "ovmf")`, p)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,17 @@
+// Package guestboot is the first real payload of the nested harness: it
+// packs our guest kernel's test guest (a static Go /init, testinit, that
+// prints on the serial console, writes the boot timer and restarts) and
+// times its boot on our VMM and on qemu -M microvm in the same outer guest,
+// so their ratio means something even though absolute nested figures don't.
+// It also benchmarks file sharing the same way (package fsrun's FSBench;
+// fs.go has the sizes, the figure lines and their summaries): testinit,
+// told so on the kernel command line (package fsbench holds that
+// contract), writes and reads a file, makes random reads, walks a tree,
+// runs git status and starts python3 over our virtio-fs and virtio-9p
+// devices and over qemu's virtio-9p and vhost-user-fs with virtiofsd, all
+// sharing the same directory and the same host root (fsrun's TestFSBench;
+// package bench reports the same runs in `make bench`).
+//
+// Its tests run inside the nested guest (see testharness/nested's
+// TestNestedBootGuestKernel); elsewhere they skip.
+package guestboot

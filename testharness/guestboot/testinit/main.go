@@ -1,0 +1,103 @@
+//go:build linux
+
+// Command testinit is the smallest useful /init for booting our guest
+// kernel: it mounts devtmpfs, prints "TESTINIT OK" with the online CPUs and
+// the uptime on the console, writes the boot timer (guesthost.BootTimerMagic
+// to guesthost.BootTimerPort, through /dev/port: the kernel needs
+// CONFIG_DEVPORT), prints
+// "TESTINIT DONE" and restarts the machine (with reboot=t a triple fault,
+// which ends our VMM's run and qemu under -no-reboot).
+//
+// With guestboot.ticks=N it first prints "TESTINIT TICK i" for i = 1..N,
+// 50 ms apart: a guest that keeps time and talks, to snapshot and restore.
+//
+// With guestboot.fs=WORKLOADS on the kernel command line it first runs the
+// file-system benchmark (fs.go; package fsbench is the contract): it mounts
+// the shared directory and the host's root, runs each workload, prints a
+// "TESTINIT FS" line for each and "TESTINIT FS END".
+//
+// Built static (CGO_ENABLED=0) and packed as /init by package guestboot.
+package main
+
+import (
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/cowork-vmm/cowork-vmm/protocol/guesthost"
+)
+
+func main() {
+	if err := unix.Mount("devtmpfs", "/dev", "devtmpfs", 0, ""); err != nil {
+		fmt.Println("testinit: mount /dev:", err)
+	}
+	if err := unix.Mount("proc", "/proc", "proc", 0, ""); err != nil {
+		fmt.Println("testinit: mount /proc:", err)
+	}
+	if err := unix.Mount("sysfs", "/sys", "sysfs", 0, ""); err != nil {
+		fmt.Println("testinit: mount /sys:", err)
+	}
+	fmt.Printf("TESTINIT OK cpus=%s uptime=%s\n", readTrimmed("/sys/devices/system/cpu/online"), uptime())
+	cmdline := readTrimmed("/proc/cmdline")
+	ticks(cmdline)
+	fsMode(cmdline, os.Stdout)
+	if err := writeBootTimer(); err != nil {
+		fmt.Println("testinit: boot timer:", err)
+	}
+	fmt.Println("TESTINIT DONE")
+	unix.Sync()
+	if err := unix.Reboot(unix.LINUX_REBOOT_CMD_RESTART); err != nil {
+		fmt.Println("testinit: reboot:", err)
+	}
+	for {
+		time.Sleep(time.Hour) // PID 1 must not exit
+	}
+}
+
+func writeBootTimer() error {
+	port, err := os.OpenFile("/dev/port", os.O_WRONLY, 0)
+	if err != nil {
+		return err
+	}
+	defer port.Close()
+	_, err = port.WriteAt([]byte{guesthost.BootTimerMagic}, guesthost.BootTimerPort)
+	return err
+}
+
+func readTrimmed(path string) string {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return "unknown"
+	}
+	return strings.TrimSpace(string(data))
+}
+
+func uptime() string {
+	if f := strings.Fields(readTrimmed("/proc/uptime")); len(f) > 0 {
+		return f[0]
+	}
+	return "unknown"
+}
+
+// ticks prints guestboot.ticks=N ticks, 50 ms apart (none without it).
+func ticks(cmdline string) {
+	for _, f := range strings.Fields(cmdline) {
+		v, ok := strings.CutPrefix(f, "guestboot.ticks=")
+		if !ok {
+			continue
+		}
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 || n > 100000 {
+			fmt.Println("testinit: bad", f)
+			return
+		}
+		for i := 1; i <= n; i++ {
+			time.Sleep(50 * time.Millisecond)
+			fmt.Printf("TESTINIT TICK %d uptime=%s\n", i, uptime())
+		}
+	}
+}

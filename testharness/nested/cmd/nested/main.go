@@ -1,0 +1,67 @@
+// Command nested runs a command inside the nested harness's outer guest
+// (qemu TCG with nested SVM, so /dev/kvm works inside) and exits with its
+// status:
+//
+//	go run ./testharness/nested/cmd/nested [--payload DIR] [--mem MiB] [--cpus N] [--timeout D] -- CMD ARGS...
+//
+// DIR is shared read-write at /payload; the host's root is visible read-only.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/cowork-vmm/cowork-vmm/testharness/nested"
+)
+
+func main() {
+	os.Exit(run())
+}
+
+func run() int {
+	payload := flag.String("payload", "", "host directory shared read-write at /payload (default: an empty temporary one)")
+	mem := flag.Int("mem", nested.DefaultMemMiB, "outer guest memory in MiB")
+	cpus := flag.Int("cpus", nested.DefaultCPUs, "outer guest vCPUs")
+	timeout := flag.Duration("timeout", nested.DefaultTimeout, "payload timeout")
+	dir := flag.String("dir", "", "payload working directory in the guest (default /payload)")
+	appendArgs := flag.String("append", "", "extra outer kernel command line (e.g. loglevel=7)")
+	quiet := flag.Bool("quiet", false, "print only the payload's output, not the whole console")
+	flag.Usage = func() {
+		fmt.Fprintf(flag.CommandLine.Output(), "usage: %s [flags] -- CMD [ARGS...]\n", os.Args[0])
+		flag.PrintDefaults()
+	}
+	flag.Parse()
+	if flag.NArg() == 0 {
+		flag.Usage()
+		return 2
+	}
+	if err := nested.Available(); err != nil {
+		fmt.Fprintln(os.Stderr, "nested:", err)
+		return 1
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	opts := nested.Options{
+		PayloadDir: *payload, Cmd: flag.Args(), MemMiB: *mem, CPUs: *cpus,
+		Timeout: *timeout, Dir: *dir, Append: *appendArgs,
+	}
+	if !*quiet {
+		opts.Stdout = os.Stdout
+	}
+	res, err := nested.Run(ctx, opts)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "nested:", err)
+		return 1
+	}
+	if *quiet {
+		fmt.Print(res.Output)
+	}
+	fmt.Fprintf(os.Stderr, "nested: exit %d, wall %v, outer /init after %v wall (%v guest uptime)\n",
+		res.ExitCode, res.Wall.Round(time.Millisecond), res.InitWall.Round(time.Millisecond), res.InitUptime)
+	return res.ExitCode
+}

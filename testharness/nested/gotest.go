@@ -1,0 +1,174 @@
+package nested
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cowork-vmm/cowork-vmm/testharness/nested/job"
+)
+
+// GoTest describes a package's tests to run inside the outer guest.
+type GoTest struct {
+	// Pkg is an import path or a ./relative package pattern naming one package.
+	Pkg string
+	// Run is the -test.run pattern; empty runs every test.
+	Run string
+	// Args are extra test-binary flags (e.g. "-test.bench=.").
+	Args []string
+	// Files, Env, MemMiB, CPUs, Timeout and QemuLog are as in Options.
+	Files   map[string]string
+	Env     []string
+	MemMiB  int
+	CPUs    int
+	Timeout time.Duration
+	QemuLog string
+	// SingleThreadTCG is as in Options.
+	SingleThreadTCG bool
+}
+
+// RunGoTest compiles pkg's tests (CGO_ENABLED=0), runs those matching
+// runPattern verbosely inside the outer guest, streams their output to t's
+// log and fails t if they fail. It skips t when the harness is unavailable.
+func RunGoTest(t testing.TB, pkg, runPattern string) Result {
+	t.Helper()
+	return RunGoTestWith(t, GoTest{Pkg: pkg, Run: runPattern})
+}
+
+// RunGoTestWith is RunGoTest with files, flags and sizing.
+func RunGoTestWith(t testing.TB, gt GoTest) Result {
+	t.Helper()
+	res, err := TryGoTest(t, gt)
+	if err != nil {
+		t.Fatalf("nested run of %s: %v", gt.Pkg, err)
+	}
+	if strings.Contains(res.Output, "testing: warning: no tests to run") {
+		t.Errorf("no test of %s matches %q inside the nested guest", gt.Pkg, gt.Run)
+	}
+	if res.ExitCode != 0 {
+		t.Errorf("tests of %s failed inside the nested guest (exit %d)", gt.Pkg, res.ExitCode)
+	}
+	return res
+}
+
+// frozenRetries is how many times RunThroughFreezes runs a run again whose
+// outer guest froze.
+const frozenRetries = 2
+
+// RunThroughFreezes is Run, run again up to frozenRetries times while its
+// outer guest froze (ErrOuterFroze: the emulator's doing, not the
+// payload's; freeze.go). again, when set, is called before each new run
+// with its number and the freeze, e.g. to say so and to drop what the
+// frozen run left in the payload directory.
+func RunThroughFreezes(ctx context.Context, opts Options, again func(retry, of int, froze error)) (Result, error) {
+	res, err := Run(ctx, opts)
+	for retry := 1; retry <= frozenRetries && errors.Is(err, ErrOuterFroze); retry++ {
+		if again != nil {
+			again(retry, frozenRetries, err)
+		}
+		res, err = Run(ctx, opts)
+	}
+	return res, err
+}
+
+// TryGoTest runs gt inside the outer guest like RunGoTestWith but leaves
+// judging the result to the caller: an error means no result (the outer
+// guest died, qemu failed). It still skips t when the harness is
+// unavailable and fails it when the tests do not build.
+func TryGoTest(t testing.TB, gt GoTest) (Result, error) {
+	t.Helper()
+	if err := Available(); err != nil {
+		t.Skipf("nested harness unavailable: %v", err)
+	}
+	payload := t.TempDir()
+	bin := filepath.Join(payload, "pkg.test")
+	build := exec.Command("go", "test", "-c", "-o", bin, gt.Pkg)
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("building the tests of %s: %v\n%s", gt.Pkg, err, out)
+	}
+	dir, shares := goTestDir(gt.Pkg)
+	args := []string{"/payload/pkg.test", "-test.v", "-test.count=1"}
+	if gt.Run != "" {
+		args = append(args, "-test.run", gt.Run)
+	}
+	args = append(args, gt.Args...)
+	ctx := context.Background()
+	if deadline, ok := t.(interface{ Deadline() (time.Time, bool) }); ok {
+		if d, ok := deadline.Deadline(); ok {
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithDeadline(ctx, d.Add(-10*time.Second))
+			defer cancel()
+		}
+	}
+	opts := Options{
+		PayloadDir:      payload,
+		Files:           gt.Files,
+		Cmd:             args,
+		Env:             append(gt.Env, LedgerEnv+"="+filepath.Join(job.PayloadDir, payloadLedger)),
+		Dir:             dir,
+		Shares:          shares,
+		MemMiB:          gt.MemMiB,
+		CPUs:            gt.CPUs,
+		Timeout:         gt.Timeout,
+		Stdout:          &lineLogger{t: t},
+		QemuLog:         gt.QemuLog,
+		SingleThreadTCG: gt.SingleThreadTCG,
+	}
+	res, err := RunThroughFreezes(ctx, opts, func(retry, of int, froze error) {
+		// What the frozen run's tests recorded is dropped, as they run
+		// again.
+		t.Logf("nested run of %s: %v; running it again (%d of %d)", gt.Pkg, froze, retry, of)
+		if rmErr := os.Remove(filepath.Join(payload, payloadLedger)); rmErr != nil && !errors.Is(rmErr, os.ErrNotExist) {
+			t.Errorf("nested run of %s: %v", gt.Pkg, rmErr)
+		}
+	})
+	if mergeErr := mergeNestedLedger(payload); mergeErr != nil {
+		t.Errorf("nested run of %s: %v", gt.Pkg, mergeErr)
+	}
+	if err != nil {
+		return res, err
+	}
+	t.Logf("nested run of %s: exit %d, wall %v, outer /init after %v wall (%v guest uptime)", gt.Pkg, res.ExitCode, res.Wall.Round(time.Millisecond), res.InitWall.Round(time.Millisecond), res.InitUptime)
+	return res, nil
+}
+
+// goTestDir is where a package's tests run in the outer guest: its source
+// directory (visible read-only through the host root) so they find their
+// testdata, and the directories to share for that: the module, when it
+// lies where the outer guest's root hides the host's (a clone in /tmp).
+func goTestDir(pkg string) (dir string, shares []string) {
+	out, err := exec.Command("go", "list", "-f", "{{.Dir}}\t{{.Module.Dir}}", pkg).Output()
+	if err != nil {
+		return job.PayloadDir, nil
+	}
+	pkgDir, modDir, _ := strings.Cut(strings.TrimSpace(string(out)), "\t")
+	if job.HiddenInGuest(modDir) {
+		shares = []string{modDir}
+	}
+	return pkgDir, shares
+}
+
+// lineLogger sends complete console lines to t.Log, which streams under -v.
+type lineLogger struct {
+	t   testing.TB
+	buf bytes.Buffer
+}
+
+func (l *lineLogger) Write(p []byte) (int, error) {
+	l.buf.Write(p)
+	for {
+		line, err := l.buf.ReadString('\n')
+		if err != nil {
+			l.buf.WriteString(line) // incomplete: keep for the next write
+			return len(p), nil
+		}
+		l.t.Log("guest: " + strings.TrimRight(line, "\r\n"))
+	}
+}
