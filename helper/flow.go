@@ -45,9 +45,10 @@ const (
 
 // takeOutputCredit records that process p's agent used cost credit for an
 // output event, and reports false when the agent had none left: a guest
-// ignoring its window, whose output is dropped. Called with s.mu held.
-func (p *process) takeOutputCredit(cost int64) bool {
-	if cost > maxOutputEventCost || p.outputHeld >= outputWindow {
+// ignoring its window, whose output is dropped. lifted: the window no
+// longer applies (the guest is being stopped). Called with s.mu held.
+func (p *process) takeOutputCredit(cost int64, lifted bool) bool {
+	if !lifted && (cost > maxOutputEventCost || p.outputHeld >= outputWindow) {
 		return false
 	}
 	p.outputHeld += cost

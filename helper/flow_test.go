@@ -213,3 +213,34 @@ func TestOutputThroughputFastSubscriber(t *testing.T) {
 	runOutputFlood(t, 4<<20, 64<<10, readAdapter(0, 0, 0))
 	t.Logf("fast subscriber: %.0f MB/s", float64(32*4<<20)/1e6/time.Since(start).Seconds())
 }
+
+// TestOutputPastTheWindowIsDropped: an agent that ignores its credit
+// (hostile) gets no more than its window and one event held for the
+// client; its exit still arrives.
+func TestOutputPastTheWindowIsDropped(t *testing.T) {
+	e := newTestEnv(t)
+	g := e.start()
+	e.spawn(map[string]any{"id": "h", "name": "s", "command": "sh"})
+	chunk := strings.Repeat("y", protocol.MaxOutputChunkBytes)
+	for range 32 { // 2 MiB, nobody reading, no credit given
+		g.agent.emit(protocol.Event{Type: protocol.EventStdout, ID: "h", Data: chunk})
+	}
+	g.agent.exit("h", 0)
+	waitFor(t, "the exit, before anything is read", func() bool {
+		e.s.mu.Lock()
+		defer e.s.mu.Unlock()
+		p := e.s.procs.get("h")
+		return p != nil && !p.running
+	})
+	held := 0
+	for {
+		ev := e.next(protocol.EventStdout, protocol.EventExit)
+		if ev.Type == protocol.EventExit {
+			break
+		}
+		held += len(ev.Data)
+	}
+	t.Logf("held for the client: %d of %d bytes", held, 32*len(chunk))
+	assert.LessOrEqual(t, held, outputWindow+protocol.MaxOutputChunkBytes)
+	assert.GreaterOrEqual(t, held, outputWindow-protocol.MaxOutputChunkBytes)
+}

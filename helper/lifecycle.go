@@ -722,7 +722,10 @@ func (s *Service) onAgentEvent(inst *guestInstance, ev protocol.Event) {
 // one past it is dropped. Called with s.mu held; returns with it released.
 func (s *Service) publishOutput(p *process, ev protocol.Event) {
 	cost := protocol.OutputCost(len(ev.Data))
-	if !p.takeOutputCredit(cost) {
+	// A guest being stopped lifts its processes' windows so their last
+	// output and exits go out: that output is taken (the hub's hard bound
+	// still applies).
+	if !p.takeOutputCredit(cost, p.guest.stopping.Load()) {
 		first := !p.outputOverrun
 		p.outputOverrun = true
 		s.mu.Unlock()
