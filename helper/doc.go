@@ -24,6 +24,8 @@
 //     liveness.go: telling a busy guest from a dead one when its pings
 //     time out (the agent's last frame, ProgressReporter).
 //   - hub.go: a profile's event hub with its backlog.
+//   - flow.go: output flow control (the agent's credit) and the bounds
+//     that keep a hub's memory within its cap.
 //   - sessions.go: session names and their host directories;
 //     sessionmounts.go: the one owner of what is shared with the guest and
 //     mounted where (session homes, mountPath, the SDK), its states

@@ -237,6 +237,10 @@ type fakeAgent struct {
 	// answers what guestResponse brought for each.
 	asked   map[uint64]bool
 	answers map[uint64]protocol.GuestResponseParams
+	// credits is the output credit of processes spawned with a window
+	// (emitOutput); creditChanged is closed and replaced when some comes.
+	credits       map[string]int64
+	creditChanged chan struct{}
 	// readGate, while set, holds the agent's reads (stopReading).
 	readGate chan struct{}
 }
@@ -284,6 +288,33 @@ func newFakeAgent(conn net.Conn, g *fakeGuest) *fakeAgent {
 		files:   map[string][]byte{},
 		asked:   map[uint64]bool{},
 		answers: map[uint64]protocol.GuestResponseParams{},
+		credits: map[string]int64{}, creditChanged: make(chan struct{}),
+	}
+}
+
+// emitOutput sends data as stdout of process id in events of chunk bytes,
+// within the process's credit as the real agent does: an event goes while
+// the credit is above zero (a process spawned without a window sends
+// freely).
+func (a *fakeAgent) emitOutput(id string, data string, chunk int) {
+	for len(data) > 0 {
+		n := min(chunk, len(data))
+		for {
+			a.mu.Lock()
+			credit, limited := a.credits[id]
+			ok := !limited || credit > 0
+			if ok && limited {
+				a.credits[id] -= protocol.OutputCost(n)
+			}
+			changed := a.creditChanged
+			a.mu.Unlock()
+			if ok {
+				break
+			}
+			<-changed
+		}
+		a.emit(protocol.Event{Type: protocol.EventStdout, ID: id, Data: data[:n]})
+		data = data[n:]
 	}
 }
 
@@ -384,6 +415,15 @@ func (a *fakeAgent) handle(f protocol.AgentFrame) {
 		}
 		a.spawns[p.ID] = p
 		a.running[p.ID] = true
+		if p.OutputWindow > 0 {
+			a.credits[p.ID] = p.OutputWindow
+		}
+	case protocol.AgentMethodCredit:
+		var p protocol.CreditParams
+		_ = json.Unmarshal(f.Params, &p)
+		a.credits[p.ID] += p.Bytes
+		close(a.creditChanged)
+		a.creditChanged = make(chan struct{})
 	case protocol.AgentMethodStdin:
 		var p protocol.StdinParams
 		_ = json.Unmarshal(f.Params, &p)

@@ -5,12 +5,14 @@ package helper
 // event names the spawn and the agent's number for the call. The helper
 // checks it (a process of that guest; method and params within bounds; at
 // most protocol.MaxGuestRequestsPerSession waiting per session and
-// maxGuestRequestsPerProfile per profile), gives it an id of its own and
-// publishes {type:"request", id, method, params} to the spawn's profile. The
+// maxGuestRequestsPerProfile per profile; a session's rate limit; the
+// profile's undelivered events within guestRequestBudget bytes), gives it
+// an id of its own and publishes {type:"request", id, method, params} to
+// the spawn's profile. The
 // client's sendGuestResponse with that id — a JSON string or number — is the
 // answer the agent gets (guestResponse); when the call's timeout passes
-// first (protocol.DefaultGuestRequestTimeout unless the caller asked for
-// less), the agent gets an error instead and the id is forgotten. When the
+// first (protocol.GuestRequestTimeout of what the caller asked: 1 s to
+// 30 min), the agent gets an error instead and the id is forgotten. When the
 // guest ends, its requests are forgotten (dropGuest). An id not waiting, or
 // another profile's, is refused.
 //
@@ -38,6 +40,30 @@ import (
 // for the client, all sessions together.
 const maxGuestRequestsPerProfile = 256
 
+// A session's guest requests are rate-limited by a token bucket: at most
+// guestRequestBurst at once, guestRequestRate a second after that; the
+// excess is refused to the guest. A loop in the guest cannot flood the
+// client with request events.
+const (
+	guestRequestBurst = 2 * protocol.MaxGuestRequestsPerSession
+	guestRequestRate  = 16
+	// maxIdleBuckets: past this many sessions' buckets, the full ones
+	// (idle sessions) are forgotten.
+	maxIdleBuckets = 256
+)
+
+// tokenBucket is one session's rate limit.
+type tokenBucket struct {
+	tokens float64
+	at     time.Time
+}
+
+// refill adds the tokens earned since the last call, up to the burst.
+func (b *tokenBucket) refill(now time.Time) {
+	b.tokens = min(guestRequestBurst, b.tokens+now.Sub(b.at).Seconds()*guestRequestRate)
+	b.at = now
+}
+
 // guestRequestSeq numbers the helper's guest requests (see above).
 var guestRequestSeq = func() *atomic.Uint64 {
 	var n atomic.Uint64
@@ -60,11 +86,35 @@ type guestRequest struct {
 // guestRequestTable holds every profile's waiting requests: a Service has no
 // field for them, and ids are helper-wide anyway.
 type guestRequestTable struct {
-	mu   sync.Mutex
-	byID map[string]*guestRequest
+	mu      sync.Mutex
+	byID    map[string]*guestRequest
+	buckets map[sessionKey]*tokenBucket
 }
 
-var guestRequests = &guestRequestTable{byID: make(map[string]*guestRequest)}
+var guestRequests = &guestRequestTable{byID: make(map[string]*guestRequest), buckets: make(map[sessionKey]*tokenBucket)}
+
+// allow takes a token from the session's bucket; false: over its rate.
+// Called with t.mu held.
+func (t *guestRequestTable) allow(key sessionKey, now time.Time) bool {
+	if len(t.buckets) > maxIdleBuckets {
+		for k, b := range t.buckets {
+			if b.refill(now); b.tokens >= guestRequestBurst {
+				delete(t.buckets, k)
+			}
+		}
+	}
+	b := t.buckets[key]
+	if b == nil {
+		b = &tokenBucket{tokens: guestRequestBurst, at: now}
+		t.buckets[key] = b
+	}
+	b.refill(now)
+	if b.tokens < 1 {
+		return false
+	}
+	b.tokens--
+	return true
+}
 
 type sessionKey struct {
 	s       *Service
@@ -96,6 +146,8 @@ func (t *guestRequestTable) add(r *guestRequest, timeout time.Duration, expire f
 		return fmt.Errorf("session %s has %d guest requests waiting for the client already", r.session, inSession)
 	case inProfile >= maxGuestRequestsPerProfile:
 		return fmt.Errorf("the profile has %d guest requests waiting for the client already", inProfile)
+	case !t.allow(sessionKey{r.s, r.session}, time.Now()):
+		return fmt.Errorf("session %s sends guest requests faster than %d a second (bursts of %d); refused", r.session, guestRequestRate, guestRequestBurst)
 	}
 	r.id = strconv.FormatUint(guestRequestSeq.Add(1), 10)
 	r.timer = time.AfterFunc(timeout, expire)
@@ -182,8 +234,14 @@ func (s *Service) onGuestRequest(inst *guestInstance, ev protocol.Event) {
 		refuse(err)
 		return
 	}
+	ev = protocol.Event{Type: protocol.EventRequest, ID: r.id, Method: r.method, Params: params}
+	if err := s.hub.PublishWithin(ev, guestRequestBudget); err != nil {
+		guestRequests.take(s, r.id)
+		_, owed := s.hub.heldBytes()
+		refuse(fmt.Errorf("%w (%d bytes of events waiting); guest request refused", err, owed))
+		return
+	}
 	s.log.Info("guest request", "id", r.id, "process", r.spawn, "session", r.session, "method", r.method, "timeout", timeout)
-	s.hub.Publish(protocol.Event{Type: protocol.EventRequest, ID: r.id, Method: r.method, Params: params})
 }
 
 // checkGuestRequest applies the channel's bounds (the guest is not

@@ -80,6 +80,8 @@ type guestInstance struct {
 	// mounts owns what the helper has mounted in this guest
 	// (sessionmounts.go).
 	mounts sessionMounts
+
+	credits creditSender // output credit to the agent (flow.go)
 }
 
 func (s *Service) startVM(ctx context.Context, p protocol.StartVMParams) (empty, error) {
@@ -720,10 +722,34 @@ func (s *Service) onAgentEvent(inst *guestInstance, ev protocol.Event) {
 		}
 		s.hub.Publish(out)
 	default: // stdout, stderr
+		s.publishOutput(p, ev)
+	}
+}
+
+// publishOutput publishes an output event of p within its credit (flow.go);
+// one past it is dropped. Called with s.mu held; returns with it released.
+func (s *Service) publishOutput(p *process, ev protocol.Event) {
+	cost := protocol.OutputCost(len(ev.Data))
+	// A guest being stopped lifts its processes' windows so their last
+	// output and exits go out: that output is taken (the hub's hard bound
+	// still applies).
+	if !p.takeOutputCredit(cost, p.guest.stopping.Load()) {
+		first := !p.outputOverrun
+		p.outputOverrun = true
 		s.mu.Unlock()
-		for _, chunk := range splitUTF8(ev.Data, maxEventData) {
-			s.hub.Publish(protocol.Event{Type: ev.Type, ID: ev.ID, Data: chunk})
+		if first {
+			s.log.Warn("the guest sent output past its process's window; dropping it", "id", p.id, "bytes", len(ev.Data))
 		}
+		return
+	}
+	s.mu.Unlock()
+	chunks := splitUTF8(ev.Data, maxEventData)
+	for i, chunk := range chunks {
+		credit := len(chunk)
+		if i == len(chunks)-1 {
+			credit += protocol.OutputEventOverhead
+		}
+		s.hub.PublishOutput(protocol.Event{Type: ev.Type, ID: ev.ID, Data: chunk}, credit)
 	}
 }
 

@@ -19,6 +19,12 @@ type process struct {
 	running  bool
 	exitCode *int
 	signal   string
+	// outputHeld is the output credit its agent has used and not had back
+	// (flow.go); creditDue what has been delivered and not yet given back.
+	outputHeld int64
+	creditDue  int64
+	// outputOverrun: output was dropped for want of credit (logged once).
+	outputOverrun bool
 }
 
 // processTable is guarded by Service.mu.
@@ -84,6 +90,17 @@ func (t *processTable) runningIn(inst *guestInstance) []*process {
 		}
 	}
 	return out
+}
+
+// running counts the running processes.
+func (t *processTable) running() int {
+	n := 0
+	for _, p := range t.byID {
+		if p.running {
+			n++
+		}
+	}
+	return n
 }
 
 // sessionBusy says whether a session has a running process.

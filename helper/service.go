@@ -191,6 +191,7 @@ func newService(h *Helper, key profileKey, ps profileState, sessionsDir string) 
 		cpuCount:    defaultCPUCount,
 		innerMounts: map[string]map[string]bool{},
 	}
+	s.hub.onDelivered = s.outputDelivered
 	s.egressSrv = newEgressServer(opts, h.testHosts, s.egressReg, log)
 	s.procs.init()
 	s.restore(ps)
@@ -273,14 +274,19 @@ func (s *Service) Call(ctx context.Context, method string, params json.RawMessag
 }
 
 // Subscribe is subscribeEvents for this profile, for the socket server:
-// events are handed over an unbuffered channel; one is acknowledged (see
-// Hub) as soon as the server has taken it, so after a drop the profile's
-// next subscription resumes right after the last event the server took.
+// events are handed over an unbuffered channel, one at a time; one is
+// acknowledged (see Hub) once the server says it has been written
+// (Subscription.Delivered), so after a drop the profile's next
+// subscription resumes with the event whose write failed.
 func (s *Service) Subscribe(context.Context) (*protocol.Subscription, error) {
 	sub := s.hub.Subscribe()
 	s.log.Info("event subscriber connected")
 	ctx, cancel := context.WithCancel(context.Background())
 	events := make(chan protocol.Event)
+	// written carries the server's word that the event handed over has
+	// been written; only then is it acknowledged (and the next one taken),
+	// so an event whose write failed goes to the next subscriber.
+	written := make(chan struct{}, 1)
 	producerDone := make(chan struct{})
 	go func() {
 		defer close(producerDone)
@@ -291,20 +297,37 @@ func (s *Service) Subscribe(context.Context) (*protocol.Subscription, error) {
 			}
 			select {
 			case events <- ev:
+			case <-ctx.Done():
+				return
+			}
+			select {
+			case <-written:
 				sub.Ack()
 			case <-ctx.Done():
+				// Delivered runs before Cancel on the server's goroutine:
+				// an event written just before the end is still counted.
+				select {
+				case <-written:
+					sub.Ack()
+				default:
+				}
 				return
 			}
 		}
 	}()
-	return &protocol.Subscription{Events: events, Cancel: func() {
-		cancel()
-		// Let the producer acknowledge an event it has just handed over
-		// before the subscription closes, or it would be sent again.
-		<-producerDone
-		sub.Close()
-		s.log.Info("event subscriber disconnected")
-	}}, nil
+	return &protocol.Subscription{Events: events,
+		Delivered: func() {
+			select {
+			case written <- struct{}{}:
+			default:
+			}
+		},
+		Cancel: func() {
+			cancel()
+			<-producerDone
+			sub.Close()
+			s.log.Info("event subscriber disconnected")
+		}}, nil
 }
 
 // Events opens a subscription to this profile's events (in-process

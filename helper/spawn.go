@@ -70,6 +70,10 @@ func (s *Service) spawn(ctx context.Context, p protocol.ClientSpawnParams) (prot
 		s.mu.Unlock()
 		return res, fmt.Errorf("spawn: a process with id %q is already running", p.ID)
 	}
+	if n := s.procs.running(); n >= maxRunningProcesses {
+		s.mu.Unlock()
+		return res, fmt.Errorf("spawn: %d processes are running already, the most a profile may run", n)
+	}
 	// Registered before the agent starts it, so its first output is not
 	// dropped as belonging to an unknown process, and its first connection
 	// finds its policy. p.AllowedDomains goes in as decoded: nil (absent)
@@ -84,7 +88,7 @@ func (s *Service) spawn(ctx context.Context, p protocol.ClientSpawnParams) (prot
 		s.log.Warn("spawn: allowedDomains entries ignored (not host names or *.suffix wildcards)", "id", p.ID, "entries", ignored)
 	}
 
-	err = inst.call(protocol.AgentMethodSpawn, protocol.SpawnParams{ID: p.ID, Session: p.Name, Command: p.Command, Args: p.Args, Cwd: cwd, Env: env, EgressToken: token}, nil)
+	err = inst.call(protocol.AgentMethodSpawn, protocol.SpawnParams{ID: p.ID, Session: p.Name, Command: p.Command, Args: p.Args, Cwd: cwd, Env: env, EgressToken: token, OutputWindow: outputWindow}, nil)
 	if err != nil {
 		s.mu.Lock()
 		s.procs.remove(proc)

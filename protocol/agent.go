@@ -2,6 +2,8 @@ package protocol
 
 import (
 	"encoding/json"
+	"errors"
+	"fmt"
 	"time"
 )
 
@@ -66,6 +68,9 @@ const (
 	// PruneTmpResult): pruneSessionCaches and deleteSessionDirs for what
 	// the host cannot reach, the guest's disk.
 	AgentMethodPruneTmp = "pruneTmp"
+	// AgentMethodCredit lets a process send more output (CreditParams →
+	// no result; an error when it is no longer running). See OutputWindow.
+	AgentMethodCredit = "credit"
 )
 
 // AgentFrame is the one envelope on the agent channel.
@@ -242,6 +247,49 @@ type SpawnParams struct {
 	// EgressRequest of this spawn. Empty: the helper refuses the spawn's
 	// egress (fails closed).
 	EgressToken string `json:"egressToken,omitempty"`
+	// OutputWindow, when set, holds the process's output back (flow
+	// control): the agent sends its stdout and stderr only while it has
+	// credit, OutputWindow bytes to start with, each event costing
+	// OutputCost of its data, and more as the helper returns credit
+	// (AgentMethodCredit); without credit it stops reading the pipes, so
+	// the process blocks on them. An event is sent while credit is above
+	// zero, so the credit in use may exceed the window by one event.
+	// Between MinOutputWindow and MaxOutputWindow; 0 (an older helper):
+	// output is sent as fast as it comes.
+	OutputWindow int64 `json:"outputWindow,omitempty"`
+}
+
+// Output flow control (SpawnParams.OutputWindow, AgentMethodCredit).
+const (
+	MinOutputWindow = 64 << 10
+	MaxOutputWindow = 16 << 20
+	// OutputEventOverhead is what an output event costs beyond its
+	// data, so that many small events use up the window too.
+	OutputEventOverhead = 256
+	// MaxOutputChunkBytes bounds the data of one output event from the
+	// agent (a UTF-8 character carried over from the previous read may
+	// add up to 3 bytes).
+	MaxOutputChunkBytes = 64 << 10
+)
+
+// OutputCost is the credit an output event with dataBytes of data uses.
+func OutputCost(dataBytes int) int64 { return int64(dataBytes) + OutputEventOverhead }
+
+// CreditParams gives the process ID Bytes more output credit.
+type CreditParams struct {
+	ID    string `json:"id"`
+	Bytes int64  `json:"bytes"`
+}
+
+// Validate checks the bounds of a credit request.
+func (p CreditParams) Validate() error {
+	if p.ID == "" {
+		return errors.New("credit needs a process id")
+	}
+	if p.Bytes <= 0 || p.Bytes > MaxOutputWindow {
+		return fmt.Errorf("credit of %d bytes: want 1 to %d", p.Bytes, MaxOutputWindow)
+	}
+	return nil
 }
 
 // StdinParams forwards bytes to a process's stdin (UTF-8 text, as the
@@ -315,6 +363,8 @@ const (
 	// may name.
 	DefaultGuestRequestTimeout = 5 * time.Minute
 	MaxGuestRequestTimeout     = 30 * time.Minute
+	// MinGuestRequestTimeout is the shortest: a shorter one is raised to it.
+	MinGuestRequestTimeout = time.Second
 	// MaxGuestRequestParamsBytes bounds a call's params (JSON text).
 	MaxGuestRequestParamsBytes = 1 << 20
 	// MaxGuestCallBytes bounds a GuestCall frame: the params and the rest.
@@ -334,7 +384,8 @@ type GuestCall struct {
 	Method string          `json:"method"`
 	Params json.RawMessage `json:"params,omitempty"`
 	// TimeoutMillis is how long to wait for the client: 0 means
-	// DefaultGuestRequestTimeout; more than MaxGuestRequestTimeout is
+	// DefaultGuestRequestTimeout; less than MinGuestRequestTimeout is
+	// MinGuestRequestTimeout, more than MaxGuestRequestTimeout is
 	// MaxGuestRequestTimeout.
 	TimeoutMillis int64 `json:"timeoutMillis,omitempty"`
 }
@@ -344,7 +395,10 @@ func (c GuestCall) Timeout() time.Duration {
 	return GuestRequestTimeout(c.TimeoutMillis)
 }
 
-// GuestRequestTimeout turns a TimeoutMillis into the timeout it means.
+// GuestRequestTimeout turns a TimeoutMillis into the timeout it means:
+// never less than MinGuestRequestTimeout (a caller cannot make the client
+// miss its requests by expiring them at once), nor more than
+// MaxGuestRequestTimeout.
 func GuestRequestTimeout(millis int64) time.Duration {
 	if millis <= 0 {
 		return DefaultGuestRequestTimeout
@@ -352,7 +406,7 @@ func GuestRequestTimeout(millis int64) time.Duration {
 	if millis >= MaxGuestRequestTimeout.Milliseconds() {
 		return MaxGuestRequestTimeout
 	}
-	return time.Duration(millis) * time.Millisecond
+	return max(time.Duration(millis)*time.Millisecond, MinGuestRequestTimeout)
 }
 
 // GuestCallSudo is the method of the one call the agent answers itself

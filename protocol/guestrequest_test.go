@@ -42,6 +42,7 @@ func TestGuestRequestTimeout(t *testing.T) {
 	assert.Equal(t, DefaultGuestRequestTimeout, GuestRequestTimeout(0))
 	assert.Equal(t, DefaultGuestRequestTimeout, GuestRequestTimeout(-5))
 	assert.Equal(t, 1500*time.Millisecond, GuestRequestTimeout(1500))
+	assert.Equal(t, MinGuestRequestTimeout, GuestRequestTimeout(1), "a shorter timeout is raised to the floor")
 	assert.Equal(t, MaxGuestRequestTimeout, GuestRequestTimeout(MaxGuestRequestTimeout.Milliseconds()+1))
 	assert.Equal(t, 2*time.Second, GuestCall{TimeoutMillis: 2000}.Timeout())
 	assert.Equal(t, 5*time.Minute, DefaultGuestRequestTimeout, "the documented default")

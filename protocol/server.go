@@ -47,6 +47,13 @@ type Subscription struct {
 	// Cancel is called exactly once by the server when it stops reading
 	// Events (client gone, write error, shutdown). May be nil.
 	Cancel func()
+	// Delivered, when set, is called once for each event taken from
+	// Events after it has been written whole to the connection (or
+	// dropped for good: it cannot be encoded or exceeds a frame), before
+	// the next one is taken. An event whose write failed is not
+	// delivered: the producer may hand it to the next subscription. It is
+	// called from the server's writer and must not block for long.
+	Delivered func()
 }
 
 // ServerConfig configures a Server. Only Handler is required.

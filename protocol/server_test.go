@@ -600,3 +600,33 @@ func TestSubscriptionAckCarriesID(t *testing.T) {
 	m, _ := recvJSON(t, c)
 	assert.Equal(t, map[string]any{"success": true, "id": float64(11)}, m)
 }
+
+// Delivered is called once per event, after its frame is written: never
+// for an event whose write failed.
+func TestSubscriptionDeliveredAfterWrite(t *testing.T) {
+	events := make(chan Event)
+	delivered := make(chan struct{}, 8)
+	ts := startServer(t, &fakeHandler{subscribe: func(context.Context, json.RawMessage) (*Subscription, error) {
+		return &Subscription{Events: events, Delivered: func() { delivered <- struct{}{} }}, nil
+	}}, ServerConfig{})
+	c := ts.dial(t)
+	sendRaw(t, c, `{"method":"subscribeEvents","params":{}}`)
+	_, ack := recvJSON(t, c)
+	require.True(t, ack.Success)
+	events <- Event{Type: EventStdout, ID: "p", Data: "one"}
+	m, _ := recvJSON(t, c)
+	assert.Equal(t, "one", m["data"])
+	select {
+	case <-delivered:
+	case <-time.After(safetyTimeout):
+		t.Fatal("a written event was not reported delivered")
+	}
+	require.NoError(t, c.Close())
+	// The server notices the close; a later event cannot be written.
+	select {
+	case events <- Event{Type: EventStdout, ID: "p", Data: "two"}:
+	case <-time.After(time.Second): // the server stopped reading already
+	}
+	time.Sleep(50 * time.Millisecond)
+	assert.Empty(t, delivered, "an event not written is not delivered")
+}

@@ -325,20 +325,31 @@ func (c *serverConn) serveSubscription(req Request) {
 			if !ok {
 				return
 			}
-			body, err := json.Marshal(ev)
-			if err != nil {
-				c.s.log.Warn("dropping event that cannot be encoded", "type", ev.Type, "err", err)
-				continue
-			}
-			if len(body) > MaxFrameSize {
-				c.s.log.Warn("dropping event larger than a frame", "type", ev.Type, "bytes", len(body))
-				continue
-			}
-			if !c.writeBody(body) {
+			if !c.writeEvent(ev) {
 				return
+			}
+			if sub.Delivered != nil {
+				sub.Delivered()
 			}
 		}
 	}
+}
+
+// writeEvent writes one event frame. It reports false when the write
+// failed (the connection is then closed); an event that cannot be sent at
+// all is dropped with a log line and reported written, so that it is not
+// retried forever.
+func (c *serverConn) writeEvent(ev Event) bool {
+	body, err := json.Marshal(ev)
+	if err != nil {
+		c.s.log.Warn("dropping event that cannot be encoded", "type", ev.Type, "err", err)
+		return true
+	}
+	if len(body) > MaxFrameSize {
+		c.s.log.Warn("dropping event larger than a frame", "type", ev.Type, "bytes", len(body))
+		return true
+	}
+	return c.writeBody(body)
 }
 
 // waitForHangup returns when done is closed or the peer has fully closed

@@ -309,6 +309,12 @@ func (a *agent) handle(method string, raw json.RawMessage) (any, error) {
 			return nil, err
 		}
 		return nil, a.procs.kill(p.ID, p.Signal)
+	case protocol.AgentMethodCredit:
+		var p protocol.CreditParams
+		if err := decodeParams(raw, &p); err != nil {
+			return nil, err
+		}
+		return nil, a.procs.credit(p)
 	case protocol.AgentMethodUnmount:
 		var p protocol.UnmountParams
 		if err := decodeParams(raw, &p); err != nil {

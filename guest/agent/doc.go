@@ -49,6 +49,7 @@
 //
 // Files: agent.go (Run, dispatch), spawn.go (starting a process, step by
 // step), process.go (the process table, reaping, output, stdin, kill),
+// credit.go (output flow control: a process sends within its credit),
 // isolate.go, confine.go, mount.go, mountpoint.go, setup.go, guestrequest.go,
 // guestcall.go, sudo.go, rootdisk.go, rootvar.go, sessiontmp.go, cgroup.go, utf8chunk.go, main.go (ProcessMain, VMMain),
 // vsock.go.

@@ -28,7 +28,7 @@ const (
 	// maxChunkBytes caps the raw bytes in one stdout/stderr event. Even if
 	// every byte became a 6-byte JSON escape the frame stays far below
 	// protocol.MaxFrameSize.
-	maxChunkBytes = 64 * 1024
+	maxChunkBytes = protocol.MaxOutputChunkBytes
 	// coalesceWindow is how long a chunk waits for more output before it is
 	// sent, so a process writing byte by byte does not cause one event per
 	// byte.
@@ -71,6 +71,9 @@ type process struct {
 	// guest-request socket (nil if none), closed at the exit.
 	cgroup   *spawnCgroup
 	endpoint *endpoint
+
+	// credit holds the output back to what the helper can take (credit.go).
+	credit *outputCredit
 
 	abandonOutput atomic.Bool  // stop forwarding output (drain timeout)
 	lastOutput    atomic.Int64 // unix nanoseconds of the last output read or sent
@@ -229,16 +232,20 @@ func exitEvent(id string, ws unix.WaitStatus) protocol.Event {
 // after the process has exited (a background child holds them) and no output
 // has flowed for OutputDrain, forwarding stops so the exit can be reported.
 // Output that is still flowing is not cut, unless it goes on for
-// maxDrainAfterExit (a background child that keeps writing).
+// maxDrainAfterExit (a background child that keeps writing); time spent
+// waiting for the helper's credit does not count (the client reads slowly,
+// the output is not lost for that).
 func (t *processTable) waitDrained(p *process, drained <-chan struct{}) {
 	exited := time.Now()
+	waitedBefore := p.credit.waitedFor()
 	p.lastOutput.Store(exited.UnixNano())
 	for {
 		wait := t.a.opts.OutputDrain - time.Since(time.Unix(0, p.lastOutput.Load()))
 		if p.sendingOutput.Load() > 0 {
 			wait = t.a.opts.OutputDrain
 		}
-		if wait <= 0 || time.Since(exited) > maxDrainAfterExit {
+		flowing := time.Since(exited) - (p.credit.waitedFor() - waitedBefore)
+		if wait <= 0 || flowing > maxDrainAfterExit {
 			break
 		}
 		timer := time.NewTimer(wait)
@@ -263,6 +270,7 @@ func (t *processTable) pump(p *process, f *os.File, eventType string) {
 	send := func(text string) {
 		if text != "" {
 			p.sendingOutput.Add(1)
+			p.credit.take(protocol.OutputCost(len(text)))
 			t.a.emit(protocol.Event{Type: eventType, ID: p.id, Data: text})
 			p.lastOutput.Store(time.Now().UnixNano())
 			p.sendingOutput.Add(-1)
@@ -406,6 +414,7 @@ func (t *processTable) terminateAll(grace time.Duration) {
 	t.mu.Lock()
 	t.closing = true
 	t.mu.Unlock()
+	t.unlimitAll()
 	if t.signalAll(unix.SIGTERM) > 0 {
 		deadline := time.NewTimer(grace)
 		defer deadline.Stop()

@@ -90,6 +90,9 @@ func (t *processTable) prepare(sp protocol.SpawnParams) (*launch, error) {
 	if sp.Command == "" {
 		return nil, fmt.Errorf("spawn %s: no command given", sp.ID)
 	}
+	if w := sp.OutputWindow; w != 0 && (w < protocol.MinOutputWindow || w > protocol.MaxOutputWindow) {
+		return nil, fmt.Errorf("spawn %s: output window of %d bytes, want %d to %d", sp.ID, w, protocol.MinOutputWindow, protocol.MaxOutputWindow)
+	}
 	l := &launch{sp: sp, cwd: sp.Cwd, env: sp.Env, argv: append([]string{sp.Command}, sp.Args...)}
 	if l.cwd == "" {
 		l.cwd = "/"
@@ -247,6 +250,7 @@ func (t *processTable) start(l *launch, attr *syscall.ProcAttr) error {
 		stderr:     l.stderr,
 		egress:     l.egress,
 		cgroup:     l.cgroup,
+		credit:     newOutputCredit(l.sp.OutputWindow),
 	}
 	fork := func() error { return t.fork(l, attr) }
 	if l.egress != nil {
