@@ -82,6 +82,10 @@ type Options struct {
 	// dump of an outer guest that triple-faults, which the console never
 	// shows under -no-reboot.
 	QemuLog string
+
+	// tscKHz is the host's TSC rate, which the outer guest's TSC runs at
+	// (Run measures it: hostTSCkHz); 0 means defaultTSCkHz.
+	tscKHz int64
 }
 
 // Result of a run.
@@ -202,6 +206,7 @@ func Run(ctx context.Context, opts Options) (Result, error) {
 	if err := buildOuterInitramfs(ctx, work, initrd, j); err != nil {
 		return Result{}, err
 	}
+	opts.tscKHz = hostTSCkHz(tscWindow)
 	return runQemu(ctx, opts, payload, initrd, token)
 }
 
@@ -312,14 +317,21 @@ func buildOuterInitramfs(ctx context.Context, work, initrd string, j job.Job) er
 // starve the outer kernel here: keep the IO-APIC timer check.)
 // tsc_early_khz: under TCG the outer kernel cannot calibrate its TSC (cpu
 // MHz 0), and its KVM then never enters a guest (KVM_RUN loops with zero
-// exits until kicked); a fixed TSC frequency makes nested guests run.
+// exits until kicked); a given TSC frequency makes nested guests run. It
+// is the host's (hostTSCkHz): TCG's TSC is the host's, and a wrong rate
+// makes the outer clock run fast or slow by the ratio.
 // tsc=reliable clocksource=tsc: keep time with the TSC, which TCG reads
 // from the host's (fine-grained, the same on every outer CPU). Without
 // them the kernel can find a qemu64 TSC (AMD, no invariant TSC) on several
 // CPUs "unsynchronized", or its watchdog find it skewed under emulation,
 // mark it unstable and, microvm having no HPET nor ACPI PM timer, fall
 // back to jiffies: every time measured inside then came in 4 ms steps.
-const outerCmdline = "console=ttyS0 reboot=t panic=-1 quiet tsc_early_khz=2000000 tsc=reliable clocksource=tsc"
+func outerCmdline(tscKHz int64) string {
+	if tscKHz <= 0 {
+		tscKHz = defaultTSCkHz
+	}
+	return fmt.Sprintf("console=ttyS0 reboot=t panic=-1 quiet tsc_early_khz=%d tsc=reliable clocksource=tsc", tscKHz)
+}
 
 // outerCPU is the outer guest's CPU model: qemu64 with nested SVM and
 // nested paging (TCG has no nrip-save; asking for it only warns), raised to
@@ -348,7 +360,7 @@ func qemuArgs(opts Options, payload, initrd string) []string {
 		"-serial", "stdio",
 		"-kernel", opts.Kernel,
 		"-initrd", initrd,
-		"-append", strings.TrimSpace(outerCmdline + " " + opts.Append),
+		"-append", strings.TrimSpace(outerCmdline(opts.tscKHz) + " " + opts.Append),
 		"-no-reboot",
 		"-fsdev", "local,id=hostroot,path=/,security_model=none,readonly=on",
 		"-device", "virtio-9p-device,fsdev=hostroot,mount_tag=" + job.HostRootTag,
