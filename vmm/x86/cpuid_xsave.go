@@ -33,13 +33,12 @@ const MaxXSAVEAreaSize = 4096
 
 // More feature bits the XSAVE rules touch (leaf 7 subleaf 1).
 const (
-	eax71AMXFP16     = 1 << 21
-	edx71AMXComplex  = 1 << 8
-	ecx1XSAVEFamily  = ecx1XSAVE | ecx1OSXSAVE
-	leafAMXTileInfo  = 0x1d
-	leafAMXTMULInfo  = 0x1e
-	xsaveSubleafMax  = 63
-	xsaveHeaderStart = 512
+	eax71AMXFP16    = 1 << 21
+	edx71AMXComplex = 1 << 8
+	ecx1XSAVEFamily = ecx1XSAVE | ecx1OSXSAVE
+	leafAMXTileInfo = 0x1d
+	leafAMXTMULInfo = 0x1e
+	xsaveSubleafMax = 63
 )
 
 // featureBits are CPUID feature bits in the leaves the XSAVE rules touch.
@@ -56,11 +55,14 @@ type xsaveGate struct {
 	features   featureBits
 	// needs names another gate this one builds on (AVX-512 on AVX).
 	needs string
+	// needsLeaf1ECX is a leaf 1 ECX bit the family builds on: AVX2, FMA…
+	// on AVX itself.
+	needsLeaf1ECX uint32
 }
 
 // xsaveGates are the families the policy gates, in dependency order.
 var xsaveGates = []xsaveGate{
-	{name: "AVX", components: xfeatureLegacy | xfeatureYMM, features: featureBits{
+	{name: "AVX", components: xfeatureLegacy | xfeatureYMM, needsLeaf1ECX: ecx1AVX, features: featureBits{
 		// VEX-encoded: FMA and F16C too, and VAES/VPCLMULQDQ's VEX forms.
 		leaf1ECX:  ecx1AVX | ecx1FMA | ecx1F16C,
 		leaf7EBX:  ebx7AVX2,
@@ -125,10 +127,8 @@ func planXSAVE(supported []CPUIDEntry, p CPUIDPolicy) xsavePlan {
 	}
 	offered := map[string]bool{}
 	for _, g := range xsaveGates {
-		ok := usable&g.components == g.components && (g.needs == "" || offered[g.needs])
-		if g.name == "AVX" {
-			ok = ok && l1 != nil && l1.ECX&ecx1AVX != 0 // AVX2, FMA… build on AVX itself
-		}
+		ok := usable&g.components == g.components && (g.needs == "" || offered[g.needs]) &&
+			(g.needsLeaf1ECX == 0 || l1 != nil && l1.ECX&g.needsLeaf1ECX != 0)
 		offered[g.name] = ok
 		if ok {
 			plan.xcr0 |= g.components
@@ -147,7 +147,7 @@ func planXSAVE(supported []CPUIDEntry, p CPUIDPolicy) xsavePlan {
 // componentEnd is where a user state component's save area ends in the
 // standard (non-compacted) XSAVE layout: its offset (EBX) plus size (EAX).
 func componentEnd(sub *CPUIDEntry) uint32 {
-	if sub.EBX < xsaveHeaderStart || sub.EAX > MaxXSAVEAreaSize || sub.EBX > MaxXSAVEAreaSize {
+	if sub.EBX < xsaveLegacyAreaSize || sub.EAX > MaxXSAVEAreaSize || sub.EBX > MaxXSAVEAreaSize {
 		return MaxXSAVEAreaSize + 1 // no valid place in a 4 KiB area
 	}
 	return sub.EBX + sub.EAX
