@@ -16,6 +16,7 @@ import (
 
 	"github.com/cowork-vmm/cowork-vmm/guest/kernel"
 	"github.com/cowork-vmm/cowork-vmm/testharness/guestboot"
+	"github.com/cowork-vmm/cowork-vmm/testharness/nested/job"
 	"github.com/cowork-vmm/cowork-vmm/vmm/kvm"
 )
 
@@ -116,6 +117,9 @@ func nestedHost() bool {
 
 func hostInfo(kvmState string) Host {
 	h := Host{CPUs: runtime.NumCPU(), KVM: kvmState, Nested: nestedHost(), Go: runtime.Version()}
+	if b, err := os.ReadFile(job.ClocksourcePath); err == nil {
+		h.Clocksource = strings.TrimSpace(string(b))
+	}
 	var u unix.Utsname
 	if unix.Uname(&u) == nil {
 		h.Kernel = "Linux " + unix.ByteSliceToString(u.Release[:])

@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -8,6 +9,8 @@ import (
 	"os"
 	"strings"
 	"time"
+
+	"github.com/cowork-vmm/cowork-vmm/testharness/nested/job"
 )
 
 // System ids of the report.
@@ -130,6 +133,10 @@ type Host struct {
 	KVM    string `json:"kvm"` // "real", "none", "pvm" …
 	Nested bool   `json:"nested"`
 	Go     string `json:"go"`
+	// Clocksource is the kernel's clocksource the times were measured
+	// with; a tick-based one (jiffies) makes every time a multiple of the
+	// tick, and the report says so at its top.
+	Clocksource string `json:"clocksource,omitempty"`
 }
 
 // SystemReport is one system's phases and memory.
@@ -308,7 +315,10 @@ func ReadJSON(path string) (Report, error) {
 func WriteMarkdown(w io.Writer, rep Report) error {
 	var b strings.Builder
 	fmt.Fprintf(&b, "## cowork-bench: %d run(s) per system, backend %s\n\n", rep.Runs, rep.Backend)
-	fmt.Fprintf(&b, "Host: %s, %d CPUs, KVM %s%s. Times are median (min–max).\n\n", rep.Host.Kernel, rep.Host.CPUs, rep.Host.KVM, map[bool]string{true: " (nested)", false: ""}[rep.Host.Nested])
+	if job.CoarseClocksource(rep.Host.Clocksource) {
+		fmt.Fprintf(&b, "**Warning: measured on a coarse clock (clocksource %s): every time is a multiple of the timer tick (4 ms at HZ=250); differences below a few ticks mean nothing.**\n\n", rep.Host.Clocksource)
+	}
+	fmt.Fprintf(&b, "Host: %s, %d CPUs, KVM %s%s, clocksource %s. Times are median (min–max).\n\n", rep.Host.Kernel, rep.Host.CPUs, rep.Host.KVM, map[bool]string{true: " (nested)", false: ""}[rep.Host.Nested], cmp.Or(rep.Host.Clocksource, "unknown"))
 	writePhases(&b, rep)
 	b.WriteString("\n")
 	writeBootTargets(&b, rep.BootTargets)

@@ -112,6 +112,24 @@ func TestJSONRoundTrip(t *testing.T) {
 	assert.Contains(t, b.String(), `"median_ms": 101`)
 }
 
+// TestMarkdownWarnsOfACoarseClock: a report measured on jiffies says so
+// at its top; one on a fine clock names it without the warning.
+func TestMarkdownWarnsOfACoarseClock(t *testing.T) {
+	rep := sampleReport()
+	rep.Host.Clocksource = "refined-jiffies"
+	var b bytes.Buffer
+	require.NoError(t, WriteMarkdown(&b, rep))
+	top := strings.SplitN(b.String(), "\n| ", 2)[0]
+	assert.Contains(t, top, "Warning: measured on a coarse clock (clocksource refined-jiffies)")
+	assert.Contains(t, top, "clocksource refined-jiffies.")
+
+	rep.Host.Clocksource = "tsc"
+	b.Reset()
+	require.NoError(t, WriteMarkdown(&b, rep))
+	assert.NotContains(t, b.String(), "coarse clock")
+	assert.Contains(t, b.String(), "clocksource tsc.")
+}
+
 func TestMarkdownTable(t *testing.T) {
 	var b bytes.Buffer
 	require.NoError(t, WriteMarkdown(&b, sampleReport()))

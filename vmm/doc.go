@@ -39,7 +39,10 @@
 // Snapshots: Pause parks every vCPU thread after a KVM_RUN that returned
 // EINTR (the kick), which KVM enters only to complete the exit last served,
 // so the state SaveState reads (registers, FPU/XSAVE, MSRs, LAPIC, events,
-// irqchip, PIT, clock) is whole; RestoreState gives it to a fresh VM of the
-// same configuration before Start, and Resume lets a paused VM go on.
+// irqchip, PIT, clock, and the CPUID table each vCPU ran with) is whole;
+// RestoreState gives it to a fresh VM of the same configuration before
+// Start (refusing, with snapshot.ErrMismatch, vCPUs given another CPUID
+// table: the guest chose its code and XSAVE layout by it), and Resume lets
+// a paused VM go on.
 // Guest memory and device state are the caller's to save.
 package vmm

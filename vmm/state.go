@@ -3,8 +3,10 @@ package vmm
 import (
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/cowork-vmm/cowork-vmm/vmm/kvm"
+	"github.com/cowork-vmm/cowork-vmm/vmm/snapshot"
 )
 
 // State is what KVM holds of a paused VM, enough for a fresh VM of the
@@ -25,6 +27,11 @@ type State struct {
 // VCPUState is one vCPU's part of State. XSAVE and XCRS are nil on a KVM
 // without KVM_CAP_XSAVE or KVM_CAP_XCRS (FPU then holds the SIMD state).
 type VCPUState struct {
+	// CPUID is the table the vCPU ran with. The guest chose its code paths
+	// and XSAVE layout by it (AVX-512 or not, XCR0), so the state restores
+	// only into a vCPU given the same table: the same policy on a host
+	// whose KVM supports the same features.
+	CPUID   []kvm.CPUIDEntry
 	Regs    kvm.Regs
 	Sregs   kvm.Sregs
 	FPU     kvm.FPU
@@ -54,6 +61,7 @@ func (v *VM) SaveState() (*State, error) {
 		if err != nil {
 			return nil, err
 		}
+		cs.CPUID = slices.Clone(t.cpuid)
 		s.VCPUs = append(s.VCPUs, cs)
 	}
 	for i, id := range irqChipIDs {
@@ -147,6 +155,11 @@ func (v *VM) RestoreState(s *State) error {
 	if len(s.VCPUs) != len(v.vcpus) {
 		return fmt.Errorf("vmm: the state has %d vCPUs, this VM %d", len(s.VCPUs), len(v.vcpus))
 	}
+	for i, t := range v.vcpus {
+		if err := sameCPUID(i, s.VCPUs[i].CPUID, t.cpuid); err != nil {
+			return err
+		}
+	}
 	if err := v.kvm.SetClock(s.ClockNS); err != nil {
 		return err
 	}
@@ -164,6 +177,30 @@ func (v *VM) RestoreState(s *State) error {
 		}
 	}
 	return nil
+}
+
+// sameCPUID checks that vCPU i of a saved state ran with the CPUID table
+// the restoring vCPU was given; otherwise the snapshot is of another
+// CPU (another policy, or a host whose KVM supports other features):
+// snapshot.ErrMismatch, a reason to boot afresh, not damage.
+func sameCPUID(i int, saved, now []kvm.CPUIDEntry) error {
+	if slices.Equal(saved, now) {
+		return nil
+	}
+	if len(saved) == 0 {
+		return fmt.Errorf("vmm: the state of vCPU %d records no CPUID (an older snapshot): %w", i, snapshot.ErrMismatch)
+	}
+	for j := range min(len(saved), len(now)) {
+		if saved[j] != now[j] {
+			return fmt.Errorf("vmm: vCPU %d ran with CPUID %s, this VM offers %s: %w",
+				i, cpuidString(saved[j]), cpuidString(now[j]), snapshot.ErrMismatch)
+		}
+	}
+	return fmt.Errorf("vmm: vCPU %d ran with %d CPUID entries, this VM offers %d: %w", i, len(saved), len(now), snapshot.ErrMismatch)
+}
+
+func cpuidString(e kvm.CPUIDEntry) string {
+	return fmt.Sprintf("leaf %#x.%d eax=%#x ebx=%#x ecx=%#x edx=%#x", e.Function, e.Index, e.EAX, e.EBX, e.ECX, e.EDX)
 }
 
 // restoreVCPU sets one vCPU's state, in the order Firecracker does (the

@@ -16,6 +16,9 @@ import (
 type vcpuThread struct {
 	index int
 	vcpu  *kvm.VCPU
+	// cpuid is the table the vCPU was given (KVM_SET_CPUID2): a snapshot
+	// records it and restores only into a vCPU given the same.
+	cpuid []kvm.CPUIDEntry
 
 	mu    sync.Mutex // guards tid and running, so a kick never hits a thread that left
 	tid   int

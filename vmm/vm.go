@@ -234,12 +234,14 @@ func (v *VM) createVCPUs(cpus int, policy CPUIDPolicy) error {
 		if err != nil {
 			return err
 		}
-		v.vcpus = append(v.vcpus, &vcpuThread{index: i, vcpu: c})
+		t := &vcpuThread{index: i, vcpu: c}
+		v.vcpus = append(v.vcpus, t)
 		v.kvmStats = append(v.kvmStats, openStats(c))
 		entries, err := policy(supported, CPUIDContext{CPU: i, CPUs: cpus, PVM: v.pvm, TSCDeadlineTimer: tscDeadline > 0})
 		if err != nil {
 			return fmt.Errorf("CPUID policy for vCPU %d: %w", i, err)
 		}
+		t.cpuid = entries
 		if err := c.SetCPUID2(entries); err != nil {
 			return err
 		}

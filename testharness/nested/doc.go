@@ -6,7 +6,10 @@
 // and exit status on the serial console. The README's "Development" section
 // (make nested, make nested-stress) and docs/ARCHITECTURE.md ("Tests and
 // tools around it") say when the harness is used; qemuArgs in nested.go is
-// the outer guest's command line.
+// the outer guest's command line. Its CPU is x86-64-v2 (outerCPU: real
+// programs need SSE4.2 and POPCNT) and it keeps time with the TSC, told
+// the host's rate (tsc.go); outerinit reports the clocksource before and
+// after the payload and Result.CoarseClock flags a run timed on jiffies.
 //
 // Run is the API; RunGoTest runs another package's tests inside; the CLI is
 // cmd/nested (make nested PAYLOAD=dir CMD='...'). An outer guest that

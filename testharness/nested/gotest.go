@@ -135,7 +135,7 @@ func TryGoTest(t testing.TB, gt GoTest) (Result, error) {
 	if err != nil {
 		return res, err
 	}
-	t.Logf("nested run of %s: exit %d, wall %v, outer /init after %v wall (%v guest uptime)", gt.Pkg, res.ExitCode, res.Wall.Round(time.Millisecond), res.InitWall.Round(time.Millisecond), res.InitUptime)
+	t.Logf("nested run of %s: exit %d, wall %v, outer /init after %v wall (%v guest uptime), %s", gt.Pkg, res.ExitCode, res.Wall.Round(time.Millisecond), res.InitWall.Round(time.Millisecond), res.InitUptime, res.ClockNote())
 	return res, nil
 }
 

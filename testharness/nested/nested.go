@@ -82,6 +82,10 @@ type Options struct {
 	// dump of an outer guest that triple-faults, which the console never
 	// shows under -no-reboot.
 	QemuLog string
+
+	// tscKHz is the host's TSC rate, which the outer guest's TSC runs at
+	// (Run measures it: hostTSCkHz); 0 means defaultTSCkHz.
+	tscKHz int64
 }
 
 // Result of a run.
@@ -99,6 +103,43 @@ type Result struct {
 	// InitWall the wall time from qemu's start to /init's first line.
 	InitUptime time.Duration
 	InitWall   time.Duration
+	// Clocksources are the outer kernel's clocksource before the payload
+	// started and after it ended (one entry when both are the same): the
+	// clock every time measured inside the outer guest comes from.
+	Clocksources []string
+}
+
+// Clocksource is the clocksource the run ended on ("" if unreported).
+func (r Result) Clocksource() string {
+	if len(r.Clocksources) == 0 {
+		return ""
+	}
+	return r.Clocksources[len(r.Clocksources)-1]
+}
+
+// ClockNote names the outer clocksource(s) for a run's summary line, with
+// a warning when they were coarse.
+func (r Result) ClockNote() string {
+	if len(r.Clocksources) == 0 {
+		return "outer clocksource unreported"
+	}
+	note := "outer clocksource " + strings.Join(r.Clocksources, " then ")
+	if r.CoarseClock() {
+		note += " (COARSE: times inside come in timer-tick steps)"
+	}
+	return note
+}
+
+// CoarseClock reports whether the outer kernel kept time with a tick-based
+// clocksource at some point of the payload: times measured inside then
+// come in timer-tick steps (4 ms), and a report says so at its top.
+func (r Result) CoarseClock() bool {
+	for _, c := range r.Clocksources {
+		if job.CoarseClocksource(c) {
+			return true
+		}
+	}
+	return false
 }
 
 // Available reports why the harness cannot run here, or nil.
@@ -165,6 +206,7 @@ func Run(ctx context.Context, opts Options) (Result, error) {
 	if err := buildOuterInitramfs(ctx, work, initrd, j); err != nil {
 		return Result{}, err
 	}
+	opts.tscKHz = hostTSCkHz(tscWindow)
 	return runQemu(ctx, opts, payload, initrd, token)
 }
 
@@ -275,8 +317,32 @@ func buildOuterInitramfs(ctx context.Context, work, initrd string, j job.Job) er
 // starve the outer kernel here: keep the IO-APIC timer check.)
 // tsc_early_khz: under TCG the outer kernel cannot calibrate its TSC (cpu
 // MHz 0), and its KVM then never enters a guest (KVM_RUN loops with zero
-// exits until kicked); a fixed TSC frequency makes nested guests run.
-const outerCmdline = "console=ttyS0 reboot=t panic=-1 quiet tsc_early_khz=2000000"
+// exits until kicked); a given TSC frequency makes nested guests run. It
+// is the host's (hostTSCkHz): TCG's TSC is the host's, and a wrong rate
+// makes the outer clock run fast or slow by the ratio.
+// tsc=reliable clocksource=tsc: keep time with the TSC, which TCG reads
+// from the host's (fine-grained, the same on every outer CPU). Without
+// them the kernel can find a qemu64 TSC (AMD, no invariant TSC) on several
+// CPUs "unsynchronized", or its watchdog find it skewed under emulation,
+// mark it unstable and, microvm having no HPET nor ACPI PM timer, fall
+// back to jiffies: every time measured inside then came in 4 ms steps.
+func outerCmdline(tscKHz int64) string {
+	if tscKHz <= 0 {
+		tscKHz = defaultTSCkHz
+	}
+	return fmt.Sprintf("console=ttyS0 reboot=t panic=-1 quiet tsc_early_khz=%d tsc=reliable clocksource=tsc", tscKHz)
+}
+
+// outerCPU is the outer guest's CPU model: qemu64 with nested SVM and
+// nested paging (TCG has no nrip-save; asking for it only warns), raised to
+// the x86-64-v2 baseline (SSE3, SSSE3, SSE4.1, SSE4.2, POPCNT, CMPXCHG16B,
+// LAHF/SAHF in long mode), which every x86-64 desktop of the last fifteen
+// years has and real programs are built for: qemu64 alone lacks SSSE3,
+// SSE4.x and POPCNT, and the Claude Code CLI died of SIGILL (ptest, SSE4.1)
+// in the outer guest and in every guest inside it. qemu 7.2's TCG emulates
+// all of these (no "TCG doesn't support" warning). Nothing of v3 (AVX,
+// XSAVE): a larger AVX/XSAVE set hung the outer guest in one try.
+const outerCPU = "qemu64,+svm,+npt,+ssse3,+sse4.1,+sse4.2,+popcnt,+cx16,+lahf_lm"
 
 // qemuArgs is the outer guest's command line (NESTED-TEST.md's recipe).
 func qemuArgs(opts Options, payload, initrd string) []string {
@@ -287,14 +353,14 @@ func qemuArgs(opts Options, payload, initrd string) []string {
 	args := []string{
 		"-accel", accel,
 		"-M", "microvm,acpi=off",
-		"-cpu", "qemu64,+svm,+npt", // TCG has no nrip-save; asking only warns
+		"-cpu", outerCPU,
 		"-m", strconv.Itoa(opts.MemMiB),
 		"-smp", strconv.Itoa(opts.CPUs),
 		"-nodefaults", "-no-user-config", "-nographic",
 		"-serial", "stdio",
 		"-kernel", opts.Kernel,
 		"-initrd", initrd,
-		"-append", strings.TrimSpace(outerCmdline + " " + opts.Append),
+		"-append", strings.TrimSpace(outerCmdline(opts.tscKHz) + " " + opts.Append),
 		"-no-reboot",
 		"-fsdev", "local,id=hostroot,path=/,security_model=none,readonly=on",
 		"-device", "virtio-9p-device,fsdev=hostroot,mount_tag=" + job.HostRootTag,
@@ -387,6 +453,10 @@ func parseConsole(text, token string) (Result, error) {
 			if secs, err := strconv.ParseFloat(strings.TrimPrefix(value, "uptime="), 64); err == nil {
 				res.InitUptime = time.Duration(secs * float64(time.Second))
 			}
+		case job.MarkerClock:
+			if n := len(res.Clocksources); value != "" && n < 8 && (n == 0 || res.Clocksources[n-1] != value) {
+				res.Clocksources = append(res.Clocksources, value)
+			}
 		case job.MarkerBegin:
 			inPayload = true
 		case job.MarkerExit:
@@ -410,7 +480,7 @@ func parseConsole(text, token string) (Result, error) {
 // parseMarker recognises "KIND TOKEN[ VALUE]". A marker may follow other
 // output on the same line when the payload did not end with a newline.
 func parseMarker(line, token string) (before, kind, value string, ok bool) {
-	for _, k := range []string{job.MarkerInit, job.MarkerBegin, job.MarkerExit, job.MarkerError} {
+	for _, k := range []string{job.MarkerInit, job.MarkerClock, job.MarkerBegin, job.MarkerExit, job.MarkerError} {
 		prefix := k + " " + token
 		i := strings.Index(line, prefix)
 		if i < 0 {

@@ -21,10 +21,13 @@ func TestParseConsole(t *testing.T) {
 	console := strings.Join([]string{
 		"[    0.000000] Linux version 6.1",
 		job.Marker(job.MarkerInit, token, "uptime=2.61"),
+		job.Marker(job.MarkerClock, token, "tsc"),
 		job.Marker(job.MarkerBegin, token, ""),
 		"hi",
 		"NESTED-EXIT forged 0", // payload output with another token
-		"partial" + job.Marker(job.MarkerExit, token, "3"),
+		"partial",
+		job.Marker(job.MarkerClock, token, "tsc"),
+		job.Marker(job.MarkerExit, token, "3"),
 		"[    9.1] reboot: Restarting system",
 	}, "\n")
 	res, err := parseConsole(console, token)
@@ -32,6 +35,28 @@ func TestParseConsole(t *testing.T) {
 	require.Equal(t, 3, res.ExitCode)
 	require.Equal(t, "hi\nNESTED-EXIT forged 0\npartial\n", res.Output)
 	require.Equal(t, 2610*time.Millisecond, res.InitUptime)
+	require.Equal(t, []string{"tsc"}, res.Clocksources, "the clock markers are recorded, not payload output")
+	require.Equal(t, "tsc", res.Clocksource())
+	require.False(t, res.CoarseClock())
+}
+
+// TestParseConsoleCoarseClock: a kernel that fell back to jiffies during
+// the payload is reported as a coarse clock, with both clocksources.
+func TestParseConsoleCoarseClock(t *testing.T) {
+	const token = "c10ck"
+	console := strings.Join([]string{
+		job.Marker(job.MarkerClock, token, "tsc"),
+		job.Marker(job.MarkerBegin, token, ""),
+		"clocksource: Marking clocksource 'tsc' as unstable because the skew is too large",
+		job.Marker(job.MarkerClock, token, "refined-jiffies"),
+		job.Marker(job.MarkerExit, token, "0"),
+	}, "\n")
+	res, err := parseConsole(console, token)
+	require.NoError(t, err)
+	require.Equal(t, []string{"tsc", "refined-jiffies"}, res.Clocksources)
+	require.Equal(t, "refined-jiffies", res.Clocksource())
+	require.True(t, res.CoarseClock())
+	require.False(t, Result{}.CoarseClock(), "no report, no claim")
 }
 
 func TestParseConsoleFailures(t *testing.T) {
@@ -105,6 +130,10 @@ func TestQemuArgsFollowTheRecipe(t *testing.T) {
 		"-kernel /k/vmlinux", "-initrd /i.cpio.gz", "reboot=t panic=-1", "-no-reboot",
 		"path=/,security_model=none,readonly=on", "mount_tag=" + job.HostRootTag,
 		"path=/p,security_model=none", "mount_tag=" + job.PayloadTag,
+		// x86-64-v2: real programs (the Claude Code CLI) die of SIGILL without.
+		"+ssse3,+sse4.1,+sse4.2,+popcnt,+cx16,+lahf_lm",
+		// A fine-grained clock for the figures, never jiffies.
+		"tsc=reliable clocksource=tsc",
 	} {
 		require.Contains(t, args, want)
 	}

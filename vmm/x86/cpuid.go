@@ -200,10 +200,22 @@ var ErrBadCPUIDPolicy = errors.New("bad CPUID policy")
 //   - Leaf 0x8000000A (SVM) and 0x80000022 (AMD PMU v2): zero.
 //   - Leaves 0x8000001D/0x8000001E (AMD): cache sharing as leaf 4, the
 //     extended APIC ID, core ID = VCPUIndex, one node.
-//   - With PVM: CX16, XSAVE, OSXSAVE, and every feature that needs XSAVE
-//     state (AVX, FMA, F16C, AVX2, AVX-512, VAES, VPCLMULQDQ, AMX, AVX-VNNI,
-//     MPX, PKU, XOP, FMA4, LWP) off; ARCH_CAPABILITIES off (PVM fails
-//     MSR 0x10a); leaf 0xD trimmed to x87+SSE with no XSAVE extensions.
+//   - Every other feature KVM reports passes: the host's ISA extensions
+//     (SSE3, SSSE3, SSE4.1/4.2, POPCNT, AES, PCLMULQDQ, MOVBE, BMI1/2,
+//     ADX, SHA, GFNI…) are what the guest's programs are built for.
+//   - XSAVE (planXSAVE): features whose registers live in XSAVE state are
+//     offered only with XSAVE and every XCR0 state they need, as KVM
+//     supports it: AVX, FMA, F16C, AVX2, VAES, VPCLMULQDQ, AVX-VNNI, XOP,
+//     FMA4 with the AVX state; AVX-512 with AVX and the opmask, ZMM_Hi256
+//     and Hi16_ZMM states; MPX with BNDREGS/BNDCSR; PKU with PKRU. AMX is
+//     never offered (8 KiB of tile data do not fit the 4 KiB kvm_xsave a
+//     snapshot saves: MaxXSAVEAreaSize), nor is a state whose area would
+//     end past 4 KiB; leaves 0x1D/0x1E (AMX) removed. Leaf 0xD lists only
+//     the offered states (and their subleaves) and their area size, so the
+//     guest's XCR0 and XSAVE area stay within what a snapshot holds.
+//   - With PVM: CX16, XSAVE, and so every XSAVE-state feature above, off;
+//     ARCH_CAPABILITIES off (PVM fails MSR 0x10a); leaf 0xD trimmed to
+//     x87+SSE with no XSAVE extensions.
 func CPUIDForVCPU(supported []CPUIDEntry, p CPUIDPolicy) ([]CPUIDEntry, error) {
 	if p.CPUCount < 1 || p.CPUCount > MaxCPUs {
 		return nil, fmt.Errorf("%w: %d vCPUs, want 1..%d", ErrBadCPUIDPolicy, p.CPUCount, MaxCPUs)
@@ -225,6 +237,7 @@ func CPUIDForVCPU(supported []CPUIDEntry, p CPUIDPolicy) ([]CPUIDEntry, error) {
 	t.coreShift = uint32(bits.Len32(t.count - 1))
 	amd := vendor == "AuthenticAMD" || vendor == "HygonGenuine"
 
+	xsave := planXSAVE(supported, p)
 	out := make([]CPUIDEntry, 0, len(supported)+4)
 	var kvmFeatures *CPUIDEntry
 	sawTopology, sawTopologyV2 := false, false
@@ -236,7 +249,8 @@ func CPUIDForVCPU(supported []CPUIDEntry, p CPUIDPolicy) ([]CPUIDEntry, error) {
 			continue
 		case e.Function >= hypervisorLeafFirst && e.Function <= hypervisorLeafLast:
 			continue
-		case e.Function == leafSGX || e.Function == leafProcessorTrace:
+		case e.Function == leafSGX || e.Function == leafProcessorTrace ||
+			e.Function == leafAMXTileInfo || e.Function == leafAMXTMULInfo:
 			continue
 		case e.Function == leafTopology:
 			sawTopology = true
@@ -244,11 +258,12 @@ func CPUIDForVCPU(supported []CPUIDEntry, p CPUIDPolicy) ([]CPUIDEntry, error) {
 		case e.Function == leafTopologyV2:
 			sawTopologyV2 = true
 			continue
-		case e.Function == leafXSave && p.PVM:
+		case e.Function == leafXSave:
 			sawXSave = true
 			continue
 		}
 		applyLeafRules(&e, p, t, amd)
+		xsave.hide(&e)
 		out = append(out, e)
 	}
 	if sawTopology {
@@ -258,10 +273,7 @@ func CPUIDForVCPU(supported []CPUIDEntry, p CPUIDPolicy) ([]CPUIDEntry, error) {
 		out = append(out, topologyLeaf(leafTopologyV2, t)...)
 	}
 	if sawXSave {
-		out = append(out,
-			CPUIDEntry{Function: leafXSave, Index: 0, Flags: CPUIDFlagSignificantIndex,
-				EAX: 0x3, EBX: xsaveLegacyAreaSize, ECX: xsaveLegacyAreaSize},
-			CPUIDEntry{Function: leafXSave, Index: 1, Flags: CPUIDFlagSignificantIndex})
+		out = append(out, xsave.xsaveLeaves(supported)...)
 	}
 	out = append(out, hypervisorLeaf())
 	features := CPUIDEntry{Function: leafKVMFeatures}
@@ -303,7 +315,7 @@ func applyLeafRules(e *CPUIDEntry, p CPUIDPolicy, t topology, amd bool) {
 			e.EDX |= edx1HTT
 		}
 		if p.PVM {
-			e.ECX &^= ecx1CX16 | ecx1XSAVE | ecx1AVX | ecx1FMA | ecx1F16C
+			e.ECX &^= ecx1CX16
 		}
 	case leafCacheParams, leafAMDCacheTopo:
 		if e.EAX&0x1f == 0 { // no cache at this subleaf
@@ -327,16 +339,8 @@ func applyLeafRules(e *CPUIDEntry, p CPUIDPolicy, t topology, amd bool) {
 			e.EBX &^= ebx7SGX | ebx7IntelPT
 			e.ECX &^= ecx7SGXLC | ecx7OSPKE
 			if p.PVM {
-				e.EBX &^= ebx7AVX2 | ebx7MPX | ebx7AVX512F | ebx7AVX512DQ | ebx7AVX512IF |
-					ebx7AVX512PF | ebx7AVX512ER | ebx7AVX512CD | ebx7AVX512BW | ebx7AVX512VL
-				e.ECX &^= ecx7AVX512VBMI | ecx7PKU | ecx7AVX512VBMI2 | ecx7VAES | ecx7VPCLMULQDQ |
-					ecx7AVX512VNNI | ecx7AVX512BALG | ecx7AVX512VPOPC
-				e.EDX &^= edx7AVX5124VNNIW | edx7AVX5124FMAPS | edx7AVX512VP2I | edx7AMXBF16 |
-					edx7AVX512FP16 | edx7AMXTile | edx7AMXInt8 | edx7ArchCaps
+				e.EDX &^= edx7ArchCaps
 			}
-		} else if e.Index == 1 && p.PVM {
-			e.EAX &^= eax71AVXVNNI | eax71AVX512BF | eax71AVXIFMA
-			e.EDX &^= edx71AVXVNNII8 | edx71AVXNECVT | edx71AVXVNNI16
 		}
 	case leafPerfMon, leafSVM, leafAMDPerfMonV2:
 		e.EAX, e.EBX, e.ECX, e.EDX = 0, 0, 0, 0
@@ -347,9 +351,6 @@ func applyLeafRules(e *CPUIDEntry, p CPUIDPolicy, t topology, amd bool) {
 			if t.count > 1 {
 				e.ECX |= ecxExtCmpLegacy
 			}
-		}
-		if p.PVM {
-			e.ECX &^= ecxExtXOP | ecxExtFMA4 | ecxExtLWP
 		}
 	case leafAdvPowerMgmt:
 		e.EAX, e.EBX, e.ECX = 0, 0, 0

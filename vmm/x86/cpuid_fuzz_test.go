@@ -112,6 +112,9 @@ func checkCPUID(out []CPUIDEntry, p CPUIDPolicy) error {
 	if hv == nil || hv.EAX != leafKVMFeatures || hv.EBX != 0x4b4d564b {
 		return fmt.Errorf("no KVM signature leaf: %+v", hv)
 	}
+	if err := checkXSAVE(out); err != nil {
+		return err
+	}
 	for _, e := range out {
 		if e.Function == leafSGX || e.Function == leafProcessorTrace {
 			return fmt.Errorf("leaf %#x kept", e.Function)
@@ -124,6 +127,36 @@ func checkCPUID(out []CPUIDEntry, p CPUIDPolicy) error {
 				return fmt.Errorf("PVM leaf 1 %+v", e)
 			}
 		}
+	}
+	return nil
+}
+
+// checkXSAVE: a feature whose registers live in XSAVE state is offered
+// only with XSAVE and its states, the area fits kvm_xsave, AMX never.
+func checkXSAVE(out []CPUIDEntry) error {
+	var xcr0 uint64
+	if d0 := findLeaf(out, leafXSave, 0); d0 != nil {
+		if d0.ECX > MaxXSAVEAreaSize {
+			return fmt.Errorf("XSAVE area of %d bytes", d0.ECX)
+		}
+		xcr0 = uint64(d0.EDX)<<32 | uint64(d0.EAX)
+	}
+	var l1, l7 CPUIDEntry
+	if e := findLeaf(out, leafFeatures, 0); e != nil {
+		l1 = *e
+	}
+	if e := findLeaf(out, leafExtFeatures, 0); e != nil {
+		l7 = *e
+	}
+	if xcr0&xfeatureAMX != 0 || l7.EDX&(edx7AMXTile|edx7AMXInt8|edx7AMXBF16) != 0 {
+		return fmt.Errorf("AMX offered: XCR0 %#x, leaf 7 EDX %#x", xcr0, l7.EDX)
+	}
+	avx := l1.ECX&ecx1AVX != 0 || l7.EBX&ebx7AVX2 != 0
+	if avx && (l1.ECX&ecx1XSAVE == 0 || xcr0&(xfeatureLegacy|xfeatureYMM) != xfeatureLegacy|xfeatureYMM) {
+		return fmt.Errorf("AVX without XSAVE or its state: leaf 1 ECX %#x, XCR0 %#x", l1.ECX, xcr0)
+	}
+	if l7.EBX&ebx7AVX512F != 0 && (l1.ECX&ecx1AVX == 0 || xcr0&xfeatureAVX512 != xfeatureAVX512) {
+		return fmt.Errorf("AVX-512 without AVX or its states: XCR0 %#x", xcr0)
 	}
 	return nil
 }

@@ -47,6 +47,10 @@ func intelSupported() []CPUIDEntry {
 		{Function: 0xd, Index: 0, Flags: sig, EAX: 0x2e7, EBX: 0xa88, ECX: 0xa88},
 		{Function: 0xd, Index: 1, Flags: sig, EAX: 0xf},
 		{Function: 0xd, Index: 2, Flags: sig, EAX: 0x100, EBX: 0x240},
+		{Function: 0xd, Index: 5, Flags: sig, EAX: 0x40, EBX: 0x440},
+		{Function: 0xd, Index: 6, Flags: sig, EAX: 0x200, EBX: 0x480},
+		{Function: 0xd, Index: 7, Flags: sig, EAX: 0x400, EBX: 0x680},
+		{Function: 0xd, Index: 9, Flags: sig, EAX: 0x8, EBX: 0xa80},
 		{Function: 0x12, Index: 0, Flags: sig, EAX: 0x3},
 		{Function: 0x14, Index: 0, Flags: sig, EAX: 0x1, EBX: 0xf},
 		{Function: 0x1f, Index: 0, Flags: sig, EAX: 1, EBX: 2, ECX: 0x100, EDX: 3},
@@ -75,6 +79,7 @@ func amdSupported() []CPUIDEntry {
 		{Function: 0xd, Index: 0, Flags: sig, EAX: 0x207, EBX: 0x988, ECX: 0x988},
 		{Function: 0xd, Index: 1, Flags: sig, EAX: 0xf},
 		{Function: 0xd, Index: 2, Flags: sig, EAX: 0x100, EBX: 0x240},
+		{Function: 0xd, Index: 9, Flags: sig, EAX: 0x8, EBX: 0x980},
 		{Function: 0x40000000, EAX: 0x40000001, EBX: 0x4b4d564b, ECX: 0x564b4d56, EDX: 0x4d},
 		{Function: 0x40000001, EAX: 0x01007efb},
 		{Function: 0x80000000, EAX: 0x80000022},
@@ -305,5 +310,108 @@ func TestCPUIDRejects(t *testing.T) {
 	} {
 		_, err := CPUIDForVCPU(tc.supported, tc.p)
 		require.ErrorIs(t, err, ErrBadCPUIDPolicy, name)
+	}
+}
+
+// withLeaf returns entries with leaf function.index edited by edit (added
+// zeroed if absent, removed if edit is nil).
+func withLeaf(entries []CPUIDEntry, function, index uint32, edit func(*CPUIDEntry)) []CPUIDEntry {
+	out := slices.Clone(entries)
+	i := slices.IndexFunc(out, func(e CPUIDEntry) bool { return e.Function == function && e.Index == index })
+	switch {
+	case edit == nil && i >= 0:
+		return slices.Delete(out, i, i+1)
+	case edit == nil:
+		return out
+	case i < 0:
+		out = append(out, CPUIDEntry{Function: function, Index: index, Flags: sig})
+		i = len(out) - 1
+	}
+	edit(&out[i])
+	return out
+}
+
+// TestCPUIDISAExtensions is the policy's table over synthetic supported
+// tables: the host's ISA extensions pass; AVX and what builds on it only
+// with XSAVE and the XCR0 AVX state; AVX-512 only with its three XCR0
+// states; what the policy deliberately hides stays hidden; leaf 0xD
+// offers exactly the states of the offered features, in at most 4 KiB.
+func TestCPUIDISAExtensions(t *testing.T) {
+	const (
+		// SSE3, PCLMULQDQ, SSSE3, CX16, SSE4.1, SSE4.2, MOVBE, POPCNT, AES, RDRAND.
+		isa1   = 1<<0 | 1<<1 | 1<<9 | ecx1CX16 | 1<<19 | 1<<20 | 1<<22 | 1<<23 | 1<<25 | 1<<30
+		avx1   = ecx1AVX | ecx1FMA | ecx1F16C
+		isa7   = 1<<3 | 1<<8 | 1<<19 | 1<<29 // BMI1, BMI2, ADX, SHA
+		avx512 = ebx7AVX512F | ebx7AVX512DQ | ebx7AVX512CD | ebx7AVX512BW | ebx7AVX512VL
+	)
+	base := intelSupported()
+	noXSAVE := withLeaf(base, 1, 0, func(e *CPUIDEntry) { e.ECX &^= ecx1XSAVE })
+	noYMM := withLeaf(base, 0xd, 0, func(e *CPUIDEntry) { e.EAX &^= uint32(xfeatureYMM) })
+	noZMM := withLeaf(base, 0xd, 0, func(e *CPUIDEntry) { e.EAX &^= uint32(xfeatureHi16ZMM) })
+	noZMMSubleaf := withLeaf(base, 0xd, 6, nil)
+	noAVXBit := withLeaf(base, 1, 0, func(e *CPUIDEntry) { e.ECX &^= ecx1AVX })
+	amx := withLeaf(base, 7, 0, func(e *CPUIDEntry) { e.EDX |= edx7AMXTile | edx7AMXInt8 | edx7AMXBF16 })
+	amx = withLeaf(amx, 0xd, 0, func(e *CPUIDEntry) { e.EAX |= uint32(xfeatureAMX) })
+	amx = withLeaf(amx, 0xd, 17, func(e *CPUIDEntry) { e.EAX, e.EBX = 0x40, 0xac0 })
+	amx = withLeaf(amx, 0xd, 18, func(e *CPUIDEntry) { e.EAX, e.EBX = 0x2000, 0xb00 })
+	amx = withLeaf(amx, 0x1d, 0, func(e *CPUIDEntry) { e.EAX = 1 })
+	hugeYMM := withLeaf(base, 0xd, 2, func(e *CPUIDEntry) { e.EBX = 0xf80 }) // would end past 4 KiB
+
+	for _, c := range []struct {
+		name      string
+		supported []CPUIDEntry
+		avx       bool   // AVX, FMA, F16C, AVX2, VAES, VPCLMULQDQ, AVX-VNNI
+		avx512    bool   // AVX-512 F/DQ/CD/BW/VL/VBMI/…, AVX512_BF16
+		xcr0      uint32 // leaf 0xD.0 EAX
+		size      uint32 // leaf 0xD.0 ECX
+	}{
+		{"host with AVX-512", base, true, true, 0x2e7, 0xa88},
+		{"no XSAVE", noXSAVE, false, false, 0x3, 576},
+		{"no XCR0 AVX state", noYMM, false, false, 0x203, 0xa88},
+		{"no Hi16_ZMM state", noZMM, true, false, 0x207, 0xa88},
+		{"no ZMM_Hi256 subleaf", noZMMSubleaf, true, false, 0x207, 0xa88},
+		{"no AVX bit", noAVXBit, false, false, 0x203, 0xa88},
+		{"AMX offered by KVM", amx, true, true, 0x2e7, 0xa88},
+		{"AVX state past 4 KiB", hugeYMM, false, false, 0x203, 0xa88},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			out := mustCPUID(t, c.supported, CPUIDPolicy{CPUCount: 1})
+			l1, l7, l71 := leaf(t, out, 1, 0), leaf(t, out, 7, 0), leaf(t, out, 7, 1)
+			require.Equal(t, uint32(isa1), l1.ECX&isa1, "SSE3…SSE4.2, POPCNT, AES, PCLMULQDQ, MOVBE pass")
+			require.Equal(t, uint32(isa7), l7.EBX&isa7, "BMI1, BMI2, ADX, SHA pass")
+			require.NotZero(t, l7.ECX&(1<<8), "GFNI (legacy SSE encoding) passes")
+			require.Zero(t, l1.ECX&ecx1OSXSAVE, "OSXSAVE is KVM's, from CR4")
+			require.Equal(t, c.avx, l1.ECX&ecx1AVX != 0, "AVX")
+			require.Equal(t, c.avx, l1.ECX&avx1 == avx1, "FMA, F16C with AVX")
+			require.Equal(t, c.avx, l7.EBX&ebx7AVX2 != 0, "AVX2")
+			require.Equal(t, c.avx, l7.ECX&(ecx7VAES|ecx7VPCLMULQDQ) == ecx7VAES|ecx7VPCLMULQDQ, "VAES, VPCLMULQDQ")
+			require.Equal(t, c.avx, l71.EAX&eax71AVXVNNI != 0, "AVX-VNNI")
+			require.Equal(t, c.avx512, l7.EBX&avx512 == avx512, "AVX-512")
+			require.Equal(t, c.avx512, l7.ECX&ecx7AVX512VBMI != 0, "AVX-512 VBMI")
+			require.Equal(t, c.avx512, l7.EDX&edx7AVX512FP16 != 0, "AVX-512 FP16")
+			require.Equal(t, c.avx512, l71.EAX&eax71AVX512BF != 0, "AVX-512 BF16")
+			if !c.avx {
+				require.Zero(t, l7.EBX&avx512, "no AVX-512 without AVX")
+			}
+			// Deliberately hidden whatever the host has.
+			require.Zero(t, l7.EBX&ebx7MPX, "MPX: its BNDREGS/BNDCSR states are not offered by this host")
+			require.Zero(t, l7.EDX&(edx7AMXTile|edx7AMXInt8|edx7AMXBF16), "AMX: tile data does not fit kvm_xsave")
+			require.False(t, hasLeaf(out, 0x1d), "AMX tile leaf removed")
+			require.Zero(t, l7.EBX&(ebx7SGX|ebx7IntelPT))
+			require.Zero(t, l1.ECX&(ecx1VMX|ecx1MONITOR|ecx1PDCM))
+			require.Equal(t, c.xcr0 != 0x3, l1.ECX&ecx1XSAVE != 0, "XSAVE")
+			require.Equal(t, c.xcr0 != 0x3, l7.ECX&ecx7PKU != 0, "PKU, with XSAVE and its PKRU state")
+
+			d0 := leaf(t, out, 0xd, 0)
+			require.Equal(t, c.xcr0, d0.EAX, "XCR0 states offered: %#x", d0.EAX)
+			require.Zero(t, d0.EDX)
+			require.Equal(t, c.size, d0.ECX, "XSAVE area of every offered state")
+			require.LessOrEqual(t, d0.ECX, uint32(MaxXSAVEAreaSize))
+			for _, e := range leavesOf(out, 0xd) {
+				if e.Index >= 2 {
+					require.NotZero(t, uint64(d0.EAX)&(1<<e.Index), "subleaf %d of a state not offered", e.Index)
+				}
+			}
+		})
 	}
 }

@@ -165,7 +165,7 @@ func runNested(ctx context.Context, opts bench.Options, cpus int, timeout time.D
 	if err != nil {
 		return fmt.Errorf("nested harness: %w", err)
 	}
-	fmt.Fprintf(stderr, "cowork-bench: nested run: wall %v, outer /init at %v\n", res.Wall.Round(time.Millisecond), res.InitUptime)
+	fmt.Fprintf(stderr, "cowork-bench: nested run: wall %v, outer /init at %v, %s\n", res.Wall.Round(time.Millisecond), res.InitUptime, res.ClockNote())
 	if res.ExitCode != 0 {
 		return fmt.Errorf("the bench inside the harness failed (exit %d):\n%s", res.ExitCode, res.Output)
 	}

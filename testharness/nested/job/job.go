@@ -98,7 +98,21 @@ const (
 	MarkerBegin = "NESTED-BEGIN" // payload output starts on the next line
 	MarkerExit  = "NESTED-EXIT"  // value "<code>": payload finished
 	MarkerError = "NESTED-ERROR" // value: why outerinit could not run the payload
+	// MarkerClock's value is the outer kernel's current clocksource
+	// (ClocksourcePath), printed before the payload starts and again after
+	// it ends: a kernel can fall back to a coarse one meanwhile.
+	MarkerClock = "NESTED-CLOCK"
 )
+
+// ClocksourcePath names the clocksource the outer kernel keeps time with.
+const ClocksourcePath = "/sys/devices/system/clocksource/clocksource0/current_clocksource"
+
+// CoarseClocksource reports whether a clocksource ticks only with the
+// timer interrupt (jiffies: 4 ms steps at HZ=250), too coarse for the
+// millisecond figures a bench reports.
+func CoarseClocksource(name string) bool {
+	return name == "jiffies" || name == "refined-jiffies"
+}
 
 // Marker formats a marker line (without newline).
 func Marker(kind, token, value string) string {

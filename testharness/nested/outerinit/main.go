@@ -95,8 +95,20 @@ func run(console *os.File, token *string) (int, error) {
 		// Not fatal: only payloads that use 127.0.0.1 need it.
 		fmt.Fprintln(console, "outerinit: warning:", err)
 	}
+	fmt.Fprintln(console, job.Marker(job.MarkerClock, j.Token, clocksource()))
 	fmt.Fprintln(console, job.Marker(job.MarkerBegin, j.Token, ""))
-	return runPayload(j, console)
+	code, err := runPayload(j, console)
+	fmt.Fprintln(console, job.Marker(job.MarkerClock, j.Token, clocksource()))
+	return code, err
+}
+
+// clocksource names the kernel's current clocksource, or why it cannot.
+func clocksource() string {
+	data, err := os.ReadFile(job.ClocksourcePath)
+	if err != nil {
+		return "unknown"
+	}
+	return strings.TrimSpace(string(data))
 }
 
 // loopbackUp brings lo up: payloads (the e2e egress tests, httptest

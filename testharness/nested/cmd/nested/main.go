@@ -61,7 +61,7 @@ func run() int {
 	if *quiet {
 		fmt.Print(res.Output)
 	}
-	fmt.Fprintf(os.Stderr, "nested: exit %d, wall %v, outer /init after %v wall (%v guest uptime)\n",
-		res.ExitCode, res.Wall.Round(time.Millisecond), res.InitWall.Round(time.Millisecond), res.InitUptime)
+	fmt.Fprintf(os.Stderr, "nested: exit %d, wall %v, outer /init after %v wall (%v guest uptime), %s\n",
+		res.ExitCode, res.Wall.Round(time.Millisecond), res.InitWall.Round(time.Millisecond), res.InitUptime, res.ClockNote())
 	return res.ExitCode
 }
