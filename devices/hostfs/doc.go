@@ -16,7 +16,7 @@
 // through a p9.File adapter of its own (devices/p9/node.go).
 //
 // Confinement: every file the guest names is held as an O_PATH descriptor
-// opened with openat2(parent, name, O_PATH|O_NOFOLLOW,
+// opened by internal/beneath.OpenAt, the one confined open: openat2(parent, name, O_PATH|O_NOFOLLOW,
 // RESOLVE_BENEATH|RESOLVE_NO_MAGICLINKS|RESOLVE_NO_SYMLINKS) relative to the
 // descriptor of its parent, starting from the export root's descriptor. A
 // walk is one component at a time and names are checked ("", "/", ".",

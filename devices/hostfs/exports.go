@@ -186,7 +186,7 @@ func (x *Exports) Add(name, hostDir string, readOnly bool) error {
 // ~/.gitconfig, say) is resolved once, here, by the host. The directory
 // holding the file is opened now, so a later rename of a directory on the
 // host does not redirect the export. The file is found by its name beneath
-// that descriptor (openat2 RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS, never
+// that descriptor (beneath.OpenAt: openat2 RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS, never
 // following a final symlink) each time the guest walks to it, opens it or
 // asks for its attributes through an unopened Node: an editor that saves by
 // writing a new file and renaming it over the old one is seen at once. If

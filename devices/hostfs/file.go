@@ -1,18 +1,14 @@
 package hostfs
 
 import (
-	"errors"
 	"strconv"
 	"sync"
 	"sync/atomic"
 
 	"golang.org/x/sys/unix"
-)
 
-// resolveFlags confine every name lookup beneath the directory descriptor
-// it starts from (names are single components, so RESOLVE_NO_SYMLINKS only
-// matters as belt and braces; the final component is never followed).
-const resolveFlags = unix.RESOLVE_BENEATH | unix.RESOLVE_NO_MAGICLINKS | unix.RESOLVE_NO_SYMLINKS
+	"github.com/cowork-vmm/cowork-vmm/internal/beneath"
+)
 
 // Linux open(2) flags the guest may pass through to a host open besides the
 // access mode.
@@ -120,13 +116,7 @@ func newRootFile(ex *export) (*file, *unix.Stat_t, error) {
 	if err := ex.acquire(1); err != nil {
 		return nil, nil, err
 	}
-	fd, err := unix.Openat2(ex.rootFd, ".", &unix.OpenHow{
-		Flags:   unix.O_PATH | unix.O_DIRECTORY | unix.O_CLOEXEC,
-		Resolve: resolveFlags,
-	})
-	if errors.Is(err, unix.ENOSYS) {
-		fd, err = unix.Openat(ex.rootFd, ".", unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-	}
+	fd, err := beneath.OpenAt(ex.rootFd, ".", unix.OpenHow{Flags: unix.O_PATH | unix.O_DIRECTORY})
 	if err != nil {
 		ex.release(1)
 		return nil, nil, err
@@ -141,21 +131,14 @@ func newRootFile(ex *export) (*file, *unix.Stat_t, error) {
 }
 
 // openBeneath opens one name in dirFd as an O_PATH descriptor, never
-// following a symlink and never leaving dirFd.
+// following a symlink and never leaving dirFd (beneath.OpenAt, the one
+// confined open; the name is checked first, so the guest's bad names get
+// this package's errnos).
 func openBeneath(dirFd int, name string) (int, error) {
 	if err := checkName(name); err != nil {
 		return -1, err
 	}
-	fd, err := unix.Openat2(dirFd, name, &unix.OpenHow{
-		Flags:   unix.O_PATH | unix.O_NOFOLLOW | unix.O_CLOEXEC,
-		Resolve: resolveFlags,
-	})
-	if errors.Is(err, unix.ENOSYS) {
-		// Kernels before 5.6: a single checked component opened with
-		// O_NOFOLLOW relative to a held directory cannot escape either.
-		fd, err = unix.Openat(dirFd, name, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
-	}
-	return fd, err
+	return beneath.OpenAt(dirFd, name, unix.OpenHow{Flags: unix.O_PATH | unix.O_NOFOLLOW})
 }
 
 // openRegularBeneath is openBeneath for a name that must be a regular file

@@ -1,10 +1,11 @@
 package hostfs
 
 import (
-	"errors"
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/cowork-vmm/cowork-vmm/internal/beneath"
 )
 
 // Operations that create, remove or rename names in a directory. Each
@@ -53,14 +54,10 @@ func (f *file) Create(name string, flags, perm uint32) (Node, Attr, error) {
 func (f *file) createLocked(name string, flags, perm uint32) (*file, *unix.Stat_t, error) {
 	osFlags := int(flags&unix.O_ACCMODE | flags&passOpenFlags)
 	mode := perm & 0o7777 &^ privBits
-	openFd, err := unix.Openat2(f.fd, name, &unix.OpenHow{
-		Flags:   uint64(osFlags | unix.O_CREAT | unix.O_EXCL | unix.O_NOFOLLOW | unix.O_CLOEXEC),
-		Mode:    uint64(mode),
-		Resolve: resolveFlags,
+	openFd, err := beneath.OpenAt(f.fd, name, unix.OpenHow{
+		Flags: uint64(osFlags | unix.O_CREAT | unix.O_EXCL | unix.O_NOFOLLOW),
+		Mode:  uint64(mode),
 	})
-	if errors.Is(err, unix.ENOSYS) {
-		openFd, err = unix.Openat(f.fd, name, osFlags|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, mode)
-	}
 	if err != nil {
 		return nil, nil, err
 	}

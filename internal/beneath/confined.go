@@ -2,6 +2,7 @@ package beneath
 
 import (
 	"errors"
+	"strings"
 
 	"golang.org/x/sys/unix"
 )
@@ -25,7 +26,10 @@ const maxRenameRetries = 16
 // opens the symlink itself); a way out of dir fails with EXDEV. An
 // interrupted call is made again, as is one a concurrent rename made fail
 // (EAGAIN, at most maxRenameRetries times). An empty or absolute rel
-// fails with ErrBadName. The caller closes the descriptor.
+// fails with ErrBadName. On a kernel without openat2 (before 5.6) a
+// single component (no '/', not "..") is opened with openat and
+// O_NOFOLLOW, which cannot leave dir either; a longer path fails with
+// ENOSYS. The caller closes the descriptor.
 func OpenAt(dir int, rel string, how unix.OpenHow) (int, error) {
 	if rel == "" || rel[0] == '/' {
 		return -1, ErrBadName
@@ -39,7 +43,26 @@ func OpenAt(dir int, rel string, how unix.OpenHow) (int, error) {
 		case errors.Is(err, unix.EINTR):
 		case errors.Is(err, unix.EAGAIN) && renames < maxRenameRetries:
 			renames++
+		case errors.Is(err, unix.ENOSYS) && isOneComponent(rel):
+			return openatNoFollow(dir, rel, how)
 		default:
+			return fd, err
+		}
+	}
+}
+
+// isOneComponent says whether rel names dir itself or one entry of it:
+// what openat with O_NOFOLLOW resolves without leaving dir.
+func isOneComponent(rel string) bool {
+	return rel != ".." && !strings.Contains(rel, "/")
+}
+
+// openatNoFollow is OpenAt's fallback where openat2 is missing: openat of
+// one component with O_NOFOLLOW, made again when interrupted.
+func openatNoFollow(dir int, name string, how unix.OpenHow) (int, error) {
+	for {
+		fd, err := unix.Openat(dir, name, int(how.Flags)|unix.O_NOFOLLOW, uint32(how.Mode))
+		if !errors.Is(err, unix.EINTR) {
 			return fd, err
 		}
 	}

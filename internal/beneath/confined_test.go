@@ -97,3 +97,15 @@ func umask() os.FileMode {
 	unix.Umask(m)
 	return os.FileMode(m)
 }
+
+// The fallback for kernels without openat2 takes only what openat with
+// O_NOFOLLOW resolves without leaving the directory.
+func TestIsOneComponent(t *testing.T) {
+	for rel, want := range map[string]bool{
+		"name": true, ".": true, "..": false, "a/b": false, "a/": false, "../x": false,
+	} {
+		if got := isOneComponent(rel); got != want {
+			t.Errorf("isOneComponent(%q) = %v, want %v", rel, got, want)
+		}
+	}
+}
