@@ -2,7 +2,6 @@ package agent
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -22,6 +21,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/cowork-vmm/cowork-vmm/protocol"
+	"github.com/cowork-vmm/cowork-vmm/protocol/agentrpc"
 	"github.com/cowork-vmm/cowork-vmm/testharness/sandboxprobe"
 )
 
@@ -63,32 +63,32 @@ type procOutput struct {
 	requests       []protocol.GuestRequest // its guest requests, in order
 }
 
-// testClient is the helper side of the agent channel, for tests.
+// testClient is the helper's agentrpc.Client with what the agent sent
+// gathered per process.
 type testClient struct {
 	t     testing.TB
-	conn  net.Conn
+	rpc   *agentrpc.Client
 	hello protocol.AgentHello
 
-	mu      sync.Mutex
-	cond    *sync.Cond
-	nextID  uint64
-	pending map[uint64]chan protocol.AgentFrame
-	procs   map[string]*procOutput
-	closed  bool
+	mu     sync.Mutex
+	cond   *sync.Cond
+	procs  map[string]*procOutput
+	closed bool // the connection ended
 }
 
 func newTestClient(t testing.TB, conn net.Conn) *testClient {
-	c := &testClient{t: t, conn: conn, pending: map[uint64]chan protocol.AgentFrame{}, procs: map[string]*procOutput{}}
+	c := &testClient{t: t, procs: map[string]*procOutput{}}
 	c.cond = sync.NewCond(&c.mu)
-	body, err := protocol.ReadFrame(conn)
+	rpc, err := agentrpc.Dial(context.Background(), conn, slog.New(slog.DiscardHandler), c.onEvent)
 	require.NoError(t, err, "reading hello")
-	var hello protocol.AgentFrame
-	require.NoError(t, json.Unmarshal(body, &hello))
-	require.Equal(t, protocol.AgentKindHello, hello.Kind)
-	require.NotNil(t, hello.Hello)
-	require.Equal(t, protocol.AgentProtocolVersion, hello.Hello.Version)
-	c.hello = *hello.Hello
-	go c.readLoop()
+	c.rpc, c.hello = rpc, rpc.Hello()
+	go func() {
+		<-rpc.Done()
+		c.mu.Lock()
+		c.closed = true
+		c.cond.Broadcast()
+		c.mu.Unlock()
+	}()
 	return c
 }
 
@@ -124,101 +124,46 @@ func fileConn(t testing.TB, fd int) net.Conn {
 	return c
 }
 
-func (c *testClient) readLoop() {
-	defer func() {
-		c.mu.Lock()
-		c.closed = true
-		for _, ch := range c.pending {
-			close(ch)
-		}
-		c.pending = nil
-		c.cond.Broadcast()
-		c.mu.Unlock()
-	}()
-	for {
-		body, err := protocol.ReadFrame(c.conn)
-		if err != nil {
-			return
-		}
-		var f protocol.AgentFrame
-		if err := json.Unmarshal(body, &f); err != nil {
-			c.t.Errorf("agent sent undecodable frame: %v", err)
-			return
-		}
-		c.mu.Lock()
-		switch f.Kind {
-		case protocol.AgentKindReply:
-			if ch := c.pending[f.ID]; ch != nil {
-				ch <- f
-				delete(c.pending, f.ID)
-			} else {
-				c.t.Errorf("reply to unknown id %d", f.ID)
-			}
-		case protocol.AgentKindEvent:
-			ev := f.Event
-			p := c.procs[ev.ID]
-			if p == nil {
-				p = &procOutput{}
-				c.procs[ev.ID] = p
-			}
-			switch ev.Type {
-			case protocol.EventStdout:
-				p.stdout.WriteString(ev.Data)
-				p.chunks = append(p.chunks, len(ev.Data))
-			case protocol.EventStderr:
-				p.stderr.WriteString(ev.Data)
-				p.chunks = append(p.chunks, len(ev.Data))
-			case protocol.EventRequest:
-				if ev.GuestRequest == nil {
-					c.t.Errorf("request event of %s without its guestRequest", ev.ID)
-				} else {
-					p.requests = append(p.requests, *ev.GuestRequest)
-				}
-			case protocol.EventExit:
-				if p.exit != nil {
-					c.t.Errorf("second exit event for %s", ev.ID)
-				}
-				p.exit = ev
-			}
-			c.cond.Broadcast()
-		default:
-			c.t.Errorf("unexpected frame kind %q", f.Kind)
-		}
-		c.mu.Unlock()
+// onEvent gathers one event of the agent's.
+func (c *testClient) onEvent(ev protocol.Event) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	p := c.procs[ev.ID]
+	if p == nil {
+		p = &procOutput{}
+		c.procs[ev.ID] = p
 	}
+	switch ev.Type {
+	case protocol.EventStdout:
+		p.stdout.WriteString(ev.Data)
+		p.chunks = append(p.chunks, len(ev.Data))
+	case protocol.EventStderr:
+		p.stderr.WriteString(ev.Data)
+		p.chunks = append(p.chunks, len(ev.Data))
+	case protocol.EventRequest:
+		if ev.GuestRequest == nil {
+			c.t.Errorf("request event of %s without its guestRequest", ev.ID)
+		} else {
+			p.requests = append(p.requests, *ev.GuestRequest)
+		}
+	case protocol.EventExit:
+		if p.exit != nil {
+			c.t.Errorf("second exit event for %s", ev.ID)
+		}
+		p.exit = &ev
+	}
+	c.cond.Broadcast()
 }
 
 func (c *testClient) call(method string, params, result any) error {
 	c.t.Helper()
-	raw, err := json.Marshal(params)
-	require.NoError(c.t, err)
-	c.mu.Lock()
-	if c.closed {
-		c.mu.Unlock()
-		return errors.New("connection closed")
-	}
-	c.nextID++
-	id := c.nextID
-	ch := make(chan protocol.AgentFrame, 1)
-	c.pending[id] = ch
-	c.mu.Unlock()
-	require.NoError(c.t, protocol.WriteJSON(c.conn, protocol.AgentFrame{Kind: protocol.AgentKindRequest, ID: id, Method: method, Params: raw}))
-	select {
-	case f, ok := <-ch:
-		if !ok {
-			return errors.New("connection closed")
-		}
-		if f.Error != "" {
-			return errors.New(f.Error)
-		}
-		if result != nil {
-			return json.Unmarshal(f.Result, result)
-		}
-		return nil
-	case <-time.After(60 * time.Second):
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	err := c.rpc.Call(ctx, method, params, result)
+	if errors.Is(err, context.DeadlineExceeded) {
 		c.t.Fatalf("no reply to %s", method)
-		return nil
 	}
+	return err
 }
 
 // waitFor waits until cond holds for the output of process id.

@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/cowork-vmm/cowork-vmm/protocol"
+	"github.com/cowork-vmm/cowork-vmm/protocol/agentrpc"
 )
 
 // spawnGuestRequest spawns this test binary as `cowork-vmm guest-request
@@ -167,7 +168,7 @@ func TestGuestRequestBackstopAndShutdown(t *testing.T) {
 	helperEnd, agentEnd := net.Pipe()
 	defer helperEnd.Close()
 	go func() { _, _ = io.Copy(io.Discard, helperEnd) }()
-	a := &agent{log: slog.New(slog.DiscardHandler), conn: agentEnd}
+	a := &agent{log: slog.New(slog.DiscardHandler), server: agentrpc.NewServer(agentEnd, nil, agentrpc.ServerOptions{})}
 	r := newGuestRequests(a)
 	r.backstop = 10 * time.Millisecond
 	ep, err := r.listen("p", filepath.Join(t.TempDir(), "s.sock"), true)

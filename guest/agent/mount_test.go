@@ -31,7 +31,7 @@ func FuzzMountParams(f *testing.F) {
 	f.Add([]byte(`{"mount":{"source":{"kind":"virtiofs","tag":"cowork-sys","aname":"../e1","cache":"loose"},"target":"/usr"}}`))
 	f.Fuzz(func(t *testing.T, raw []byte) {
 		var p protocol.MountParams
-		if decodeParams(raw, &p) != nil {
+		if json.Unmarshal(raw, &p) != nil {
 			return
 		}
 		mt := p.Mount
