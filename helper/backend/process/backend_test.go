@@ -2,10 +2,10 @@ package process
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
@@ -20,6 +20,7 @@ import (
 	"github.com/cowork-vmm/cowork-vmm/guest/agent"
 	"github.com/cowork-vmm/cowork-vmm/helper"
 	"github.com/cowork-vmm/cowork-vmm/protocol"
+	"github.com/cowork-vmm/cowork-vmm/protocol/agentrpc"
 	"github.com/cowork-vmm/cowork-vmm/testharness/sandboxprobe"
 )
 
@@ -45,111 +46,62 @@ type result struct {
 	exit           *protocol.Event
 }
 
-// client is a minimal helper side of the agent channel.
+// client is the helper's agentrpc.Client with what the agent sent
+// gathered per process.
 type client struct {
-	t    *testing.T
-	conn io.ReadWriteCloser
+	t   *testing.T
+	rpc *agentrpc.Client
 
-	writeMu sync.Mutex
-	mu      sync.Mutex
-	cond    *sync.Cond
-	nextID  uint64
-	pending map[uint64]chan protocol.AgentFrame
-	procs   map[string]*result
-	closed  bool
-	hello   protocol.AgentHello
+	mu     sync.Mutex
+	cond   *sync.Cond
+	procs  map[string]*result
+	closed bool // the connection ended
+	hello  protocol.AgentHello
 }
 
 func newClient(t *testing.T, conn io.ReadWriteCloser) *client {
-	c := &client{t: t, conn: conn, pending: map[uint64]chan protocol.AgentFrame{}, procs: map[string]*result{}}
+	c := &client{t: t, procs: map[string]*result{}}
 	c.cond = sync.NewCond(&c.mu)
-	body, err := protocol.ReadFrame(conn)
+	rpc, err := agentrpc.Dial(context.Background(), conn, slog.New(slog.DiscardHandler), c.onEvent)
 	require.NoError(t, err, "reading the agent's hello")
-	var f protocol.AgentFrame
-	require.NoError(t, json.Unmarshal(body, &f))
-	require.Equal(t, protocol.AgentKindHello, f.Kind)
-	c.hello = *f.Hello
-	go c.read()
-	return c
-}
-
-func (c *client) read() {
-	defer func() {
+	c.rpc, c.hello = rpc, rpc.Hello()
+	go func() {
+		<-rpc.Done()
 		c.mu.Lock()
 		c.closed = true
-		for _, ch := range c.pending {
-			close(ch)
-		}
-		c.pending = map[uint64]chan protocol.AgentFrame{}
 		c.cond.Broadcast()
 		c.mu.Unlock()
 	}()
-	for {
-		body, err := protocol.ReadFrame(c.conn)
-		if err != nil {
-			return
-		}
-		var f protocol.AgentFrame
-		if json.Unmarshal(body, &f) != nil {
-			return
-		}
-		c.mu.Lock()
-		switch f.Kind {
-		case protocol.AgentKindReply:
-			if ch := c.pending[f.ID]; ch != nil {
-				ch <- f
-				delete(c.pending, f.ID)
-			}
-		case protocol.AgentKindEvent:
-			r := c.procs[f.Event.ID]
-			if r == nil {
-				r = &result{}
-				c.procs[f.Event.ID] = r
-			}
-			switch f.Event.Type {
-			case protocol.EventStdout:
-				r.stdout.WriteString(f.Event.Data)
-			case protocol.EventStderr:
-				r.stderr.WriteString(f.Event.Data)
-			case protocol.EventExit:
-				r.exit = f.Event
-			}
-			c.cond.Broadcast()
-		}
-		c.mu.Unlock()
+	return c
+}
+
+func (c *client) onEvent(ev protocol.Event) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	r := c.procs[ev.ID]
+	if r == nil {
+		r = &result{}
+		c.procs[ev.ID] = r
 	}
+	switch ev.Type {
+	case protocol.EventStdout:
+		r.stdout.WriteString(ev.Data)
+	case protocol.EventStderr:
+		r.stderr.WriteString(ev.Data)
+	case protocol.EventExit:
+		r.exit = &ev
+	}
+	c.cond.Broadcast()
 }
 
 func (c *client) call(method string, params any) error {
-	raw, err := json.Marshal(params)
-	require.NoError(c.t, err)
-	c.mu.Lock()
-	if c.closed {
-		c.mu.Unlock()
-		return errors.New("agent connection closed")
-	}
-	c.nextID++
-	id := c.nextID
-	ch := make(chan protocol.AgentFrame, 1)
-	c.pending[id] = ch
-	c.mu.Unlock()
-	c.writeMu.Lock()
-	err = protocol.WriteJSON(c.conn, protocol.AgentFrame{Kind: protocol.AgentKindRequest, ID: id, Method: method, Params: raw})
-	c.writeMu.Unlock()
-	require.NoError(c.t, err)
-	select {
-	case f, ok := <-ch:
-		if !ok {
-			return errors.New("agent connection closed")
-		}
-		if f.Error != "" {
-			return errors.New(f.Error)
-		}
-		return nil
-	case <-time.After(60 * time.Second):
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	err := c.rpc.Call(ctx, method, params, nil)
+	if errors.Is(err, context.DeadlineExceeded) {
 		c.t.Fatalf("no reply to %s", method)
-		return nil
 	}
+	return err
 }
 
 // run spawns a shell command and waits for its exit.
