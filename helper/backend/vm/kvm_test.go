@@ -2,8 +2,6 @@ package vm
 
 import (
 	"context"
-	"encoding/json"
-	"errors"
 	"io"
 	"log/slog"
 	"os"
@@ -18,6 +16,7 @@ import (
 	"github.com/cowork-vmm/cowork-vmm/guest/kernel"
 	"github.com/cowork-vmm/cowork-vmm/helper"
 	"github.com/cowork-vmm/cowork-vmm/protocol"
+	"github.com/cowork-vmm/cowork-vmm/protocol/agentrpc"
 	"github.com/cowork-vmm/cowork-vmm/testharness/nested"
 )
 
@@ -54,63 +53,57 @@ func (w *testLogWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// agentConn is a minimal helper side of the agent channel.
+// agentConn is the helper's agentrpc.Client with the agent's events kept
+// in order.
 type agentConn struct {
-	t      *testing.T
-	conn   io.ReadWriteCloser
-	nextID uint64
-	events []protocol.Event
+	t   *testing.T
+	rpc *agentrpc.Client
+
+	mu      sync.Mutex
+	events  []protocol.Event
+	arrived chan struct{} // closed and replaced when an event arrives
 }
 
-func (a *agentConn) read() protocol.AgentFrame {
-	a.t.Helper()
-	body, err := protocol.ReadFrame(a.conn)
+// dialAgent reads the agent's hello on conn.
+func dialAgent(t *testing.T, conn io.ReadWriteCloser) *agentConn {
+	t.Helper()
+	a := &agentConn{t: t, arrived: make(chan struct{})}
+	rpc, err := agentrpc.Dial(context.Background(), conn, slog.New(slog.DiscardHandler), a.onEvent)
 	if err != nil {
-		a.t.Fatalf("reading from the agent: %v", err)
+		t.Fatal(err)
 	}
-	var f protocol.AgentFrame
-	if err := json.Unmarshal(body, &f); err != nil {
-		a.t.Fatalf("agent frame %q: %v", body, err)
-	}
-	return f
+	a.rpc = rpc
+	return a
 }
+
+func (a *agentConn) onEvent(ev protocol.Event) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.events = append(a.events, ev)
+	close(a.arrived)
+	a.arrived = make(chan struct{})
+}
+
+// agentCallTimeout bounds one request in these tests (a 9p setup of a
+// nested guest is slow, never this slow).
+const agentCallTimeout = 5 * time.Minute
 
 func (a *agentConn) call(method string, params any) error {
 	a.t.Helper()
-	a.nextID++
-	raw, err := json.Marshal(params)
-	if err != nil {
-		a.t.Fatal(err)
-	}
-	req := protocol.AgentFrame{Kind: protocol.AgentKindRequest, ID: a.nextID, Method: method, Params: raw}
-	if err := protocol.WriteJSON(a.conn, req); err != nil {
-		a.t.Fatalf("%s: %v", method, err)
-	}
-	for {
-		f := a.read()
-		switch {
-		case f.Kind == protocol.AgentKindEvent && f.Event != nil:
-			a.events = append(a.events, *f.Event)
-		case f.Kind == protocol.AgentKindReply && f.ID == a.nextID:
-			if f.Error != "" {
-				return errors.New(f.Error)
-			}
-			return nil
-		}
-	}
+	ctx, cancel := context.WithTimeout(context.Background(), agentCallTimeout)
+	defer cancel()
+	return a.rpc.Call(ctx, method, params, nil)
 }
 
-// waitExit reads events until process id exits and returns its stdout.
+// waitExit waits until process id exits and returns its stdout.
 func (a *agentConn) waitExit(id string) (string, protocol.Event) {
 	a.t.Helper()
 	var stdout strings.Builder
 	for i := 0; ; i++ {
-		for i >= len(a.events) {
-			if f := a.read(); f.Kind == protocol.AgentKindEvent && f.Event != nil {
-				a.events = append(a.events, *f.Event)
-			}
+		ev, ok := a.event(i)
+		if !ok {
+			a.t.Fatalf("process %s: the agent connection ended (%v) before its exit", id, a.rpc.Err())
 		}
-		ev := a.events[i]
 		if ev.ID != id {
 			continue
 		}
@@ -121,6 +114,30 @@ func (a *agentConn) waitExit(id string) (string, protocol.Event) {
 			return stdout.String(), ev
 		case protocol.EventError:
 			a.t.Fatalf("process %s: %s", id, ev.Message)
+		}
+	}
+}
+
+// event waits for the i-th event; not ok when the connection ends first.
+func (a *agentConn) event(i int) (protocol.Event, bool) {
+	for {
+		a.mu.Lock()
+		if i < len(a.events) {
+			ev := a.events[i]
+			a.mu.Unlock()
+			return ev, true
+		}
+		arrived := a.arrived
+		a.mu.Unlock()
+		select {
+		case <-arrived:
+		case <-a.rpc.Done():
+			a.mu.Lock()
+			more := i < len(a.events)
+			a.mu.Unlock()
+			if !more {
+				return protocol.Event{}, false
+			}
 		}
 	}
 }
@@ -168,14 +185,14 @@ func TestKVMBootAgentMountsAndShutdown(t *testing.T) {
 			g.Stop(context.Background())
 			t.Fatalf("round %d: %v", round, err)
 		}
-		a := &agentConn{t: t, conn: conn}
-		hello := a.read()
+		a := dialAgent(t, conn)
+		hello := a.rpc.Hello()
 		connected := time.Since(start)
 		connectTimes = append(connectTimes, connected)
-		if hello.Kind != protocol.AgentKindHello || hello.Hello == nil || hello.Hello.PID != 1 {
-			t.Fatalf("first frame %+v: want the agent's hello from PID 1", hello)
+		if hello.PID != 1 {
+			t.Fatalf("hello %+v: want the agent's hello from PID 1", hello)
 		}
-		t.Logf("round %d: start → agent hello in %v (kernel %s)", round, connected, hello.Hello.Kernel)
+		t.Logf("round %d: start → agent hello in %v (kernel %s)", round, connected, hello.Kernel)
 
 		if round == 0 && g.Egress() == nil {
 			t.Error("the guest offers no egress listener (Guest.Egress): its processes would have no network")
