@@ -1,7 +1,8 @@
 // Package agent is the guest agent: the one process that runs inside every
 // guest (PID 1 of the VM, or the init of the process backend's namespace
 // sandbox) and carries out the helper's requests over the agent channel of
-// protocol/agent.go — laying out the root filesystem, mounting shares,
+// protocol/agent.go, served by protocol/agentrpc's Server (agent.go
+// registers a typed handler per method) — laying out the root filesystem, mounting shares,
 // spawning processes and streaming their output, forwarding stdin, signalling
 // process groups, reporting exits, reaping every child, reading files.
 //
