@@ -13,6 +13,10 @@
 //     requests to typed Handlers (Handle, HandleNoResult) concurrently, up
 //     to a bound, and writes every reply and event through one serialized
 //     writer; a Final method (shutdown) is served inline and ends Serve.
+//   - agenttest/: the helper side for tests that drive an agent — a Client
+//     that gathers each process's output, guest requests and exit and waits
+//     for them (the agent's, the process backend's and the VM backend's
+//     tests).
 //
 // Every frame from the peer is validated: a bad hello ends Dial, undecodable
 // frames end the client's connection, a frame that is not a request gets

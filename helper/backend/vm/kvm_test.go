@@ -16,7 +16,7 @@ import (
 	"github.com/cowork-vmm/cowork-vmm/guest/kernel"
 	"github.com/cowork-vmm/cowork-vmm/helper"
 	"github.com/cowork-vmm/cowork-vmm/protocol"
-	"github.com/cowork-vmm/cowork-vmm/protocol/agentrpc"
+	"github.com/cowork-vmm/cowork-vmm/protocol/agentrpc/agenttest"
 	"github.com/cowork-vmm/cowork-vmm/testharness/nested"
 )
 
@@ -53,93 +53,39 @@ func (w *testLogWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// agentConn is the helper's agentrpc.Client with the agent's events kept
-// in order.
+// agentConn is agenttest.Client with the VM tests' helpers.
 type agentConn struct {
-	t   *testing.T
-	rpc *agentrpc.Client
-
-	mu      sync.Mutex
-	events  []protocol.Event
-	arrived chan struct{} // closed and replaced when an event arrives
+	*agenttest.Client
+	t *testing.T
 }
+
+// agentCallTimeout bounds one request or wait in these tests (a 9p setup
+// of a nested guest is slow, never this slow).
+const agentCallTimeout = 5 * time.Minute
 
 // dialAgent reads the agent's hello on conn.
 func dialAgent(t *testing.T, conn io.ReadWriteCloser) *agentConn {
 	t.Helper()
-	a := &agentConn{t: t, arrived: make(chan struct{})}
-	rpc, err := agentrpc.Dial(context.Background(), conn, slog.New(slog.DiscardHandler), a.onEvent)
-	if err != nil {
-		t.Fatal(err)
-	}
-	a.rpc = rpc
-	return a
+	c := agenttest.Dial(t, conn)
+	c.SetTimeout(agentCallTimeout)
+	return &agentConn{Client: c, t: t}
 }
 
-func (a *agentConn) onEvent(ev protocol.Event) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	a.events = append(a.events, ev)
-	close(a.arrived)
-	a.arrived = make(chan struct{})
-}
-
-// agentCallTimeout bounds one request in these tests (a 9p setup of a
-// nested guest is slow, never this slow).
-const agentCallTimeout = 5 * time.Minute
-
+// call sends a request that has no result.
 func (a *agentConn) call(method string, params any) error {
 	a.t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), agentCallTimeout)
-	defer cancel()
-	return a.rpc.Call(ctx, method, params, nil)
+	return a.Call(method, params, nil)
 }
 
-// waitExit waits until process id exits and returns its stdout.
+// waitExit waits until process id exits and returns its stdout; an error
+// event of the process fails the test.
 func (a *agentConn) waitExit(id string) (string, protocol.Event) {
 	a.t.Helper()
-	var stdout strings.Builder
-	for i := 0; ; i++ {
-		ev, ok := a.event(i)
-		if !ok {
-			a.t.Fatalf("process %s: the agent connection ended (%v) before its exit", id, a.rpc.Err())
-		}
-		if ev.ID != id {
-			continue
-		}
-		switch ev.Type {
-		case protocol.EventStdout:
-			stdout.WriteString(ev.Data)
-		case protocol.EventExit:
-			return stdout.String(), ev
-		case protocol.EventError:
-			a.t.Fatalf("process %s: %s", id, ev.Message)
-		}
+	out := a.WaitFor(id, "its exit", func(p *agenttest.Output) bool { return p.Exit != nil || len(p.Errors) > 0 })
+	if len(out.Errors) > 0 {
+		a.t.Fatalf("process %s: %s", id, out.Errors[0])
 	}
-}
-
-// event waits for the i-th event; not ok when the connection ends first.
-func (a *agentConn) event(i int) (protocol.Event, bool) {
-	for {
-		a.mu.Lock()
-		if i < len(a.events) {
-			ev := a.events[i]
-			a.mu.Unlock()
-			return ev, true
-		}
-		arrived := a.arrived
-		a.mu.Unlock()
-		select {
-		case <-arrived:
-		case <-a.rpc.Done():
-			a.mu.Lock()
-			more := i < len(a.events)
-			a.mu.Unlock()
-			if !more {
-				return protocol.Event{}, false
-			}
-		}
-	}
+	return out.Stdout.String(), *out.Exit
 }
 
 // A real guest boots, its agent connects over vsock, the host's system
@@ -186,7 +132,7 @@ func TestKVMBootAgentMountsAndShutdown(t *testing.T) {
 			t.Fatalf("round %d: %v", round, err)
 		}
 		a := dialAgent(t, conn)
-		hello := a.rpc.Hello()
+		hello := a.Hello()
 		connected := time.Since(start)
 		connectTimes = append(connectTimes, connected)
 		if hello.PID != 1 {
