@@ -48,8 +48,8 @@
 // planted or swapped in (towards another session's home, or /) makes the
 // mount fail, naming it; it is never followed.
 //
-// Files: agent.go (Run, its methods on agentrpc.Server), spawn.go (starting a process, step by
-// step), process.go (the process table, reaping, output, stdin, kill),
+// Files: agent.go (Run, its methods on agentrpc.Server), spawn.go
+// (starting a process, step by step), process.go (the process table, reaping, output, stdin, kill),
 // credit.go (output flow control: a process sends within its credit),
 // isolate.go, confine.go, mount.go, mountpoint.go, setup.go, guestrequest.go,
 // guestcall.go, sudo.go, rootdisk.go, rootvar.go, sessiontmp.go, cgroup.go, utf8chunk.go, main.go (ProcessMain, VMMain),
