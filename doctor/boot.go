@@ -2,9 +2,8 @@ package doctor
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
-	"io"
+	"log/slog"
 	"os"
 	"strings"
 	"sync"
@@ -13,7 +12,7 @@ import (
 	"github.com/cowork-vmm/cowork-vmm/helper"
 	"github.com/cowork-vmm/cowork-vmm/helper/backend/process"
 	"github.com/cowork-vmm/cowork-vmm/helper/backend/vm"
-	"github.com/cowork-vmm/cowork-vmm/protocol"
+	"github.com/cowork-vmm/cowork-vmm/protocol/agentrpc"
 )
 
 // DefaultBootTimeout bounds one trial boot: a real KVM host boots in about
@@ -63,12 +62,12 @@ func bootAndGreet(ctx context.Context, b helper.Backend) (BootResult, error) {
 	if err != nil {
 		return BootResult{}, fmt.Errorf("waiting for the guest agent: %w", err)
 	}
-	defer conn.Close()
-	hello, err := readHello(ctx, conn)
+	agent, err := agentrpc.Dial(ctx, conn, slog.New(slog.DiscardHandler), nil)
 	if err != nil {
 		return BootResult{}, err
 	}
-	return BootResult{Elapsed: time.Since(start), Kernel: hello.Kernel}, nil
+	defer agent.Close()
+	return BootResult{Elapsed: time.Since(start), Kernel: agent.Hello().Kernel}, nil
 }
 
 // tailWriter keeps the last max bytes written to it.
@@ -102,41 +101,6 @@ func (w *tailWriter) lastLines(n int) string {
 		lines = lines[len(lines)-n:]
 	}
 	return strings.Join(lines, " | ")
-}
-
-// readHello reads the agent's first frame, which must be its hello.
-func readHello(ctx context.Context, conn io.ReadWriteCloser) (protocol.AgentHello, error) {
-	type result struct {
-		frame protocol.AgentFrame
-		err   error
-	}
-	done := make(chan result, 1)
-	go func() {
-		body, err := protocol.ReadFrame(conn)
-		if err != nil {
-			done <- result{err: fmt.Errorf("reading the agent's hello: %w", err)}
-			return
-		}
-		var f protocol.AgentFrame
-		if err := json.Unmarshal(body, &f); err != nil {
-			done <- result{err: fmt.Errorf("the agent's first frame is not JSON: %w", err)}
-			return
-		}
-		done <- result{frame: f}
-	}()
-	select {
-	case <-ctx.Done():
-		conn.Close() // unblocks the reader
-		return protocol.AgentHello{}, fmt.Errorf("waiting for the agent's hello: %w", ctx.Err())
-	case res := <-done:
-		if res.err != nil {
-			return protocol.AgentHello{}, res.err
-		}
-		if res.frame.Kind != protocol.AgentKindHello || res.frame.Hello == nil {
-			return protocol.AgentHello{}, fmt.Errorf("the agent's first frame is %q, not hello", res.frame.Kind)
-		}
-		return *res.frame.Hello, nil
-	}
 }
 
 // bootChecks runs the trial boots (--boot) of the backends that passed

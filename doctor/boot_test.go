@@ -74,7 +74,7 @@ func TestBootAndGreet(t *testing.T) {
 	}
 
 	b = &fakeBackend{first: protocol.AgentFrame{Kind: "event"}}
-	if _, err := bootAndGreet(context.Background(), b); err == nil || !strings.Contains(err.Error(), "not hello") {
+	if _, err := bootAndGreet(context.Background(), b); err == nil || !strings.Contains(err.Error(), `want "hello"`) {
 		t.Errorf("first frame not hello: err %v", err)
 	}
 	if b.stopped.Load() == 0 {

@@ -20,7 +20,7 @@
 //     restarted helper reloads), saved atomically.
 //   - lifecycle.go: one guest's life — startVM, the agent connection and its
 //     pings, stopVM, guest death — and turning agent events into client
-//     events; agentclient.go: the agent channel's request/reply client;
+//     events (the channel's client is protocol/agentrpc's);
 //     liveness.go: telling a busy guest from a dead one when its pings
 //     time out (the agent's last frame, ProgressReporter).
 //   - hub.go: a profile's event hub with its backlog.

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"maps"
 	"net"
 	"os"
 	"path/filepath"
@@ -16,6 +17,7 @@ import (
 	"time"
 
 	"github.com/cowork-vmm/cowork-vmm/protocol"
+	"github.com/cowork-vmm/cowork-vmm/protocol/agentrpc"
 )
 
 // fakeBackend starts fakeGuests, each with an in-memory agent that speaks
@@ -210,10 +212,10 @@ func (g *fakeGuest) Stop(ctx context.Context) error {
 
 // fakeAgent answers the helper's requests and records them.
 type fakeAgent struct {
-	conn  net.Conn
-	guest *fakeGuest
+	conn   net.Conn
+	guest  *fakeGuest
+	server *agentrpc.Server
 
-	writeMu    sync.Mutex
 	mu         sync.Mutex
 	setup      *protocol.SetupParams
 	mounts     map[string]protocol.Mount // by target
@@ -265,10 +267,13 @@ func (a *fakeAgent) resumeReading() {
 	}
 }
 
-// gatedReader reads the agent's connection unless it stopped reading.
-type gatedReader struct{ a *fakeAgent }
+// gatedConn is the agent's connection, read unless it stopped reading.
+type gatedConn struct{ a *fakeAgent }
 
-func (r gatedReader) Read(p []byte) (int, error) {
+func (r gatedConn) Write(p []byte) (int, error) { return r.a.conn.Write(p) }
+func (r gatedConn) Close() error                { return r.a.conn.Close() }
+
+func (r gatedConn) Read(p []byte) (int, error) {
 	r.a.mu.Lock()
 	gate := r.a.readGate
 	r.a.mu.Unlock()
@@ -279,7 +284,7 @@ func (r gatedReader) Read(p []byte) (int, error) {
 }
 
 func newFakeAgent(conn net.Conn, g *fakeGuest) *fakeAgent {
-	return &fakeAgent{
+	a := &fakeAgent{
 		conn: conn, guest: g,
 		mounts:  map[string]protocol.Mount{},
 		spawns:  map[string]protocol.SpawnParams{},
@@ -290,6 +295,8 @@ func newFakeAgent(conn net.Conn, g *fakeGuest) *fakeAgent {
 		answers: map[uint64]protocol.GuestResponseParams{},
 		credits: map[string]int64{}, creditChanged: make(chan struct{}),
 	}
+	a.server = agentrpc.NewServer(gatedConn{a}, a.methods(), agentrpc.ServerOptions{Final: protocol.AgentMethodShutdown})
+	return a
 }
 
 // emitOutput sends data as stdout of process id in events of chunk bytes,
@@ -318,16 +325,8 @@ func (a *fakeAgent) emitOutput(id string, data string, chunk int) {
 	}
 }
 
-func (a *fakeAgent) send(f protocol.AgentFrame) {
-	a.writeMu.Lock()
-	defer a.writeMu.Unlock()
-	_ = protocol.WriteJSON(a.conn, f)
-}
-
 // emit sends an event as the agent would.
-func (a *fakeAgent) emit(ev protocol.Event) {
-	a.send(protocol.AgentFrame{Kind: protocol.AgentKindEvent, Event: &ev})
-}
+func (a *fakeAgent) emit(ev protocol.Event) { _ = a.server.Emit(ev) }
 
 func (a *fakeAgent) exit(id string, code int) {
 	a.mu.Lock()
@@ -370,135 +369,142 @@ func (a *fakeAgent) unmounted() []string {
 }
 
 func (a *fakeAgent) serve() {
-	a.send(protocol.AgentFrame{Kind: protocol.AgentKindHello, Hello: &protocol.AgentHello{Version: protocol.AgentProtocolVersion, Kernel: "fake", PID: 1}})
-	for {
-		body, err := protocol.ReadFrame(gatedReader{a})
-		if err != nil {
-			return
-		}
-		var f protocol.AgentFrame
-		if err := json.Unmarshal(body, &f); err != nil {
-			return
-		}
-		go a.handle(f)
+	hello := protocol.AgentHello{Version: protocol.AgentProtocolVersion, Kernel: "fake", PID: 1}
+	if a.server.SendHello(hello) == nil {
+		_ = a.server.Serve(context.Background())
 	}
 }
 
-func (a *fakeAgent) handle(f protocol.AgentFrame) {
-	reply := protocol.AgentFrame{Kind: protocol.AgentKindReply, ID: f.ID}
-	var after func()
-	a.mu.Lock()
-	switch f.Method {
-	case protocol.AgentMethodSetup:
-		var p protocol.SetupParams
-		_ = json.Unmarshal(f.Params, &p)
-		a.setup = &p
-		if a.holdSetup {
+// methods are the agent's requests as the fake serves them. A request it
+// leaves unanswered (holdSetup, ignorePing) waits for the connection's end.
+func (a *fakeAgent) methods() map[string]agentrpc.Handler {
+	return map[string]agentrpc.Handler{
+		protocol.AgentMethodSetup: agentrpc.Handle(a.handleSetup),
+		protocol.AgentMethodMount: agentrpc.HandleNoResult(func(_ context.Context, p protocol.MountParams) error {
+			a.mu.Lock()
+			defer a.mu.Unlock()
+			if a.mountErr != "" {
+				return errors.New(a.mountErr)
+			}
+			a.mounts[p.Mount.Target] = p.Mount
+			return nil
+		}),
+		protocol.AgentMethodSpawn: agentrpc.HandleNoResult(a.handleSpawn),
+		protocol.AgentMethodCredit: agentrpc.HandleNoResult(func(_ context.Context, p protocol.CreditParams) error {
+			a.mu.Lock()
+			defer a.mu.Unlock()
+			a.credits[p.ID] += p.Bytes
+			close(a.creditChanged)
+			a.creditChanged = make(chan struct{})
+			return nil
+		}),
+		protocol.AgentMethodStdin: agentrpc.HandleNoResult(func(_ context.Context, p protocol.StdinParams) error {
+			a.mu.Lock()
+			a.stdin[p.ID] += p.Data
 			a.mu.Unlock()
-			return
-		}
-		reply.Result = json.RawMessage(`{"steps":[{"name":"mount:/usr","us":1}]}`)
-	case protocol.AgentMethodMount:
-		var p protocol.MountParams
-		_ = json.Unmarshal(f.Params, &p)
-		if a.mountErr != "" {
-			reply.Error = a.mountErr
-			break
-		}
-		a.mounts[p.Mount.Target] = p.Mount
-	case protocol.AgentMethodSpawn:
-		var p protocol.SpawnParams
-		_ = json.Unmarshal(f.Params, &p)
-		if a.spawnErr != "" {
-			reply.Error = a.spawnErr
-			break
-		}
-		a.spawns[p.ID] = p
-		a.running[p.ID] = true
-		if p.OutputWindow > 0 {
-			a.credits[p.ID] = p.OutputWindow
-		}
-	case protocol.AgentMethodCredit:
-		var p protocol.CreditParams
-		_ = json.Unmarshal(f.Params, &p)
-		a.credits[p.ID] += p.Bytes
-		close(a.creditChanged)
-		a.creditChanged = make(chan struct{})
-	case protocol.AgentMethodStdin:
-		var p protocol.StdinParams
-		_ = json.Unmarshal(f.Params, &p)
-		a.stdin[p.ID] += p.Data
-		after = func() {
 			a.emit(protocol.Event{Type: protocol.EventStdout, ID: p.ID, Data: p.Data})
 			if p.EOF { // a cat ends with its input
 				a.exit(p.ID, 0)
 			}
-		}
-	case protocol.AgentMethodKill:
-		var p protocol.KillParams
-		_ = json.Unmarshal(f.Params, &p)
-		if !a.running[p.ID] {
-			reply.Error = "no such process"
-			break
-		}
-		delete(a.running, p.ID)
-		after = func() { a.emit(protocol.Event{Type: protocol.EventExit, ID: p.ID, Signal: p.Signal}) }
-	case protocol.AgentMethodUnmount:
-		reply.Error = a.unmountLocked(f.Params)
-	case protocol.AgentMethodGuestResponse:
-		reply.Error = a.answerLocked(f.Params)
-	case protocol.AgentMethodReadFile:
-		var p protocol.ReadFileParams
-		_ = json.Unmarshal(f.Params, &p)
-		content, ok := a.files[p.Path]
-		if !ok {
-			reply.Error = "open " + p.Path + ": no such file or directory"
-			break
-		}
-		reply.Result, _ = json.Marshal(protocol.ReadFileResult{Content: content})
-	case protocol.AgentMethodPing:
-		if a.ignorePing {
-			a.ignoredPings++
-			a.mu.Unlock()
-			return
-		}
-		a.pings++
-		if d := a.delayPing; d > 0 {
-			a.delayPing = 0
-			a.mu.Unlock()
-			time.Sleep(d)
-			a.send(reply)
-			return
-		}
-	case protocol.AgentMethodShutdown:
-		var ids []string
-		for id := range a.running {
-			ids = append(ids, id)
-		}
-		a.running = map[string]bool{}
-		after = func() {
-			for _, id := range ids {
-				a.emit(protocol.Event{Type: protocol.EventExit, ID: id, Signal: "SIGTERM"})
+			return nil
+		}),
+		protocol.AgentMethodKill: agentrpc.HandleNoResult(a.handleKill),
+		protocol.AgentMethodUnmount: agentrpc.HandleNoResult(func(_ context.Context, p protocol.UnmountParams) error {
+			a.mu.Lock()
+			defer a.mu.Unlock()
+			return a.unmountLocked(p)
+		}),
+		protocol.AgentMethodGuestResponse: agentrpc.HandleNoResult(func(_ context.Context, p protocol.GuestResponseParams) error {
+			a.mu.Lock()
+			defer a.mu.Unlock()
+			return a.answerLocked(p)
+		}),
+		protocol.AgentMethodReadFile: agentrpc.Handle(func(_ context.Context, p protocol.ReadFileParams) (*protocol.ReadFileResult, error) {
+			a.mu.Lock()
+			defer a.mu.Unlock()
+			content, ok := a.files[p.Path]
+			if !ok {
+				return nil, errors.New("open " + p.Path + ": no such file or directory")
 			}
-			a.conn.Close()
-		}
-	default:
-		reply.Error = "unknown method " + f.Method
+			return &protocol.ReadFileResult{Content: content}, nil
+		}),
+		protocol.AgentMethodPing:     a.handlePing,
+		protocol.AgentMethodShutdown: agentrpc.HandleNoResult(a.handleShutdown),
 	}
+}
+
+func (a *fakeAgent) handleSetup(ctx context.Context, p protocol.SetupParams) (json.RawMessage, error) {
+	a.mu.Lock()
+	a.setup = &p
+	hold := a.holdSetup
 	a.mu.Unlock()
-	a.send(reply)
-	if after != nil {
-		after()
+	if hold {
+		<-ctx.Done()
+		return nil, ctx.Err()
 	}
+	return json.RawMessage(`{"steps":[{"name":"mount:/usr","us":1}]}`), nil
+}
+
+func (a *fakeAgent) handleSpawn(_ context.Context, p protocol.SpawnParams) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.spawnErr != "" {
+		return errors.New(a.spawnErr)
+	}
+	a.spawns[p.ID] = p
+	a.running[p.ID] = true
+	if p.OutputWindow > 0 {
+		a.credits[p.ID] = p.OutputWindow
+	}
+	return nil
+}
+
+func (a *fakeAgent) handleKill(_ context.Context, p protocol.KillParams) error {
+	a.mu.Lock()
+	running := a.running[p.ID]
+	delete(a.running, p.ID)
+	a.mu.Unlock()
+	if !running {
+		return errors.New("no such process")
+	}
+	a.emit(protocol.Event{Type: protocol.EventExit, ID: p.ID, Signal: p.Signal})
+	return nil
+}
+
+func (a *fakeAgent) handlePing(ctx context.Context, _ json.RawMessage) (any, error) {
+	a.mu.Lock()
+	if a.ignorePing {
+		a.ignoredPings++
+		a.mu.Unlock()
+		<-ctx.Done()
+		return nil, ctx.Err()
+	}
+	a.pings++
+	d := a.delayPing
+	a.delayPing = 0
+	a.mu.Unlock()
+	time.Sleep(d)
+	return nil, nil
+}
+
+// handleShutdown ends every process, as the agent does before its reply
+// (the server then closes the connection: the method is Final).
+func (a *fakeAgent) handleShutdown(_ context.Context, _ protocol.ShutdownParams) error {
+	a.mu.Lock()
+	ids := slices.Collect(maps.Keys(a.running))
+	a.running = map[string]bool{}
+	a.mu.Unlock()
+	for _, id := range ids {
+		a.emit(protocol.Event{Type: protocol.EventExit, ID: id, Signal: "SIGTERM"})
+	}
+	return nil
 }
 
 // unmountLocked is the unmount method: what is at and below the target
 // goes; the error is the reply's.
-func (a *fakeAgent) unmountLocked(raw json.RawMessage) string {
-	var p protocol.UnmountParams
-	_ = json.Unmarshal(raw, &p)
+func (a *fakeAgent) unmountLocked(p protocol.UnmountParams) error {
 	if _, ok := a.mounts[p.Target]; !ok {
-		return "nothing the agent mounted is at " + p.Target
+		return errors.New("nothing the agent mounted is at " + p.Target)
 	}
 	a.unmounts = append(a.unmounts, p.Target)
 	for t := range a.mounts {
@@ -506,20 +512,18 @@ func (a *fakeAgent) unmountLocked(raw json.RawMessage) string {
 			delete(a.mounts, t)
 		}
 	}
-	return ""
+	return nil
 }
 
 // answerLocked is the guestResponse method: the answer to a request asked
 // and not answered yet is kept.
-func (a *fakeAgent) answerLocked(raw json.RawMessage) string {
-	var p protocol.GuestResponseParams
-	_ = json.Unmarshal(raw, &p)
+func (a *fakeAgent) answerLocked(p protocol.GuestResponseParams) error {
 	if !a.asked[p.ID] {
-		return "no guest request of that id is waiting"
+		return errors.New("no guest request of that id is waiting")
 	}
 	delete(a.asked, p.ID)
 	a.answers[p.ID] = p
-	return ""
+	return nil
 }
 
 func (a *fakeAgent) mountAt(target string) (protocol.Mount, bool) {

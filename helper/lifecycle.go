@@ -17,6 +17,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/cowork-vmm/cowork-vmm/protocol"
+	"github.com/cowork-vmm/cowork-vmm/protocol/agentrpc"
 )
 
 // Startup step names reported as startupStep events.
@@ -75,7 +76,7 @@ type guestInstance struct {
 
 	mu    sync.Mutex
 	guest Guest
-	agent *agentClient
+	agent *agentrpc.Client
 
 	// mounts owns what the helper has mounted in this guest
 	// (sessionmounts.go).
@@ -213,7 +214,7 @@ func (inst *guestInstance) run() {
 		err = inst.retryCold(err)
 	}
 	if err == nil {
-		s.log.Info("guest agent connected", "kernel", inst.agent.hello.Kernel)
+		s.log.Info("guest agent connected", "kernel", inst.agent.Hello().Kernel)
 		go inst.pingLoop()
 		select {
 		case <-inst.ctx.Done():
@@ -294,7 +295,7 @@ func (inst *guestInstance) connectWhileAlive() error {
 
 // current returns the instance's guest and its agent's connection (nil
 // until launched, and until the agent said hello).
-func (inst *guestInstance) current() (Guest, *agentClient) {
+func (inst *guestInstance) current() (Guest, *agentrpc.Client) {
 	inst.mu.Lock()
 	defer inst.mu.Unlock()
 	return inst.guest, inst.agent
@@ -345,7 +346,7 @@ func (inst *guestInstance) connect(ctx context.Context) error {
 		return fmt.Errorf("waiting for the guest agent: %w", err)
 	}
 	s.step(StepAgentHello, protocol.StepStarted)
-	agent, err := dialAgent(ctx, conn, s.log, func(ev protocol.Event) { s.onAgentEvent(inst, ev) })
+	agent, err := agentrpc.Dial(ctx, conn, s.log, func(ev protocol.Event) { s.onAgentEvent(inst, ev) })
 	if err != nil {
 		return err
 	}
@@ -576,17 +577,17 @@ func (inst *guestInstance) shutdown() {
 
 // askShutdown sends the agent's shutdown request and waits for the agent
 // to exit.
-func (inst *guestInstance) askShutdown(guest Guest, agent *agentClient) error {
+func (inst *guestInstance) askShutdown(guest Guest, agent *agentrpc.Client) error {
 	grace := inst.s.opts.StopGrace
 	sendCtx, cancelSend := context.WithTimeout(context.Background(), shutdownSendTimeout)
-	call, err := agent.begin(sendCtx, protocol.AgentMethodShutdown, protocol.ShutdownParams{GraceMillis: int(grace / time.Millisecond)})
+	call, err := agent.Begin(sendCtx, protocol.AgentMethodShutdown, protocol.ShutdownParams{GraceMillis: int(grace / time.Millisecond)})
 	cancelSend()
 	if err != nil {
 		return err
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), grace+shutdownExitMargin)
 	defer cancel()
-	if err := call.wait(ctx, nil); err != nil {
+	if err := call.Wait(ctx, nil); err != nil {
 		return err
 	}
 	// The agent exits once its processes are gone; their exit events

@@ -32,7 +32,7 @@ func (inst *guestInstance) progress() progressMark {
 // spawn can keep them busy after the agent hung), and vCPUs that stopped
 // run no agent.
 func (inst *guestInstance) busyNotDead(pingStart time.Time, before progressMark) bool {
-	if !inst.agent.lastReceived().After(pingStart) {
+	if !inst.agent.LastReceived().After(pingStart) {
 		return false
 	}
 	if !before.ok {
@@ -40,14 +40,4 @@ func (inst *guestInstance) busyNotDead(pingStart time.Time, before progressMark)
 	}
 	after := inst.progress()
 	return after.ok && after.count != before.count
-}
-
-// lastReceived is when the agent's last frame arrived (the zero time:
-// none since the hello).
-func (c *agentClient) lastReceived() time.Time {
-	n := c.lastFrame.Load()
-	if n == 0 {
-		return time.Time{}
-	}
-	return time.Unix(0, n)
 }

@@ -761,3 +761,14 @@ func TestStartVMWhileTheOldGuestIsStopping(t *testing.T) {
 	assert.True(t, running.Running)
 	assert.Len(t, e.backend.guests, 2)
 }
+
+func TestParamsAcceptJavaScriptNumbers(t *testing.T) {
+	e := newTestEnv(t)
+	e.mustCall("configure", json.RawMessage(`{"userDataName":"p","userDataRoot":"/r","memoryMB":3072.0,"cpuCount":4e0}`), nil)
+	g := e.start()
+	assert.Equal(t, 3072, g.cfg.MemoryMiB)
+	assert.Equal(t, 4, g.cfg.CPUCount)
+	var r protocol.PruneResult
+	e.mustCall("pruneSessionCaches", json.RawMessage(`{"onlyIfFreeBytesBelow":1e3,"includeSessionTmp":false,"sessionTmpOlderThanSeconds":86400.0}`), &r)
+	assert.Empty(t, r.PrunedSessions)
+}

@@ -19,7 +19,8 @@
 //     between its calls (the pipe's configured profile).
 //   - listen.go: Listen (socket-path and directory safety) and peer uid
 //     checks.
-//   - agent.go, agentconn.go: the helper ↔ agent channel and AgentConn.
+//   - agent.go: the helper ↔ agent channel's frames and messages; its
+//     client and server are agentrpc/.
 //   - egress.go: the egress channel's request/reply frames (guest proxy ↔
 //     helper), added by the egress work.
 //   - guesthost/: the constants both sides of the guest ↔ host contract

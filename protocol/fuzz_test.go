@@ -105,38 +105,6 @@ func FuzzDecodeRequest(f *testing.F) {
 	})
 }
 
-// FuzzDecodeAgentFrame feeds arbitrary bodies to the agent frame decoder:
-// an accepted frame validates and re-encodes to an equal frame.
-func FuzzDecodeAgentFrame(f *testing.F) {
-	f.Add([]byte(`{"kind":"hello","hello":{"version":1,"pid":1}}`))
-	f.Add([]byte(`{"kind":"request","id":1,"method":"spawn","params":{"id":"p"}}`))
-	f.Add([]byte(`{"kind":"event","event":{"type":"stdout","id":"p","data":"x"}}`))
-	f.Add([]byte(`{"kind":"reply","id":0}`))
-	f.Fuzz(func(t *testing.T, body []byte) {
-		fr, err := DecodeAgentFrame(body)
-		if err != nil {
-			if !errors.Is(err, ErrInvalidAgentFrame) {
-				t.Fatalf("want ErrInvalidAgentFrame, got %v", err)
-			}
-			return
-		}
-		if err := fr.Validate(); err != nil {
-			t.Fatalf("accepted an invalid frame: %v", err)
-		}
-		again, err := json.Marshal(&fr)
-		if err != nil {
-			t.Fatalf("re-encode: %v", err)
-		}
-		fr2, err := DecodeAgentFrame(again)
-		if err != nil {
-			t.Fatalf("re-decode of %s: %v", again, err)
-		}
-		if fr2.Kind != fr.Kind || fr2.ID != fr.ID || fr2.Method != fr.Method || fr2.Error != fr.Error {
-			t.Fatalf("round trip changed the frame: %+v vs %+v", fr, fr2)
-		}
-	})
-}
-
 // jsonEqual compares two JSON values by meaning (re-encoding may escape
 // characters differently).
 func jsonEqual(a, b json.RawMessage) bool {

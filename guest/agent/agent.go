@@ -17,6 +17,7 @@ import (
 
 	"github.com/cowork-vmm/cowork-vmm/guest/proxy"
 	"github.com/cowork-vmm/cowork-vmm/protocol"
+	"github.com/cowork-vmm/cowork-vmm/protocol/agentrpc"
 )
 
 // Defaults for Options fields left zero.
@@ -28,9 +29,6 @@ const (
 	// process has exited while something else (a background child) keeps its
 	// stdout or stderr open; then the exit event is sent and the pipes closed.
 	DefaultOutputDrain = time.Second
-	// maxInFlightRequests bounds concurrently handled requests; the read loop
-	// waits when it is reached (back-pressure on the helper).
-	maxInFlightRequests = 256
 )
 
 // Options tunes Run. The zero value is ready to use.
@@ -82,8 +80,7 @@ type agent struct {
 	opts Options
 	log  *slog.Logger
 
-	writeMu sync.Mutex
-	conn    io.ReadWriteCloser
+	server *agentrpc.Server // the agent channel
 
 	procs    *processTable
 	mnt      *mounter
@@ -130,9 +127,10 @@ func Run(ctx context.Context, conn io.ReadWriteCloser, opts Options) error {
 	a := &agent{
 		opts:         opts,
 		log:          opts.Logger,
-		conn:         conn,
 		shutdownDone: make(chan struct{}),
 	}
+	a.server = agentrpc.NewServer(conn, a.methods(), agentrpc.ServerOptions{
+		Logger: opts.Logger, Final: protocol.AgentMethodShutdown})
 	a.procs = newProcessTable(a)
 	a.mnt = newMounter(a.log, opts.IsolateSessions)
 	defer a.mnt.close()
@@ -153,18 +151,18 @@ func Run(ctx context.Context, conn io.ReadWriteCloser, opts Options) error {
 		conn.Close() // unblocks the read loop
 	}()
 
-	if err := a.send(protocol.AgentFrame{Kind: protocol.AgentKindHello, Hello: &protocol.AgentHello{
+	if err := a.server.SendHello(protocol.AgentHello{
 		Version: protocol.AgentProtocolVersion,
 		Kernel:  kernelRelease(),
 		PID:     os.Getpid(),
-	}}); err != nil {
+	}); err != nil {
 		a.procs.terminateAll(opts.ShutdownGrace)
 		return fmt.Errorf("agent: sending hello: %w", err)
 	}
 	a.helloTook = time.Since(began)
 	a.log.Info("agent connected to the helper", "pid", os.Getpid())
 
-	readErr := a.serve(ctx)
+	readErr := a.server.Serve(ctx)
 
 	select {
 	case <-a.shutdownDone:
@@ -182,79 +180,13 @@ func Run(ctx context.Context, conn io.ReadWriteCloser, opts Options) error {
 	return fmt.Errorf("agent: reading from the helper: %w", readErr)
 }
 
-// serve reads requests until the connection fails or a shutdown is served.
-func (a *agent) serve(ctx context.Context) error {
-	sem := make(chan struct{}, maxInFlightRequests)
-	var wg sync.WaitGroup
-	defer wg.Wait()
-	frames := make(chan []byte)
-	readErr := make(chan error, 1)
-	go func() {
-		for {
-			body, err := protocol.ReadFrame(a.conn)
-			if err != nil {
-				readErr <- err
-				close(frames)
-				return
-			}
-			select {
-			case frames <- body:
-			case <-a.shutdownDone:
-				// serve has returned; nobody reads frames any more.
-				return
-			case <-ctx.Done():
-				return
-			}
-		}
-	}()
-	for {
-		body, ok := <-frames
-		if !ok {
-			return <-readErr
-		}
-		var f protocol.AgentFrame
-		if err := json.Unmarshal(body, &f); err != nil {
-			a.log.Warn("ignoring an undecodable frame from the helper", "err", err, "bytes", len(body))
-			continue
-		}
-		if f.Kind != protocol.AgentKindRequest || f.ID == 0 {
-			a.log.Warn("ignoring a frame that is not a request", "kind", f.Kind, "id", f.ID)
-			if f.ID != 0 {
-				a.reply(f.ID, nil, fmt.Errorf("agent expects request frames, got kind %q", f.Kind))
-			}
-			continue
-		}
-		if f.Method == protocol.AgentMethodShutdown {
-			// Served inline: nothing else is read once shutdown starts.
-			if a.handleShutdown(f) {
-				a.conn.Close()
-				return nil
-			}
-			continue
-		}
-		select {
-		case sem <- struct{}{}:
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			defer func() { <-sem }()
-			result, err := a.handle(f.Method, f.Params)
-			a.reply(f.ID, result, err)
-		}()
-	}
-}
-
-// handleShutdown ends every process and replies; it reports whether the
-// shutdown happened (false: the request was invalid).
-func (a *agent) handleShutdown(f protocol.AgentFrame) bool {
+// handleShutdown ends every process; the server then replies and ends
+// (shutdown is its Final method). Params are optional.
+func (a *agent) handleShutdown(_ context.Context, raw json.RawMessage) (any, error) {
 	var p protocol.ShutdownParams
-	if len(f.Params) > 0 && string(f.Params) != "null" {
-		if err := json.Unmarshal(f.Params, &p); err != nil {
-			a.reply(f.ID, nil, fmt.Errorf("invalid shutdown params: %w", err))
-			return false
+	if len(raw) > 0 && string(raw) != "null" {
+		if err := json.Unmarshal(raw, &p); err != nil {
+			return nil, fmt.Errorf("invalid shutdown params: %w", err)
 		}
 	}
 	grace := time.Duration(p.GraceMillis) * time.Millisecond
@@ -266,85 +198,52 @@ func (a *agent) handleShutdown(f protocol.AgentFrame) bool {
 	if err := a.mnt.syncRootDisk(); err != nil {
 		a.log.Warn("shutting down: the root disk's last writes may be lost", "err", err)
 	}
-	a.reply(f.ID, nil, nil)
 	a.shutdownOnce.Do(func() { close(a.shutdownDone) })
-	return true
+	return nil, nil
 }
 
-// handle runs one request and returns its result (nil for none).
-func (a *agent) handle(method string, raw json.RawMessage) (any, error) {
-	switch method {
-	case protocol.AgentMethodPing:
-		return nil, nil
-	case protocol.AgentMethodSetup:
-		var p protocol.SetupParams
-		if err := decodeParams(raw, &p); err != nil {
-			return nil, err
-		}
-		return a.setup(p)
-	case protocol.AgentMethodMount:
-		var p protocol.MountParams
-		if err := decodeParams(raw, &p); err != nil {
-			return nil, err
-		}
-		return nil, a.mnt.mount(p.Mount)
-	case protocol.AgentMethodSpawn:
-		var p protocol.SpawnParams
-		if err := decodeParams(raw, &p); err != nil {
-			return nil, err
-		}
-		return nil, a.procs.spawn(p)
-	case protocol.AgentMethodStdin:
-		var p protocol.StdinParams
-		if err := decodeParams(raw, &p); err != nil {
-			return nil, err
-		}
-		if err := a.procs.stdin(p.ID, []byte(p.Data)); err != nil || !p.EOF {
-			return nil, err
-		}
-		return nil, a.procs.endStdin(p.ID)
-	case protocol.AgentMethodKill:
-		var p protocol.KillParams
-		if err := decodeParams(raw, &p); err != nil {
-			return nil, err
-		}
-		return nil, a.procs.kill(p.ID, p.Signal)
-	case protocol.AgentMethodCredit:
-		var p protocol.CreditParams
-		if err := decodeParams(raw, &p); err != nil {
-			return nil, err
-		}
-		return nil, a.procs.credit(p)
-	case protocol.AgentMethodUnmount:
-		var p protocol.UnmountParams
-		if err := decodeParams(raw, &p); err != nil {
-			return nil, err
-		}
-		return nil, a.mnt.unmount(p.Target)
-	case protocol.AgentMethodPruneTmp:
-		var p protocol.PruneTmpParams
-		if err := decodeParams(raw, &p); err != nil {
-			return nil, err
-		}
-		return a.mnt.pruneTmp(p)
-	case protocol.AgentMethodGuestResponse:
-		var p protocol.GuestResponseParams
-		if err := decodeParams(raw, &p); err != nil {
-			return nil, err
-		}
-		return nil, a.requests.answer(p)
-	case protocol.AgentMethodReadFile:
-		var p protocol.ReadFileParams
-		if err := decodeParams(raw, &p); err != nil {
-			return nil, err
-		}
-		content, err := readSessionFile(a.opts.SessionsDir, p.Path)
-		if err != nil {
-			return nil, err
-		}
-		return protocol.ReadFileResult{Content: content}, nil
-	default:
-		return nil, fmt.Errorf("unknown agent method %q", method)
+// methods are the requests the agent serves (protocol/agent.go).
+func (a *agent) methods() map[string]agentrpc.Handler {
+	return map[string]agentrpc.Handler{
+		protocol.AgentMethodPing:     func(context.Context, json.RawMessage) (any, error) { return nil, nil },
+		protocol.AgentMethodShutdown: a.handleShutdown,
+		protocol.AgentMethodSetup: agentrpc.Handle(func(_ context.Context, p protocol.SetupParams) (*protocol.SetupResult, error) {
+			return a.setup(p)
+		}),
+		protocol.AgentMethodMount: agentrpc.HandleNoResult(func(_ context.Context, p protocol.MountParams) error {
+			return a.mnt.mount(p.Mount)
+		}),
+		protocol.AgentMethodSpawn: agentrpc.HandleNoResult(func(_ context.Context, p protocol.SpawnParams) error {
+			return a.procs.spawn(p)
+		}),
+		protocol.AgentMethodStdin: agentrpc.HandleNoResult(func(_ context.Context, p protocol.StdinParams) error {
+			if err := a.procs.stdin(p.ID, []byte(p.Data)); err != nil || !p.EOF {
+				return err
+			}
+			return a.procs.endStdin(p.ID)
+		}),
+		protocol.AgentMethodKill: agentrpc.HandleNoResult(func(_ context.Context, p protocol.KillParams) error {
+			return a.procs.kill(p.ID, p.Signal)
+		}),
+		protocol.AgentMethodCredit: agentrpc.HandleNoResult(func(_ context.Context, p protocol.CreditParams) error {
+			return a.procs.credit(p)
+		}),
+		protocol.AgentMethodUnmount: agentrpc.HandleNoResult(func(_ context.Context, p protocol.UnmountParams) error {
+			return a.mnt.unmount(p.Target)
+		}),
+		protocol.AgentMethodPruneTmp: agentrpc.Handle(func(_ context.Context, p protocol.PruneTmpParams) (protocol.PruneTmpResult, error) {
+			return a.mnt.pruneTmp(p)
+		}),
+		protocol.AgentMethodGuestResponse: agentrpc.HandleNoResult(func(_ context.Context, p protocol.GuestResponseParams) error {
+			return a.requests.answer(p)
+		}),
+		protocol.AgentMethodReadFile: agentrpc.Handle(func(_ context.Context, p protocol.ReadFileParams) (*protocol.ReadFileResult, error) {
+			content, err := readSessionFile(a.opts.SessionsDir, p.Path)
+			if err != nil {
+				return nil, err
+			}
+			return &protocol.ReadFileResult{Content: content}, nil
+		}),
 	}
 }
 
@@ -380,51 +279,12 @@ func (a *agent) setup(p protocol.SetupParams) (*protocol.SetupResult, error) {
 	return result, nil
 }
 
-func decodeParams(raw json.RawMessage, v any) error {
-	if len(raw) == 0 {
-		return errors.New("missing params")
-	}
-	if err := json.Unmarshal(raw, v); err != nil {
-		return fmt.Errorf("invalid params: %w", err)
-	}
-	return nil
-}
-
-// reply sends the reply to request id.
-func (a *agent) reply(id uint64, result any, err error) {
-	f := protocol.AgentFrame{Kind: protocol.AgentKindReply, ID: id}
-	if err != nil {
-		f.Error = err.Error()
-	} else if result != nil {
-		raw, merr := json.Marshal(result)
-		if merr != nil {
-			f.Error = fmt.Sprintf("agent: encoding the result: %v", merr)
-		} else {
-			f.Result = raw
-		}
-	}
-	if serr := a.send(f); serr != nil {
-		a.log.Debug("could not send a reply", "id", id, "err", serr)
-	}
-}
-
 // emit sends one event; a failure means the helper is gone and is only logged
 // (the read loop notices and ends Run).
 func (a *agent) emit(ev protocol.Event) {
-	if err := a.send(protocol.AgentFrame{Kind: protocol.AgentKindEvent, Event: &ev}); err != nil {
+	if err := a.server.Emit(ev); err != nil {
 		a.log.Debug("could not send an event", "type", ev.Type, "id", ev.ID, "err", err)
 	}
-}
-
-// send writes one frame; frames from concurrent goroutines never interleave.
-func (a *agent) send(f protocol.AgentFrame) error {
-	body, err := json.Marshal(f)
-	if err != nil {
-		return fmt.Errorf("agent: encoding a frame: %w", err)
-	}
-	a.writeMu.Lock()
-	defer a.writeMu.Unlock()
-	return protocol.WriteFrame(a.conn, body)
 }
 
 // kernelRelease is uname -r, for the hello.

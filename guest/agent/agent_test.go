@@ -2,7 +2,6 @@ package agent
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -12,7 +11,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -22,6 +20,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/cowork-vmm/cowork-vmm/protocol"
+	"github.com/cowork-vmm/cowork-vmm/protocol/agentrpc/agenttest"
 	"github.com/cowork-vmm/cowork-vmm/testharness/sandboxprobe"
 )
 
@@ -55,41 +54,14 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-// procOutput is what a test client has seen of one process.
-type procOutput struct {
-	stdout, stderr strings.Builder
-	chunks         []int // sizes of stdout/stderr event data
-	exit           *protocol.Event
-	requests       []protocol.GuestRequest // its guest requests, in order
-}
-
-// testClient is the helper side of the agent channel, for tests.
+// testClient is agenttest.Client with this package's helpers.
 type testClient struct {
-	t     testing.TB
-	conn  net.Conn
-	hello protocol.AgentHello
-
-	mu      sync.Mutex
-	cond    *sync.Cond
-	nextID  uint64
-	pending map[uint64]chan protocol.AgentFrame
-	procs   map[string]*procOutput
-	closed  bool
+	*agenttest.Client
+	t testing.TB
 }
 
 func newTestClient(t testing.TB, conn net.Conn) *testClient {
-	c := &testClient{t: t, conn: conn, pending: map[uint64]chan protocol.AgentFrame{}, procs: map[string]*procOutput{}}
-	c.cond = sync.NewCond(&c.mu)
-	body, err := protocol.ReadFrame(conn)
-	require.NoError(t, err, "reading hello")
-	var hello protocol.AgentFrame
-	require.NoError(t, json.Unmarshal(body, &hello))
-	require.Equal(t, protocol.AgentKindHello, hello.Kind)
-	require.NotNil(t, hello.Hello)
-	require.Equal(t, protocol.AgentProtocolVersion, hello.Hello.Version)
-	c.hello = *hello.Hello
-	go c.readLoop()
-	return c
+	return &testClient{Client: agenttest.Dial(t, conn), t: t}
 }
 
 // startAgent runs agent.Run in this process over a socketpair.
@@ -124,167 +96,41 @@ func fileConn(t testing.TB, fd int) net.Conn {
 	return c
 }
 
-func (c *testClient) readLoop() {
-	defer func() {
-		c.mu.Lock()
-		c.closed = true
-		for _, ch := range c.pending {
-			close(ch)
-		}
-		c.pending = nil
-		c.cond.Broadcast()
-		c.mu.Unlock()
-	}()
-	for {
-		body, err := protocol.ReadFrame(c.conn)
-		if err != nil {
-			return
-		}
-		var f protocol.AgentFrame
-		if err := json.Unmarshal(body, &f); err != nil {
-			c.t.Errorf("agent sent undecodable frame: %v", err)
-			return
-		}
-		c.mu.Lock()
-		switch f.Kind {
-		case protocol.AgentKindReply:
-			if ch := c.pending[f.ID]; ch != nil {
-				ch <- f
-				delete(c.pending, f.ID)
-			} else {
-				c.t.Errorf("reply to unknown id %d", f.ID)
-			}
-		case protocol.AgentKindEvent:
-			ev := f.Event
-			p := c.procs[ev.ID]
-			if p == nil {
-				p = &procOutput{}
-				c.procs[ev.ID] = p
-			}
-			switch ev.Type {
-			case protocol.EventStdout:
-				p.stdout.WriteString(ev.Data)
-				p.chunks = append(p.chunks, len(ev.Data))
-			case protocol.EventStderr:
-				p.stderr.WriteString(ev.Data)
-				p.chunks = append(p.chunks, len(ev.Data))
-			case protocol.EventRequest:
-				if ev.GuestRequest == nil {
-					c.t.Errorf("request event of %s without its guestRequest", ev.ID)
-				} else {
-					p.requests = append(p.requests, *ev.GuestRequest)
-				}
-			case protocol.EventExit:
-				if p.exit != nil {
-					c.t.Errorf("second exit event for %s", ev.ID)
-				}
-				p.exit = ev
-			}
-			c.cond.Broadcast()
-		default:
-			c.t.Errorf("unexpected frame kind %q", f.Kind)
-		}
-		c.mu.Unlock()
-	}
-}
-
-func (c *testClient) call(method string, params, result any) error {
-	c.t.Helper()
-	raw, err := json.Marshal(params)
-	require.NoError(c.t, err)
-	c.mu.Lock()
-	if c.closed {
-		c.mu.Unlock()
-		return errors.New("connection closed")
-	}
-	c.nextID++
-	id := c.nextID
-	ch := make(chan protocol.AgentFrame, 1)
-	c.pending[id] = ch
-	c.mu.Unlock()
-	require.NoError(c.t, protocol.WriteJSON(c.conn, protocol.AgentFrame{Kind: protocol.AgentKindRequest, ID: id, Method: method, Params: raw}))
-	select {
-	case f, ok := <-ch:
-		if !ok {
-			return errors.New("connection closed")
-		}
-		if f.Error != "" {
-			return errors.New(f.Error)
-		}
-		if result != nil {
-			return json.Unmarshal(f.Result, result)
-		}
-		return nil
-	case <-time.After(60 * time.Second):
-		c.t.Fatalf("no reply to %s", method)
-		return nil
-	}
-}
-
-// waitFor waits until cond holds for the output of process id.
-func (c *testClient) waitFor(id string, what string, cond func(*procOutput) bool) *procOutput {
-	c.t.Helper()
-	timer := time.AfterFunc(60*time.Second, func() {
-		c.mu.Lock()
-		c.closed = true
-		c.cond.Broadcast()
-		c.mu.Unlock()
-	})
-	defer timer.Stop()
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	for {
-		p := c.procs[id]
-		if p != nil && cond(p) {
-			return p
-		}
-		if c.closed {
-			c.t.Fatalf("process %s: gave up waiting for %s", id, what)
-		}
-		c.cond.Wait()
-	}
-}
-
-func (c *testClient) waitExit(id string) *procOutput {
-	c.t.Helper()
-	return c.waitFor(id, "its exit", func(p *procOutput) bool { return p.exit != nil })
-}
-
 func (c *testClient) spawn(id string, args ...string) {
 	c.t.Helper()
-	require.NoError(c.t, c.call(protocol.AgentMethodSpawn, protocol.SpawnParams{
+	require.NoError(c.t, c.Call(protocol.AgentMethodSpawn, protocol.SpawnParams{
 		ID: id, Command: args[0], Args: args[1:], Cwd: "/", Env: []string{"PATH=/usr/bin:/bin"},
 	}, nil))
 }
 
 func TestHelloAndPing(t *testing.T) {
 	c := startAgent(t, Options{})
-	require.Equal(t, os.Getpid(), c.hello.PID)
-	require.NoError(t, c.call(protocol.AgentMethodPing, nil, nil))
-	require.ErrorContains(t, c.call("frobnicate", nil, nil), "unknown agent method")
+	require.Equal(t, os.Getpid(), c.Hello().PID)
+	require.NoError(t, c.Call(protocol.AgentMethodPing, nil, nil))
+	require.ErrorContains(t, c.Call("frobnicate", nil, nil), "unknown agent method")
 }
 
 func TestSpawnOutputAndExitCode(t *testing.T) {
 	c := startAgent(t, Options{})
 	c.spawn("p1", "sh", "-c", "echo out; echo err >&2; exit 3")
-	p := c.waitExit("p1")
-	require.Equal(t, "out\n", p.stdout.String())
-	require.Equal(t, "err\n", p.stderr.String())
-	require.NotNil(t, p.exit.ExitCode)
-	require.Equal(t, 3, *p.exit.ExitCode)
-	require.Empty(t, p.exit.Signal)
+	p := c.WaitExit("p1")
+	require.Equal(t, "out\n", p.Stdout.String())
+	require.Equal(t, "err\n", p.Stderr.String())
+	require.NotNil(t, p.Exit.ExitCode)
+	require.Equal(t, 3, *p.Exit.ExitCode)
+	require.Empty(t, p.Exit.Signal)
 }
 
 func TestSpawnUsesArgsCwdAndEnvExactly(t *testing.T) {
 	c := startAgent(t, Options{})
 	dir := t.TempDir()
-	require.NoError(t, c.call(protocol.AgentMethodSpawn, protocol.SpawnParams{
+	require.NoError(t, c.Call(protocol.AgentMethodSpawn, protocol.SpawnParams{
 		ID: "env", Command: "sh", Args: []string{"-c", `pwd; echo "$FOO"; env | wc -l; echo "$1"`, "sh", "two words"},
 		Cwd: dir, Env: []string{"PATH=/usr/bin:/bin", "FOO=bar baz"},
 	}, nil))
-	p := c.waitExit("env")
-	lines := strings.Split(strings.TrimSpace(p.stdout.String()), "\n")
-	require.Len(t, lines, 4, p.stdout.String())
+	p := c.WaitExit("env")
+	lines := strings.Split(strings.TrimSpace(p.Stdout.String()), "\n")
+	require.Len(t, lines, 4, p.Stdout.String())
 	require.Equal(t, dir, lines[0])
 	require.Equal(t, "bar baz", lines[1])
 	// PATH, FOO and the PWD sh sets itself (plus SHLVL/_ on some shells).
@@ -296,28 +142,28 @@ func TestSpawnUsesArgsCwdAndEnvExactly(t *testing.T) {
 
 func TestSpawnErrors(t *testing.T) {
 	c := startAgent(t, Options{})
-	err := c.call(protocol.AgentMethodSpawn, protocol.SpawnParams{ID: "x", Command: "no-such-command-here", Cwd: "/", Env: []string{"PATH=/usr/bin:/bin"}}, nil)
+	err := c.Call(protocol.AgentMethodSpawn, protocol.SpawnParams{ID: "x", Command: "no-such-command-here", Cwd: "/", Env: []string{"PATH=/usr/bin:/bin"}}, nil)
 	require.ErrorContains(t, err, "not found in PATH")
-	err = c.call(protocol.AgentMethodSpawn, protocol.SpawnParams{ID: "x", Command: "true", Cwd: "/no/such/dir", Env: []string{"PATH=/usr/bin:/bin"}}, nil)
+	err = c.Call(protocol.AgentMethodSpawn, protocol.SpawnParams{ID: "x", Command: "true", Cwd: "/no/such/dir", Env: []string{"PATH=/usr/bin:/bin"}}, nil)
 	require.ErrorContains(t, err, "working directory")
-	err = c.call(protocol.AgentMethodSpawn, protocol.SpawnParams{ID: "", Command: "true"}, nil)
+	err = c.Call(protocol.AgentMethodSpawn, protocol.SpawnParams{ID: "", Command: "true"}, nil)
 	require.ErrorContains(t, err, "process id")
 	// A running id cannot be reused.
 	c.spawn("dup", "sleep", "30")
-	err = c.call(protocol.AgentMethodSpawn, protocol.SpawnParams{ID: "dup", Command: "true", Cwd: "/", Env: []string{"PATH=/usr/bin:/bin"}}, nil)
+	err = c.Call(protocol.AgentMethodSpawn, protocol.SpawnParams{ID: "dup", Command: "true", Cwd: "/", Env: []string{"PATH=/usr/bin:/bin"}}, nil)
 	require.ErrorContains(t, err, "still running")
-	require.NoError(t, c.call(protocol.AgentMethodKill, protocol.KillParams{ID: "dup", Signal: "SIGKILL"}, nil))
-	require.Equal(t, "SIGKILL", c.waitExit("dup").exit.Signal)
+	require.NoError(t, c.Call(protocol.AgentMethodKill, protocol.KillParams{ID: "dup", Signal: "SIGKILL"}, nil))
+	require.Equal(t, "SIGKILL", c.WaitExit("dup").Exit.Signal)
 }
 
 func TestUnknownProcessAndSignal(t *testing.T) {
 	c := startAgent(t, Options{})
-	require.ErrorContains(t, c.call(protocol.AgentMethodStdin, protocol.StdinParams{ID: "nope", Data: "x"}, nil), "no running process")
-	require.ErrorContains(t, c.call(protocol.AgentMethodKill, protocol.KillParams{ID: "nope", Signal: "SIGTERM"}, nil), "no running process")
+	require.ErrorContains(t, c.Call(protocol.AgentMethodStdin, protocol.StdinParams{ID: "nope", Data: "x"}, nil), "no running process")
+	require.ErrorContains(t, c.Call(protocol.AgentMethodKill, protocol.KillParams{ID: "nope", Signal: "SIGTERM"}, nil), "no running process")
 	c.spawn("s", "sleep", "30")
-	require.ErrorContains(t, c.call(protocol.AgentMethodKill, protocol.KillParams{ID: "s", Signal: "SIGBOGUS"}, nil), "unknown signal")
-	require.NoError(t, c.call(protocol.AgentMethodKill, protocol.KillParams{ID: "s", Signal: "SIGINT"}, nil))
-	require.Equal(t, "SIGINT", c.waitExit("s").exit.Signal)
+	require.ErrorContains(t, c.Call(protocol.AgentMethodKill, protocol.KillParams{ID: "s", Signal: "SIGBOGUS"}, nil), "unknown signal")
+	require.NoError(t, c.Call(protocol.AgentMethodKill, protocol.KillParams{ID: "s", Signal: "SIGINT"}, nil))
+	require.Equal(t, "SIGINT", c.WaitExit("s").Exit.Signal)
 }
 
 func TestUTF8SplitAcrossWritesIsReassembled(t *testing.T) {
@@ -325,55 +171,55 @@ func TestUTF8SplitAcrossWritesIsReassembled(t *testing.T) {
 	// The euro sign's three bytes are written separately, with pauses longer
 	// than the coalescing window, then an invalid byte.
 	c.spawn("u", "sh", "-c", `printf '\342'; sleep 0.1; printf '\202'; sleep 0.1; printf '\254 ok \377!'`)
-	p := c.waitExit("u")
-	require.Equal(t, "€ ok \uFFFD!", p.stdout.String())
+	p := c.WaitExit("u")
+	require.Equal(t, "€ ok \uFFFD!", p.Stdout.String())
 }
 
 func TestLargeOutputArrivesCompleteInBoundedChunks(t *testing.T) {
 	c := startAgent(t, Options{})
 	const size = 20 * 1024 * 1024
 	c.spawn("big", "sh", "-c", fmt.Sprintf("head -c %d /dev/zero | tr '\\000' a; echo done >&2", size))
-	p := c.waitExit("big")
-	require.Equal(t, size, p.stdout.Len())
-	require.Equal(t, strings.Repeat("a", 100), p.stdout.String()[size-100:])
-	require.Equal(t, "done\n", p.stderr.String())
-	for _, n := range p.chunks {
+	p := c.WaitExit("big")
+	require.Equal(t, size, p.Stdout.Len())
+	require.Equal(t, strings.Repeat("a", 100), p.Stdout.String()[size-100:])
+	require.Equal(t, "done\n", p.Stderr.String())
+	for _, n := range p.Chunks {
 		require.LessOrEqual(t, n, maxChunkBytes+utf8.UTFMax)
 	}
-	require.GreaterOrEqual(t, len(p.chunks), size/maxChunkBytes)
+	require.GreaterOrEqual(t, len(p.Chunks), size/maxChunkBytes)
 	// Coalescing: far fewer events than the pipe's 4 KiB writes would give.
-	require.Less(t, len(p.chunks), size/4096)
+	require.Less(t, len(p.Chunks), size/4096)
 }
 
 func TestStdinRoundTripAndKill(t *testing.T) {
 	c := startAgent(t, Options{})
 	c.spawn("cat", "cat")
-	require.NoError(t, c.call(protocol.AgentMethodStdin, protocol.StdinParams{ID: "cat", Data: "hello ünïcode\n"}, nil))
-	c.waitFor("cat", "echoed stdin", func(p *procOutput) bool { return p.stdout.String() == "hello ünïcode\n" })
-	require.NoError(t, c.call(protocol.AgentMethodKill, protocol.KillParams{ID: "cat", Signal: "SIGTERM"}, nil))
-	p := c.waitExit("cat")
-	require.Equal(t, "SIGTERM", p.exit.Signal)
-	require.Nil(t, p.exit.ExitCode)
+	require.NoError(t, c.Call(protocol.AgentMethodStdin, protocol.StdinParams{ID: "cat", Data: "hello ünïcode\n"}, nil))
+	c.WaitFor("cat", "echoed stdin", func(p *agenttest.Output) bool { return p.Stdout.String() == "hello ünïcode\n" })
+	require.NoError(t, c.Call(protocol.AgentMethodKill, protocol.KillParams{ID: "cat", Signal: "SIGTERM"}, nil))
+	p := c.WaitExit("cat")
+	require.Equal(t, "SIGTERM", p.Exit.Signal)
+	require.Nil(t, p.Exit.ExitCode)
 	// Once exited, the id is unknown.
-	require.Error(t, c.call(protocol.AgentMethodStdin, protocol.StdinParams{ID: "cat", Data: "x"}, nil))
+	require.Error(t, c.Call(protocol.AgentMethodStdin, protocol.StdinParams{ID: "cat", Data: "x"}, nil))
 }
 
 func TestKillSignalsTheWholeGroup(t *testing.T) {
 	c := startAgent(t, Options{})
 	// The shell waits for its child; SIGTERM to the group ends both.
 	c.spawn("grp", "sh", "-c", "sleep 30; echo not reached")
-	require.NoError(t, c.call(protocol.AgentMethodKill, protocol.KillParams{ID: "grp", Signal: "TERM"}, nil))
-	p := c.waitExit("grp")
-	require.Equal(t, "SIGTERM", p.exit.Signal)
-	require.Empty(t, p.stdout.String())
+	require.NoError(t, c.Call(protocol.AgentMethodKill, protocol.KillParams{ID: "grp", Signal: "TERM"}, nil))
+	p := c.WaitExit("grp")
+	require.Equal(t, "SIGTERM", p.Exit.Signal)
+	require.Empty(t, p.Stdout.String())
 }
 
 func TestOrphansAreReaped(t *testing.T) {
 	c := startAgent(t, Options{Subreaper: true})
 	c.spawn("orph", "sh", "-c", "sleep 0.3 </dev/null >/dev/null 2>&1 & echo $!")
-	p := c.waitExit("orph")
-	require.Equal(t, 0, *p.exit.ExitCode)
-	pid, err := strconv.Atoi(strings.TrimSpace(p.stdout.String()))
+	p := c.WaitExit("orph")
+	require.Equal(t, 0, *p.Exit.ExitCode)
+	pid, err := strconv.Atoi(strings.TrimSpace(p.Stdout.String()))
 	require.NoError(t, err)
 	// The grandchild is reparented to us (subreaper); once it ends it must be
 	// reaped rather than linger as a zombie.
@@ -394,10 +240,10 @@ func TestExitWaitsForOutputButNotForeverForBackgroundHolders(t *testing.T) {
 	c := startAgent(t, Options{OutputDrain: 200 * time.Millisecond})
 	// The background sleep keeps stdout open; the exit still comes.
 	c.spawn("bg", "sh", "-c", "echo first; sleep 30 & echo $! >&2")
-	p := c.waitExit("bg")
-	require.Equal(t, "first\n", p.stdout.String())
-	require.Equal(t, 0, *p.exit.ExitCode)
-	bg, err := strconv.Atoi(strings.TrimSpace(p.stderr.String()))
+	p := c.WaitExit("bg")
+	require.Equal(t, "first\n", p.Stdout.String())
+	require.Equal(t, 0, *p.Exit.ExitCode)
+	bg, err := strconv.Atoi(strings.TrimSpace(p.Stderr.String()))
 	require.NoError(t, err)
 	require.NoError(t, unix.Kill(bg, unix.SIGKILL))
 }
@@ -411,22 +257,21 @@ func TestOutputDrainNeverCutsFlowingOutput(t *testing.T) {
 	c.spawn("slow", "sh", "-c", fmt.Sprintf("sleep 0.2; head -c %d /dev/zero | tr '\\000' b; touch %s", size, done))
 	// Stall the client until the process has exited and well past
 	// OutputDrain, so the agent's sends are blocked meanwhile.
-	c.mu.Lock()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		if _, err := os.Stat(done); err == nil {
-			break
+	c.Locked(func(map[string]*agenttest.Output) {
+		deadline := time.Now().Add(20 * time.Second)
+		for {
+			if _, err := os.Stat(done); err == nil {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("the process did not finish while the client was stalled")
+			}
+			time.Sleep(10 * time.Millisecond)
 		}
-		if time.Now().After(deadline) {
-			c.mu.Unlock()
-			t.Fatal("the process did not finish while the client was stalled")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	time.Sleep(300 * time.Millisecond)
-	c.mu.Unlock()
-	p := c.waitExit("slow")
-	require.Equal(t, size, p.stdout.Len())
+		time.Sleep(300 * time.Millisecond)
+	})
+	p := c.WaitExit("slow")
+	require.Equal(t, size, p.Stdout.Len())
 }
 
 func TestReadFile(t *testing.T) {
@@ -442,7 +287,7 @@ func TestReadFile(t *testing.T) {
 	require.NoError(t, os.WriteFile(filepath.Join(other, "secret"), []byte("other session's"), 0o644))
 	read := func(p string) ([]byte, error) {
 		var res protocol.ReadFileResult
-		err := c.call(protocol.AgentMethodReadFile, protocol.ReadFileParams{Path: p}, &res)
+		err := c.Call(protocol.AgentMethodReadFile, protocol.ReadFileParams{Path: p}, &res)
 		return res.Content, err
 	}
 	got, err := read(path)
@@ -497,24 +342,19 @@ func TestShutdownEndsProcessesThenReplies(t *testing.T) {
 	c.spawn("long", "sleep", "60")
 	// A process that ignores SIGTERM needs the SIGKILL after the grace.
 	c.spawn("stubborn", "sh", "-c", "trap '' TERM; echo ready; sleep 60")
-	c.waitFor("stubborn", "ready", func(p *procOutput) bool { return p.stdout.String() == "ready\n" })
-	require.NoError(t, c.call(protocol.AgentMethodShutdown, protocol.ShutdownParams{GraceMillis: 300}, nil))
+	c.WaitFor("stubborn", "ready", func(p *agenttest.Output) bool { return p.Stdout.String() == "ready\n" })
+	require.NoError(t, c.Call(protocol.AgentMethodShutdown, protocol.ShutdownParams{GraceMillis: 300}, nil))
 	// The exit events were sent before the reply.
-	c.mu.Lock()
-	long, stubborn := c.procs["long"], c.procs["stubborn"]
-	c.mu.Unlock()
+	var long, stubborn *agenttest.Output
+	c.Locked(func(procs map[string]*agenttest.Output) { long, stubborn = procs["long"], procs["stubborn"] })
 	require.NotNil(t, long)
-	require.NotNil(t, long.exit)
-	require.Equal(t, "SIGTERM", long.exit.Signal)
+	require.NotNil(t, long.Exit)
+	require.Equal(t, "SIGTERM", long.Exit.Signal)
 	require.NotNil(t, stubborn)
-	require.NotNil(t, stubborn.exit)
-	require.Equal(t, "SIGKILL", stubborn.exit.Signal)
+	require.NotNil(t, stubborn.Exit)
+	require.Equal(t, "SIGKILL", stubborn.Exit.Signal)
 	// The agent then closes the connection.
-	c.mu.Lock()
-	for !c.closed {
-		c.cond.Wait()
-	}
-	c.mu.Unlock()
+	c.WaitClosed()
 }
 
 func TestMountValidation(t *testing.T) {
@@ -530,7 +370,7 @@ func TestMountValidation(t *testing.T) {
 		{Source: protocol.MountSource{Kind: "nfs"}, Target: "/x"},
 		{Source: protocol.MountSource{Kind: "bind", Path: "/tmp"}, Target: "/x", SourceFile: "../etc/shadow"},
 	} {
-		require.Error(t, c.call(protocol.AgentMethodMount, protocol.MountParams{Mount: m}, nil), "%+v", m)
+		require.Error(t, c.Call(protocol.AgentMethodMount, protocol.MountParams{Mount: m}, nil), "%+v", m)
 	}
 }
 
@@ -560,7 +400,7 @@ func startChildAgent(t *testing.T, args []string, extra ...*os.File) *testClient
 	conn := fileConn(t, fds[1])
 	c := newTestClient(t, conn)
 	t.Cleanup(func() {
-		_ = c.call(protocol.AgentMethodShutdown, protocol.ShutdownParams{GraceMillis: 500}, nil)
+		_ = c.Call(protocol.AgentMethodShutdown, protocol.ShutdownParams{GraceMillis: 500}, nil)
 		conn.Close()
 		done := make(chan error, 1)
 		go func() { done <- cmd.Wait() }()
@@ -577,23 +417,23 @@ func startChildAgent(t *testing.T, args []string, extra ...*os.File) *testClient
 
 func TestChildAgentIsPID1AndMountsBindReadOnly(t *testing.T) {
 	c := startChildAgent(t, nil)
-	require.Equal(t, 1, c.hello.PID)
+	require.Equal(t, 1, c.Hello().PID)
 	src := t.TempDir()
 	require.NoError(t, os.WriteFile(filepath.Join(src, "hello"), []byte("from host"), 0o644))
 	ro := filepath.Join(t.TempDir(), "ro")
 	rw := filepath.Join(t.TempDir(), "nested", "rw")
-	require.NoError(t, c.call(protocol.AgentMethodMount, protocol.MountParams{Mount: protocol.Mount{
+	require.NoError(t, c.Call(protocol.AgentMethodMount, protocol.MountParams{Mount: protocol.Mount{
 		Source: protocol.MountSource{Kind: "bind", Path: src}, Target: ro, ReadOnly: true}}, nil))
 	// Idempotent for the same spec.
-	require.NoError(t, c.call(protocol.AgentMethodMount, protocol.MountParams{Mount: protocol.Mount{
+	require.NoError(t, c.Call(protocol.AgentMethodMount, protocol.MountParams{Mount: protocol.Mount{
 		Source: protocol.MountSource{Kind: "bind", Path: src}, Target: ro, ReadOnly: true}}, nil))
-	require.NoError(t, c.call(protocol.AgentMethodMount, protocol.MountParams{Mount: protocol.Mount{
+	require.NoError(t, c.Call(protocol.AgentMethodMount, protocol.MountParams{Mount: protocol.Mount{
 		Source: protocol.MountSource{Kind: "bind", Path: src}, Target: rw}}, nil))
 
 	c.spawn("w", "sh", "-c", fmt.Sprintf("cat %s/hello; echo; (echo x > %s/new) || echo refused; echo y > %s/written && echo written", ro, ro, rw))
-	p := c.waitExit("w")
-	require.Contains(t, p.stdout.String(), "from host\nrefused\nwritten\n")
-	require.Contains(t, p.stderr.String(), "Read-only file system")
+	p := c.WaitExit("w")
+	require.Contains(t, p.Stdout.String(), "from host\nrefused\nwritten\n")
+	require.Contains(t, p.Stderr.String(), "Read-only file system")
 	got, err := os.ReadFile(filepath.Join(src, "written"))
 	require.NoError(t, err)
 	require.Equal(t, "y\n", string(got))
@@ -613,17 +453,17 @@ func TestChildAgentFileMountOverReadOnlyDirectory(t *testing.T) {
 	require.NoError(t, os.WriteFile(filepath.Join(sys, "existing"), []byte("#!/bin/sh\necho existing\n"), 0o755))
 	require.NoError(t, os.Symlink("existing", filepath.Join(sys, "link")))
 	bin := filepath.Join(t.TempDir(), "bin")
-	require.NoError(t, c.call(protocol.AgentMethodMount, protocol.MountParams{Mount: protocol.Mount{
+	require.NoError(t, c.Call(protocol.AgentMethodMount, protocol.MountParams{Mount: protocol.Mount{
 		Source: protocol.MountSource{Kind: "bind", Path: sys}, Target: bin, ReadOnly: true}}, nil))
 	sdk := t.TempDir()
 	require.NoError(t, os.MkdirAll(filepath.Join(sdk, "1.0"), 0o755))
 	require.NoError(t, os.WriteFile(filepath.Join(sdk, "1.0", "claude"), []byte("#!/bin/sh\necho sdk \"$@\"\n"), 0o755))
-	require.NoError(t, c.call(protocol.AgentMethodMount, protocol.MountParams{Mount: protocol.Mount{
+	require.NoError(t, c.Call(protocol.AgentMethodMount, protocol.MountParams{Mount: protocol.Mount{
 		Source: protocol.MountSource{Kind: "bind", Path: filepath.Join(sdk, "1.0")}, SourceFile: "claude",
 		Target: filepath.Join(bin, "claude"), ReadOnly: true}}, nil))
 	c.spawn("run", "sh", "-c", fmt.Sprintf("%s/claude a b; %s/existing; %s/link; echo x > %s/claude || echo refused", bin, bin, bin, bin))
-	p := c.waitExit("run")
-	require.Equal(t, "sdk a b\nexisting\nexisting\nrefused\n", p.stdout.String())
+	p := c.WaitExit("run")
+	require.Equal(t, "sdk a b\nexisting\nexisting\nrefused\n", p.Stdout.String())
 	// Nothing leaked into the host directory.
 	_, err := os.Stat(filepath.Join(sys, "claude"))
 	require.ErrorIs(t, err, os.ErrNotExist)

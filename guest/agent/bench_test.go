@@ -3,6 +3,8 @@ package agent
 import (
 	"fmt"
 	"testing"
+
+	"github.com/cowork-vmm/cowork-vmm/protocol/agentrpc/agenttest"
 )
 
 // BenchmarkOutputThroughput measures stdout forwarding: a process writes
@@ -15,13 +17,11 @@ func BenchmarkOutputThroughput(b *testing.B) {
 	for i := 0; i < b.N; i++ {
 		id := fmt.Sprintf("bench%d", i)
 		c.spawn(id, "sh", "-c", fmt.Sprintf("yes 'some typical output text' | head -c %d", size))
-		p := c.waitExit(id)
-		if p.stdout.Len() != size {
-			b.Fatalf("got %d bytes, want %d", p.stdout.Len(), size)
+		p := c.WaitExit(id)
+		if p.Stdout.Len() != size {
+			b.Fatalf("got %d bytes, want %d", p.Stdout.Len(), size)
 		}
-		c.mu.Lock()
-		delete(c.procs, id)
-		c.mu.Unlock()
+		c.Locked(func(procs map[string]*agenttest.Output) { delete(procs, id) })
 	}
 }
 

@@ -24,12 +24,12 @@ func probeAsSpawn(t *testing.T, c *testClient) map[string]string {
 	t.Helper()
 	exe, err := os.Executable()
 	require.NoError(t, err)
-	require.NoError(t, c.call(protocol.AgentMethodSpawn, protocol.SpawnParams{
+	require.NoError(t, c.Call(protocol.AgentMethodSpawn, protocol.SpawnParams{
 		ID: "probe", Command: exe, Cwd: "/", Env: []string{"PATH=/usr/bin:/bin", testProbeEnv + "=1"},
 	}, nil))
-	p := c.waitExit("probe")
-	require.Equal(t, 0, *p.exit.ExitCode, p.stderr.String())
-	return sandboxprobe.Parse(p.stdout.String())
+	p := c.WaitExit("probe")
+	require.Equal(t, 0, *p.Exit.ExitCode, p.Stderr.String())
+	return sandboxprobe.Parse(p.Stdout.String())
 }
 
 // TestSpawnRunsUnderTheFilter: a spawn finds the keyrings and TIOCSTI
@@ -98,12 +98,12 @@ func TestChildAgentIsolatedSpawnsAreFiltered(t *testing.T) {
 	c.setupHostSystem()
 	home := t.TempDir()
 	c.bind(home, "/sessions/a", false)
-	require.NoError(t, c.call(protocol.AgentMethodSpawn, protocol.SpawnParams{
+	require.NoError(t, c.Call(protocol.AgentMethodSpawn, protocol.SpawnParams{
 		ID: "look", Session: "a", Command: "/bin/sh", Cwd: "/sessions/a",
 		Args: []string{"-c", `grep -E '^(Seccomp|NoNewPrivs):' /proc/self/status; sudo grep -E '^(Seccomp|NoNewPrivs):' /proc/self/status; sudo id -u`},
 		Env:  []string{"PATH=/usr/bin:/bin", testGuestRequestEnv + "=1"},
 	}, nil))
-	p := c.waitExit("look")
-	require.Equal(t, 0, *p.exit.ExitCode, p.stderr.String())
-	assert.Equal(t, "NoNewPrivs:\t1\nSeccomp:\t2\nNoNewPrivs:\t1\nSeccomp:\t2\n0\n", p.stdout.String(), p.stderr.String())
+	p := c.WaitExit("look")
+	require.Equal(t, 0, *p.Exit.ExitCode, p.Stderr.String())
+	assert.Equal(t, "NoNewPrivs:\t1\nSeccomp:\t2\nNoNewPrivs:\t1\nSeccomp:\t2\n0\n", p.Stdout.String(), p.Stderr.String())
 }

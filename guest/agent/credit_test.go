@@ -10,25 +10,25 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/cowork-vmm/cowork-vmm/protocol"
+	"github.com/cowork-vmm/cowork-vmm/protocol/agentrpc/agenttest"
 )
 
 // spawnWindow spawns with an output window (flow control).
 func (c *testClient) spawnWindow(id string, window int64, args ...string) error {
 	c.t.Helper()
-	return c.call(protocol.AgentMethodSpawn, protocol.SpawnParams{
+	return c.Call(protocol.AgentMethodSpawn, protocol.SpawnParams{
 		ID: id, Command: args[0], Args: args[1:], Cwd: "/", Env: []string{"PATH=/usr/bin:/bin"}, OutputWindow: window,
 	}, nil)
 }
 
 // outputBytes is what process id has sent so far.
 func (c *testClient) outputBytes(id string) (n int, exited bool) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	p := c.procs[id]
-	if p == nil {
-		return 0, false
-	}
-	return p.stdout.Len(), p.exit != nil
+	c.Locked(func(procs map[string]*agenttest.Output) {
+		if p := procs[id]; p != nil {
+			n, exited = p.Stdout.Len(), p.Exit != nil
+		}
+	})
+	return n, exited
 }
 
 // TestOutputWaitsForCredit: a process spawned with a window sends no more
@@ -48,9 +48,9 @@ func TestOutputWaitsForCredit(t *testing.T) {
 	again, _ := c.outputBytes("p")
 	assert.Equal(t, held, again, "nothing more without credit")
 
-	assert.ErrorContains(t, c.call(protocol.AgentMethodCredit, protocol.CreditParams{ID: "p", Bytes: 0}, nil), "want 1 to")
-	assert.ErrorContains(t, c.call(protocol.AgentMethodCredit, protocol.CreditParams{ID: "p", Bytes: protocol.MaxOutputWindow + 1}, nil), "want 1 to")
-	assert.ErrorContains(t, c.call(protocol.AgentMethodCredit, protocol.CreditParams{ID: "nobody", Bytes: 1}, nil), "no running process")
+	assert.ErrorContains(t, c.Call(protocol.AgentMethodCredit, protocol.CreditParams{ID: "p", Bytes: 0}, nil), "want 1 to")
+	assert.ErrorContains(t, c.Call(protocol.AgentMethodCredit, protocol.CreditParams{ID: "p", Bytes: protocol.MaxOutputWindow + 1}, nil), "want 1 to")
+	assert.ErrorContains(t, c.Call(protocol.AgentMethodCredit, protocol.CreditParams{ID: "nobody", Bytes: 1}, nil), "no running process")
 	assert.ErrorContains(t, c.spawnWindow("q", protocol.MinOutputWindow-1, "true"), "output window")
 
 	for {
@@ -59,13 +59,13 @@ func TestOutputWaitsForCredit(t *testing.T) {
 			assert.Equal(t, size, n, "every byte, then the exit")
 			break
 		}
-		if err := c.call(protocol.AgentMethodCredit, protocol.CreditParams{ID: "p", Bytes: window}, nil); err != nil {
-			c.waitExit("p") // it ended between the check and the credit
+		if err := c.Call(protocol.AgentMethodCredit, protocol.CreditParams{ID: "p", Bytes: window}, nil); err != nil {
+			c.WaitExit("p") // it ended between the check and the credit
 			continue
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-	assert.Equal(t, "done\n", c.waitExit("p").stderr.String())
+	assert.Equal(t, "done\n", c.WaitExit("p").Stderr.String())
 }
 
 // TestShutdownLiftsCredit: a process blocked on credit still exits, with
@@ -73,9 +73,9 @@ func TestOutputWaitsForCredit(t *testing.T) {
 func TestShutdownLiftsCredit(t *testing.T) {
 	c := startAgent(t, Options{})
 	require.NoError(t, c.spawnWindow("p", protocol.MinOutputWindow, "sh", "-c", "yes 'some output'"))
-	c.waitFor("p", "output", func(p *procOutput) bool { return p.stdout.Len() > 0 })
-	require.NoError(t, c.call(protocol.AgentMethodShutdown, protocol.ShutdownParams{GraceMillis: 100}, nil))
-	assert.NotNil(t, c.waitExit("p").exit)
+	c.WaitFor("p", "output", func(p *agenttest.Output) bool { return p.Stdout.Len() > 0 })
+	require.NoError(t, c.Call(protocol.AgentMethodShutdown, protocol.ShutdownParams{GraceMillis: 100}, nil))
+	assert.NotNil(t, c.WaitExit("p").Exit)
 }
 
 // creditReturner gives back each output event's credit as the events come,
@@ -92,24 +92,25 @@ func creditReturner(c *testClient, ids []string, window int64) (stop func()) {
 			case <-time.After(time.Millisecond):
 			}
 			for _, id := range ids {
-				c.mu.Lock()
-				p := c.procs[id]
 				var used int64
-				if p != nil {
-					for _, n := range p.chunks[sent[id]:] {
+				c.Locked(func(procs map[string]*agenttest.Output) {
+					p := procs[id]
+					if p == nil {
+						return
+					}
+					for _, n := range p.Chunks[sent[id]:] {
 						used += protocol.OutputCost(n)
 					}
-					if used >= window/4 || (used > 0 && p.exit == nil) {
-						sent[id] = len(p.chunks)
+					if used >= window/4 || (used > 0 && p.Exit == nil) {
+						sent[id] = len(p.Chunks)
 					} else {
 						used = 0
 					}
-				}
-				c.mu.Unlock()
+				})
 				if used > 0 {
 					// Not waiting for the reply, as the helper's sender
 					// does not hold one process's credit up for another's.
-					wg.Go(func() { _ = c.call(protocol.AgentMethodCredit, protocol.CreditParams{ID: id, Bytes: used}, nil) })
+					wg.Go(func() { _ = c.Call(protocol.AgentMethodCredit, protocol.CreditParams{ID: id, Bytes: used}, nil) })
 				}
 			}
 		}
@@ -133,10 +134,8 @@ func outputFlood(b *testing.B, c *testClient, round, procs, size int, window int
 		require.NoError(b, c.spawnWindow(id, window, "sh", "-c", fmt.Sprintf("yes 'some typical output text' | head -c %d", size)))
 	}
 	for _, id := range ids {
-		require.Equal(b, size, c.waitExit(id).stdout.Len())
-		c.mu.Lock()
-		delete(c.procs, id)
-		c.mu.Unlock()
+		require.Equal(b, size, c.WaitExit(id).Stdout.Len())
+		c.Locked(func(procs map[string]*agenttest.Output) { delete(procs, id) })
 	}
 }
 

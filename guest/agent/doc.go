@@ -1,7 +1,8 @@
 // Package agent is the guest agent: the one process that runs inside every
 // guest (PID 1 of the VM, or the init of the process backend's namespace
 // sandbox) and carries out the helper's requests over the agent channel of
-// protocol/agent.go — laying out the root filesystem, mounting shares,
+// protocol/agent.go, served by protocol/agentrpc's Server (agent.go
+// registers a typed handler per method) — laying out the root filesystem, mounting shares,
 // spawning processes and streaming their output, forwarding stdin, signalling
 // process groups, reporting exits, reaping every child, reading files.
 //
@@ -47,8 +48,8 @@
 // planted or swapped in (towards another session's home, or /) makes the
 // mount fail, naming it; it is never followed.
 //
-// Files: agent.go (Run, dispatch), spawn.go (starting a process, step by
-// step), process.go (the process table, reaping, output, stdin, kill),
+// Files: agent.go (Run, its methods on agentrpc.Server), spawn.go
+// (starting a process, step by step), process.go (the process table, reaping, output, stdin, kill),
 // credit.go (output flow control: a process sends within its credit),
 // isolate.go, confine.go, mount.go, mountpoint.go, setup.go, guestrequest.go,
 // guestcall.go, sudo.go, rootdisk.go, rootvar.go, sessiontmp.go, cgroup.go, utf8chunk.go, main.go (ProcessMain, VMMain),

@@ -63,13 +63,13 @@ func TestSpawnGetsItsOwnNetworkAndProxy(t *testing.T) {
 	ownNet, err := os.Readlink("/proc/self/ns/net")
 	require.NoError(t, err)
 
-	require.NoError(t, c.call(protocol.AgentMethodSpawn, protocol.SpawnParams{
+	require.NoError(t, c.Call(protocol.AgentMethodSpawn, protocol.SpawnParams{
 		ID: "net", Command: "sh", Cwd: "/", Env: []string{"PATH=/usr/bin:/bin", "HTTP_PROXY=http://evil:1"}, EgressToken: "tok-1",
 		Args: []string{"-c", `readlink /proc/self/ns/net; echo "$HTTPS_PROXY|$HTTP_PROXY|$http_proxy|$NO_PROXY"; cat /proc/net/dev | tail -n +3 | cut -d: -f1`},
 	}, nil))
-	p := c.waitExit("net")
-	lines := strings.Split(strings.TrimSpace(p.stdout.String()), "\n")
-	require.Len(t, lines, 3, p.stdout.String()+p.stderr.String())
+	p := c.WaitExit("net")
+	lines := strings.Split(strings.TrimSpace(p.Stdout.String()), "\n")
+	require.Len(t, lines, 3, p.Stdout.String()+p.Stderr.String())
 	require.NotEqual(t, ownNet, lines[0], "the spawn has a network namespace of its own")
 	vars := strings.Split(lines[1], "|")
 	require.True(t, strings.HasPrefix(vars[0], "http://127.0.0.1:"), lines[1])
@@ -79,13 +79,13 @@ func TestSpawnGetsItsOwnNetworkAndProxy(t *testing.T) {
 	if _, err := os.Stat("/usr/bin/curl"); err != nil {
 		t.Skip("no curl to make a request through the proxy")
 	}
-	require.NoError(t, c.call(protocol.AgentMethodSpawn, protocol.SpawnParams{
+	require.NoError(t, c.Call(protocol.AgentMethodSpawn, protocol.SpawnParams{
 		ID: "req", Command: "/usr/bin/curl", Cwd: "/", Env: []string{"PATH=/usr/bin:/bin"}, EgressToken: "tok-2",
 		Args: []string{"-sS", "-i", "--max-time", "20", "http://somewhere.test/"},
 	}, nil))
-	p = c.waitExit("req")
-	require.Contains(t, p.stdout.String(), "403", p.stderr.String())
-	require.Contains(t, p.stdout.String(), "X-Cowork-Egress: blocked-by-allowlist")
+	p = c.WaitExit("req")
+	require.Contains(t, p.Stdout.String(), "403", p.Stderr.String())
+	require.Contains(t, p.Stdout.String(), "X-Cowork-Egress: blocked-by-allowlist")
 	dialer.mu.Lock()
 	defer dialer.mu.Unlock()
 	require.Equal(t, []protocol.EgressRequest{{SpawnID: "req", Token: "tok-2", Host: "somewhere.test", Port: 80}}, dialer.requests)

@@ -16,6 +16,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/cowork-vmm/cowork-vmm/protocol"
+	"github.com/cowork-vmm/cowork-vmm/protocol/agentrpc"
+	"github.com/cowork-vmm/cowork-vmm/protocol/agentrpc/agenttest"
 )
 
 // spawnGuestRequest spawns this test binary as `cowork-vmm guest-request
@@ -24,7 +26,7 @@ func (c *testClient) spawnGuestRequest(id string, args ...string) {
 	c.t.Helper()
 	exe, err := os.Executable()
 	require.NoError(c.t, err)
-	require.NoError(c.t, c.call(protocol.AgentMethodSpawn, protocol.SpawnParams{
+	require.NoError(c.t, c.Call(protocol.AgentMethodSpawn, protocol.SpawnParams{
 		ID: id, Command: exe, Args: args, Cwd: "/", Env: []string{"PATH=/usr/bin:/bin", testGuestRequestEnv + "=1"},
 	}, nil))
 }
@@ -32,9 +34,9 @@ func (c *testClient) spawnGuestRequest(id string, args ...string) {
 // nextRequest waits for process id's n-th guest request (from 1).
 func (c *testClient) nextRequest(id string, n int) protocol.GuestRequest {
 	c.t.Helper()
-	p := c.waitFor(id, "a guest request", func(p *procOutput) bool { return len(p.requests) >= n || p.exit != nil })
-	require.GreaterOrEqual(c.t, len(p.requests), n, "exited without asking: %s", p.stderr.String())
-	return p.requests[n-1]
+	p := c.WaitFor(id, "a guest request", func(p *agenttest.Output) bool { return len(p.Requests) >= n || p.Exit != nil })
+	require.GreaterOrEqual(c.t, len(p.Requests), n, "exited without asking: %s", p.Stderr.String())
+	return p.Requests[n-1]
 }
 
 // TestGuestRequestRoundTrip: a process's guest-request call reaches the
@@ -49,25 +51,25 @@ func TestGuestRequestRoundTrip(t *testing.T) {
 	assert.JSONEq(t, `{"question":"ok?","n":12345678901234567890}`, string(req.Params))
 	assert.Contains(t, string(req.Params), "12345678901234567890", "params pass as the caller's JSON text")
 	assert.Equal(t, int64(90000), req.TimeoutMillis)
-	require.NoError(t, c.call(protocol.AgentMethodGuestResponse, protocol.GuestResponseParams{ID: req.ID, Result: json.RawMessage(`{"answer":"yes"}`)}, nil))
-	p := c.waitExit("asker")
-	require.NotNil(t, p.exit.ExitCode, p.stderr.String())
-	assert.Equal(t, 0, *p.exit.ExitCode, p.stderr.String())
-	assert.JSONEq(t, `{"answer":"yes"}`, p.stdout.String())
+	require.NoError(t, c.Call(protocol.AgentMethodGuestResponse, protocol.GuestResponseParams{ID: req.ID, Result: json.RawMessage(`{"answer":"yes"}`)}, nil))
+	p := c.WaitExit("asker")
+	require.NotNil(t, p.Exit.ExitCode, p.Stderr.String())
+	assert.Equal(t, 0, *p.Exit.ExitCode, p.Stderr.String())
+	assert.JSONEq(t, `{"answer":"yes"}`, p.Stdout.String())
 
-	err := c.call(protocol.AgentMethodGuestResponse, protocol.GuestResponseParams{ID: req.ID, Result: json.RawMessage(`1`)}, nil)
+	err := c.Call(protocol.AgentMethodGuestResponse, protocol.GuestResponseParams{ID: req.ID, Result: json.RawMessage(`1`)}, nil)
 	assert.ErrorContains(t, err, "no guest request of that id is waiting")
-	err = c.call(protocol.AgentMethodGuestResponse, protocol.GuestResponseParams{ID: 999999}, nil)
+	err = c.Call(protocol.AgentMethodGuestResponse, protocol.GuestResponseParams{ID: 999999}, nil)
 	assert.ErrorContains(t, err, "no guest request of that id is waiting")
 
 	c.spawnGuestRequest("refused", "deleteEverything")
 	req = c.nextRequest("refused", 1)
 	assert.JSONEq(t, `{}`, string(req.Params), "params default to {}")
-	require.NoError(t, c.call(protocol.AgentMethodGuestResponse, protocol.GuestResponseParams{ID: req.ID, Error: "the user said no"}, nil))
-	p = c.waitExit("refused")
-	assert.Equal(t, 1, *p.exit.ExitCode)
-	assert.Contains(t, p.stderr.String(), "deleteEverything: the user said no")
-	assert.Empty(t, p.stdout.String())
+	require.NoError(t, c.Call(protocol.AgentMethodGuestResponse, protocol.GuestResponseParams{ID: req.ID, Error: "the user said no"}, nil))
+	p = c.WaitExit("refused")
+	assert.Equal(t, 1, *p.Exit.ExitCode)
+	assert.Contains(t, p.Stderr.String(), "deleteEverything: the user said no")
+	assert.Empty(t, p.Stdout.String())
 }
 
 // TestGuestRequestCommandUsage: the command refuses bad arguments and says
@@ -91,8 +93,8 @@ func TestGuestRequestCommandUsage(t *testing.T) {
 func (c *testClient) socketOf(id string) string {
 	c.t.Helper()
 	c.spawn(id, "sh", "-c", `echo "$`+protocol.GuestRequestSocketEnv+`"; exec cat`)
-	p := c.waitFor(id, "its socket", func(p *procOutput) bool { return strings.Contains(p.stdout.String(), "\n") || p.exit != nil })
-	return strings.TrimSpace(p.stdout.String())
+	p := c.WaitFor(id, "its socket", func(p *agenttest.Output) bool { return strings.Contains(p.Stdout.String(), "\n") || p.Exit != nil })
+	return strings.TrimSpace(p.Stdout.String())
 }
 
 // rawCall sends body as one frame on the socket and returns the answer.
@@ -148,14 +150,14 @@ func TestGuestRequestBounds(t *testing.T) {
 	first := c.nextRequest("holder", 1)
 	conns[0].Close()
 	require.Eventually(t, func() bool {
-		return c.call(protocol.AgentMethodGuestResponse, protocol.GuestResponseParams{ID: first.ID}, nil) != nil
+		return c.Call(protocol.AgentMethodGuestResponse, protocol.GuestResponseParams{ID: first.ID}, nil) != nil
 	}, 10*time.Second, 10*time.Millisecond)
 	for _, conn := range conns[1:] {
 		conn.Close()
 	}
 
-	require.NoError(t, c.call(protocol.AgentMethodKill, protocol.KillParams{ID: "holder", Signal: "SIGKILL"}, nil))
-	c.waitExit("holder")
+	require.NoError(t, c.Call(protocol.AgentMethodKill, protocol.KillParams{ID: "holder", Signal: "SIGKILL"}, nil))
+	c.WaitExit("holder")
 	_, err = os.Stat(socket)
 	assert.ErrorIs(t, err, os.ErrNotExist, "the socket goes with its process")
 }
@@ -167,7 +169,7 @@ func TestGuestRequestBackstopAndShutdown(t *testing.T) {
 	helperEnd, agentEnd := net.Pipe()
 	defer helperEnd.Close()
 	go func() { _, _ = io.Copy(io.Discard, helperEnd) }()
-	a := &agent{log: slog.New(slog.DiscardHandler), conn: agentEnd}
+	a := &agent{log: slog.New(slog.DiscardHandler), server: agentrpc.NewServer(agentEnd, nil, agentrpc.ServerOptions{})}
 	r := newGuestRequests(a)
 	r.backstop = 10 * time.Millisecond
 	ep, err := r.listen("p", filepath.Join(t.TempDir(), "s.sock"), true)
@@ -211,7 +213,7 @@ func TestChildAgentGuestRequestIsolated(t *testing.T) {
 		c.bind(home, "/sessions/"+s, false)
 	}
 	for _, s := range []string{"a", "b"} {
-		require.NoError(t, c.call(protocol.AgentMethodSpawn, protocol.SpawnParams{
+		require.NoError(t, c.Call(protocol.AgentMethodSpawn, protocol.SpawnParams{
 			ID: "ask-" + s, Session: s, Command: "/bin/sh", Cwd: "/sessions/" + s,
 			Args: []string{"-c", `ls /run/cowork; echo "$` + protocol.GuestRequestSocketEnv + `"; exec ` + protocol.GuestToolPath + ` guest-request whoami '{"from":"` + s + `"}'`},
 			Env:  []string{"PATH=/usr/bin:/bin", "HOME=/sessions/" + s, testGuestRequestEnv + "=1"},
@@ -221,12 +223,12 @@ func TestChildAgentGuestRequestIsolated(t *testing.T) {
 		req := c.nextRequest("ask-"+s, 1)
 		assert.Equal(t, "whoami", req.Method)
 		assert.JSONEq(t, `{"from":"`+s+`"}`, string(req.Params), "ask-%s's request is its own", s)
-		require.NoError(t, c.call(protocol.AgentMethodGuestResponse, protocol.GuestResponseParams{ID: req.ID, Result: json.RawMessage(`"you are ` + s + `"`)}, nil))
+		require.NoError(t, c.Call(protocol.AgentMethodGuestResponse, protocol.GuestResponseParams{ID: req.ID, Result: json.RawMessage(`"you are ` + s + `"`)}, nil))
 	}
 	for _, s := range []string{"a", "b"} {
-		p := c.waitExit("ask-" + s)
-		require.NotNil(t, p.exit.ExitCode, p.stderr.String())
-		assert.Equal(t, 0, *p.exit.ExitCode, p.stderr.String())
-		assert.Equal(t, "bin\nguest-request.sock\n"+guestRequestSocket+"\n\"you are "+s+"\"\n", p.stdout.String(), p.stderr.String())
+		p := c.WaitExit("ask-" + s)
+		require.NotNil(t, p.Exit.ExitCode, p.Stderr.String())
+		assert.Equal(t, 0, *p.Exit.ExitCode, p.Stderr.String())
+		assert.Equal(t, "bin\nguest-request.sock\n"+guestRequestSocket+"\n\"you are "+s+"\"\n", p.Stdout.String(), p.Stderr.String())
 	}
 }

@@ -19,6 +19,7 @@ import (
 
 	"github.com/cowork-vmm/cowork-vmm/egress/fdpass"
 	"github.com/cowork-vmm/cowork-vmm/protocol"
+	"github.com/cowork-vmm/cowork-vmm/protocol/agentrpc/agenttest"
 )
 
 // isolationProbe is the hostile spawn of TestChildAgentIsolatesSessions
@@ -136,14 +137,14 @@ func TestChildAgentIsolatesSessions(t *testing.T) {
 	bind(ro, "/sessions/a/mnt/ro", true)
 	spawnIn := func(id, session string, args ...string) {
 		t.Helper()
-		require.NoError(t, c.call(protocol.AgentMethodSpawn, protocol.SpawnParams{
+		require.NoError(t, c.Call(protocol.AgentMethodSpawn, protocol.SpawnParams{
 			ID: id, Session: session, Command: args[0], Args: args[1:], Cwd: "/sessions/" + session,
 			Env: []string{"PATH=/usr/bin:/bin", "HOME=/sessions/" + session, "USER=cowork"}, EgressToken: "tok-" + id,
 		}, nil))
 	}
 
 	spawnIn("victim", "b", "/bin/sh", "-c", `echo "$$ $(id -u)" > /sessions/b/victim; echo ready; exec sleep 1000`)
-	c.waitFor("victim", "ready", func(p *procOutput) bool { return strings.Contains(p.stdout.String(), "ready") || p.exit != nil })
+	c.WaitFor("victim", "ready", func(p *agenttest.Output) bool { return strings.Contains(p.Stdout.String(), "ready") || p.Exit != nil })
 	victim, err := os.ReadFile(filepath.Join(homeB, "victim"))
 	require.NoError(t, err)
 	var victimPID, victimUID int
@@ -154,10 +155,10 @@ func TestChildAgentIsolatesSessions(t *testing.T) {
 		"rw": "/sessions/a/mnt/work", "ro": "/sessions/a/mnt/ro", "url": "http://somewhere.test/"})
 	require.NoError(t, err)
 	spawnIn("probe", "a", "/usr/bin/python3", "-c", isolationProbe, string(args))
-	p := c.waitExit("probe")
-	require.NotNil(t, p.exit.ExitCode, "probe %+v: %s", p.exit, p.stderr.String())
-	require.Equal(t, 0, *p.exit.ExitCode, p.stderr.String())
-	r := probeResult(t, p.stdout.String())
+	p := c.WaitExit("probe")
+	require.NotNil(t, p.Exit.ExitCode, "probe %+v: %s", p.Exit, p.Stderr.String())
+	require.Equal(t, 0, *p.Exit.ExitCode, p.Stderr.String())
+	r := probeResult(t, p.Stdout.String())
 	t.Logf("probe: %v", r)
 
 	uid := assertIsolatedProbe(t, r, victimUID)
@@ -174,46 +175,46 @@ func TestChildAgentIsolatesSessions(t *testing.T) {
 	// A mount added below a running spawn's session reaches it; a session
 	// mounted after it started does not.
 	spawnIn("late", "a", "/bin/sh", "-c", `echo ready; while [ ! -e /sessions/a/mnt/late/f ]; do sleep 0.02; done; cat /sessions/a/mnt/late/f; ls /sessions`)
-	c.waitFor("late", "ready", func(p *procOutput) bool { return strings.Contains(p.stdout.String(), "ready") || p.exit != nil })
+	c.WaitFor("late", "ready", func(p *agenttest.Output) bool { return strings.Contains(p.Stdout.String(), "ready") || p.Exit != nil })
 	bind(t.TempDir(), "/sessions/c", false)
 	bind(late, "/sessions/a/mnt/late", true)
-	p = c.waitExit("late")
-	assert.Equal(t, "ready\nlate mount\na\n", p.stdout.String(), p.stderr.String())
+	p = c.WaitExit("late")
+	assert.Equal(t, "ready\nlate mount\na\n", p.Stdout.String(), p.Stderr.String())
 
 	// A command and a working directory inside the (0700) session home,
 	// which the child cannot reach before its exec gives it capabilities.
-	require.NoError(t, c.call(protocol.AgentMethodSpawn, protocol.SpawnParams{
+	require.NoError(t, c.Call(protocol.AgentMethodSpawn, protocol.SpawnParams{
 		ID: "inside", Session: "a", Command: "/sessions/a/bin/hello", Args: []string{"x", "y"}, Cwd: "/sessions/a/bin",
 		Env: []string{"PATH=/usr/bin:/bin", "HOME=/sessions/a"},
 	}, nil))
-	p = c.waitExit("inside")
-	assert.Equal(t, "hello x y from /sessions/a/bin\n", p.stdout.String(), p.stderr.String())
+	p = c.WaitExit("inside")
+	assert.Equal(t, "hello x y from /sessions/a/bin\n", p.Stdout.String(), p.Stderr.String())
 	// A working directory the agent has but the spawn's root has not.
-	err = c.call(protocol.AgentMethodSpawn, protocol.SpawnParams{
+	err = c.Call(protocol.AgentMethodSpawn, protocol.SpawnParams{
 		ID: "elsewhere", Session: "a", Command: "/bin/true", Cwd: hostRootDir, Env: []string{"HOME=/sessions/a"},
 	}, nil)
 	assert.ErrorContains(t, err, "working directory "+hostRootDir)
 	// No session named: refused, not guessed from the working directory.
-	err = c.call(protocol.AgentMethodSpawn, protocol.SpawnParams{
+	err = c.Call(protocol.AgentMethodSpawn, protocol.SpawnParams{
 		ID: "nameless", Command: "/bin/true", Cwd: "/sessions/a", Env: []string{"HOME=/sessions/a"},
 	}, nil)
 	assert.ErrorContains(t, err, "no session given")
 
 	// Spawns of one session share its uid.
 	spawnIn("again", "a", "/usr/bin/id", "-u")
-	p = c.waitExit("again")
-	assert.Equal(t, strconv.Itoa(uid)+"\n", p.stdout.String())
+	p = c.WaitExit("again")
+	assert.Equal(t, strconv.Itoa(uid)+"\n", p.Stdout.String())
 
 	// A system directory that is a symlink on the host is one in the
 	// spawn's root too (setup's symlink mounts, copied into each root).
 	if link, err := os.Readlink("/bin"); err == nil {
 		spawnIn("binlink", "a", "/usr/bin/readlink", "/bin")
-		p = c.waitExit("binlink")
-		assert.Equal(t, link+"\n", p.stdout.String(), p.stderr.String())
+		p = c.WaitExit("binlink")
+		assert.Equal(t, link+"\n", p.Stdout.String(), p.Stderr.String())
 	}
 
-	require.NoError(t, c.call(protocol.AgentMethodKill, protocol.KillParams{ID: "victim", Signal: "SIGKILL"}, nil))
-	c.waitExit("victim")
+	require.NoError(t, c.Call(protocol.AgentMethodKill, protocol.KillParams{ID: "victim", Signal: "SIGKILL"}, nil))
+	c.WaitExit("victim")
 	assert.True(t, slices.Contains([]string{"ENOENT", "EACCES", "EPERM"}, r["agentMem"].(string)), "agentMem %v", r["agentMem"])
 }
 
@@ -229,13 +230,13 @@ func (c *testClient) setupHostSystem() {
 			system = append(system, protocol.Mount{Source: protocol.MountSource{Kind: protocol.MountKindBind, Path: d}, Target: d, ReadOnly: true})
 		}
 	}
-	require.NoError(c.t, c.call(protocol.AgentMethodSetup, protocol.SetupParams{NewRoot: true, System: system}, nil))
+	require.NoError(c.t, c.Call(protocol.AgentMethodSetup, protocol.SetupParams{NewRoot: true, System: system}, nil))
 }
 
 // bind mounts the host path src at target.
 func (c *testClient) bind(src, target string, ro bool) {
 	c.t.Helper()
-	require.NoError(c.t, c.call(protocol.AgentMethodMount, protocol.MountParams{Mount: protocol.Mount{
+	require.NoError(c.t, c.Call(protocol.AgentMethodMount, protocol.MountParams{Mount: protocol.Mount{
 		Source: protocol.MountSource{Kind: protocol.MountKindBind, Path: src}, Target: target, ReadOnly: ro}}, nil))
 }
 

@@ -31,7 +31,7 @@ func FuzzMountParams(f *testing.F) {
 	f.Add([]byte(`{"mount":{"source":{"kind":"virtiofs","tag":"cowork-sys","aname":"../e1","cache":"loose"},"target":"/usr"}}`))
 	f.Fuzz(func(t *testing.T, raw []byte) {
 		var p protocol.MountParams
-		if decodeParams(raw, &p) != nil {
+		if json.Unmarshal(raw, &p) != nil {
 			return
 		}
 		mt := p.Mount
@@ -190,21 +190,21 @@ func TestChildAgentUnmount(t *testing.T) {
 	c.bind(src, target, false)
 	c.bind(inner, filepath.Join(target, "in"), true)
 	c.spawn("before", "cat", filepath.Join(target, "f"), filepath.Join(target, "in", "g"))
-	assert.Equal(t, "mounted\ninner\n", c.waitExit("before").stdout.String())
+	assert.Equal(t, "mounted\ninner\n", c.WaitExit("before").Stdout.String())
 
 	// Through a symlink (a guest could swap a session's directory for one).
 	require.NoError(t, os.Symlink(filepath.Join(base, "s"), filepath.Join(base, "link")))
-	err := c.call(protocol.AgentMethodUnmount, protocol.UnmountParams{Target: filepath.Join(base, "link", "mnt", "x")}, nil)
+	err := c.Call(protocol.AgentMethodUnmount, protocol.UnmountParams{Target: filepath.Join(base, "link", "mnt", "x")}, nil)
 	assert.ErrorContains(t, err, "nothing the agent mounted")
 
-	require.NoError(t, c.call(protocol.AgentMethodUnmount, protocol.UnmountParams{Target: target}, nil))
+	require.NoError(t, c.Call(protocol.AgentMethodUnmount, protocol.UnmountParams{Target: target}, nil))
 	c.spawn("after", "sh", "-c", "ls -A "+target+"; echo end")
-	assert.Equal(t, "end\n", c.waitExit("after").stdout.String(), "the mount and the one below it are gone")
-	err = c.call(protocol.AgentMethodUnmount, protocol.UnmountParams{Target: filepath.Join(target, "in")}, nil)
+	assert.Equal(t, "end\n", c.WaitExit("after").Stdout.String(), "the mount and the one below it are gone")
+	err = c.Call(protocol.AgentMethodUnmount, protocol.UnmountParams{Target: filepath.Join(target, "in")}, nil)
 	assert.ErrorContains(t, err, "nothing the agent mounted", "forgotten with its parent")
-	err = c.call(protocol.AgentMethodUnmount, protocol.UnmountParams{Target: base}, nil)
+	err = c.Call(protocol.AgentMethodUnmount, protocol.UnmountParams{Target: base}, nil)
 	assert.ErrorContains(t, err, "nothing the agent mounted")
-	err = c.call(protocol.AgentMethodUnmount, protocol.UnmountParams{Target: "relative"}, nil)
+	err = c.Call(protocol.AgentMethodUnmount, protocol.UnmountParams{Target: "relative"}, nil)
 	assert.ErrorContains(t, err, "not an absolute path")
 }
 
@@ -221,11 +221,11 @@ func TestChildAgentUnmountRefusesASwappedPath(t *testing.T) {
 	// and point the name at another session's.
 	require.NoError(t, os.Rename(filepath.Join(base, "own", "mnt"), filepath.Join(base, "own", "moved")))
 	require.NoError(t, os.Symlink(filepath.Join(base, "other", "mnt"), filepath.Join(base, "own", "mnt")))
-	err := c.call(protocol.AgentMethodUnmount, protocol.UnmountParams{Target: target}, nil)
+	err := c.Call(protocol.AgentMethodUnmount, protocol.UnmountParams{Target: target}, nil)
 	assert.ErrorContains(t, err, "too many levels of symbolic links")
 	require.NoError(t, os.WriteFile(filepath.Join(src, "f"), nil, 0o644))
 	c.spawn("check", "ls", victim)
-	assert.Equal(t, "f\n", c.waitExit("check").stdout.String(), "the other mount is untouched")
+	assert.Equal(t, "f\n", c.WaitExit("check").Stdout.String(), "the other mount is untouched")
 }
 
 func TestDeviceKindsMountArguments(t *testing.T) {

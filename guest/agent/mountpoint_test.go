@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/cowork-vmm/cowork-vmm/protocol"
+	"github.com/cowork-vmm/cowork-vmm/protocol/agentrpc/agenttest"
 )
 
 // treeOf lists everything below dir on the host, symlinks unfollowed: each
@@ -46,10 +47,10 @@ func treeOf(t *testing.T, dir string) []string {
 func (c *testClient) mountPoints(id string) []string {
 	c.t.Helper()
 	c.spawn(id, "cat", "/proc/self/mountinfo")
-	p := c.waitExit(id)
-	require.NotNil(c.t, p.exit.ExitCode, p.stderr.String())
+	p := c.WaitExit(id)
+	require.NotNil(c.t, p.Exit.ExitCode, p.Stderr.String())
 	var points []string
-	for _, line := range strings.Split(strings.TrimSpace(p.stdout.String()), "\n") {
+	for _, line := range strings.Split(strings.TrimSpace(p.Stdout.String()), "\n") {
 		if f := strings.Fields(line); len(f) > 4 {
 			points = append(points, f[4])
 		}
@@ -132,7 +133,7 @@ func TestChildAgentMountRefusesPlantedSymlinks(t *testing.T) {
 			require.NoError(t, os.Rename(link, link+".real"))
 		}
 		require.NoError(t, os.Symlink(tc.to, link), tc.name)
-		err := c.call(protocol.AgentMethodMount, protocol.MountParams{Mount: tc.mount}, nil)
+		err := c.Call(protocol.AgentMethodMount, protocol.MountParams{Mount: tc.mount}, nil)
 		assert.ErrorContains(t, err, link+" is a symbolic link", tc.name)
 		assert.Equal(t, before, treeOf(t, b), "%s: the other home changed", tc.name)
 		assert.Empty(t, newMountPoints(mountsBefore, c.mountPoints(fmt.Sprintf("after-%d", i))), "%s: something was mounted", tc.name)
@@ -146,11 +147,11 @@ func TestChildAgentMountRefusesPlantedSymlinks(t *testing.T) {
 	// The same mounts, no symlinks in the way.
 	for _, mt := range []protocol.Mount{bind(filepath.Join(a, "mnt", "work")), bind(filepath.Join(a, "deep", "x", "y")), tmpfs,
 		file(filepath.Join(a, ".gitconfig")), file(filepath.Join(a, ".config", "app", "conf"))} {
-		require.NoError(t, c.call(protocol.AgentMethodMount, protocol.MountParams{Mount: mt}, nil), mt.Target)
+		require.NoError(t, c.Call(protocol.AgentMethodMount, protocol.MountParams{Mount: mt}, nil), mt.Target)
 	}
 	c.spawn("landed", "sh", "-c", "cd "+a+" && cat mnt/work/planted deep/x/y/planted .gitconfig .config/app/conf && ls -A mnt/scratch && cd "+b+" && cat secret .gitconfig mnt/work/keep")
-	p := c.waitExit("landed")
-	assert.Equal(t, "a's share\na's share\na's config\na's config\nb's secret\nb's config\nb's work\n", p.stdout.String(), p.stderr.String())
+	p := c.WaitExit("landed")
+	assert.Equal(t, "a's share\na's share\na's config\na's config\nb's secret\nb's config\nb's work\n", p.Stdout.String(), p.Stderr.String())
 }
 
 // TestChildAgentMountSwappedDuringTheWalk: while mounts are made, a racing
@@ -206,9 +207,9 @@ func TestChildAgentMountSwappedDuringTheWalk(t *testing.T) {
 		assert.ErrorContains(t, err, " is a symbolic link")
 	}
 	for i := range rounds {
-		count(c.call(protocol.AgentMethodMount, protocol.MountParams{Mount: protocol.Mount{
+		count(c.Call(protocol.AgentMethodMount, protocol.MountParams{Mount: protocol.Mount{
 			Source: protocol.MountSource{Kind: protocol.MountKindBind, Path: shares[0]}, Target: filepath.Join(a, "mnt", "work", fmt.Sprintf("m%d", i), "in")}}, nil))
-		count(c.call(protocol.AgentMethodMount, protocol.MountParams{Mount: protocol.Mount{
+		count(c.Call(protocol.AgentMethodMount, protocol.MountParams{Mount: protocol.Mount{
 			Source: protocol.MountSource{Kind: protocol.MountKindBind, Path: shares[i%2]}, Target: filepath.Join(a, "mnt", "final")}}, nil))
 	}
 	close(stop)
@@ -229,11 +230,11 @@ func TestChildAgentMountSwappedDuringTheWalk(t *testing.T) {
 		require.NoError(t, unix.Renameat2(unix.AT_FDCWD, final, unix.AT_FDCWD, final+"-evil", unix.RENAME_EXCHANGE))
 	}
 	for i := range 2 {
-		require.NoError(t, c.call(protocol.AgentMethodMount, protocol.MountParams{Mount: protocol.Mount{
+		require.NoError(t, c.Call(protocol.AgentMethodMount, protocol.MountParams{Mount: protocol.Mount{
 			Source: protocol.MountSource{Kind: protocol.MountKindBind, Path: shares[i]}, Target: final}}, nil))
 		id := fmt.Sprintf("settled-%d", i)
 		c.spawn(id, "cat", filepath.Join(final, "which"))
-		assert.Equal(t, fmt.Sprintf("share %d\n", i), c.waitExit(id).stdout.String())
+		assert.Equal(t, fmt.Sprintf("share %d\n", i), c.WaitExit(id).Stdout.String())
 	}
 }
 
@@ -255,15 +256,15 @@ func TestChildAgentIsolatedSessionCannotSteerAMount(t *testing.T) {
 	require.NoError(t, os.WriteFile(filepath.Join(share, "f"), []byte("a's share\n"), 0o644))
 	c.bind(homeA, "/sessions/a", false)
 	c.bind(homeB, "/sessions/b", false)
-	spawnIn := func(id, session, script string) *procOutput {
+	spawnIn := func(id, session, script string) *agenttest.Output {
 		t.Helper()
-		require.NoError(t, c.call(protocol.AgentMethodSpawn, protocol.SpawnParams{
+		require.NoError(t, c.Call(protocol.AgentMethodSpawn, protocol.SpawnParams{
 			ID: id, Session: session, Command: "/bin/sh", Args: []string{"-c", script}, Cwd: "/sessions/" + session,
 			Env: []string{"PATH=/usr/bin:/bin", "HOME=/sessions/" + session},
 		}, nil))
-		p := c.waitExit(id)
-		require.NotNil(t, p.exit.ExitCode, p.stderr.String())
-		require.Equal(t, 0, *p.exit.ExitCode, p.stderr.String())
+		p := c.WaitExit(id)
+		require.NotNil(t, p.Exit.ExitCode, p.Stderr.String())
+		require.Equal(t, 0, *p.Exit.ExitCode, p.Stderr.String())
 		return p
 	}
 	spawnIn("plant", "a", "mkdir -p /sessions/a/mnt && ln -s /sessions/b /sessions/a/mnt/work && "+
@@ -277,14 +278,14 @@ func TestChildAgentIsolatedSessionCannotSteerAMount(t *testing.T) {
 		if strings.HasSuffix(target, ".gitconfig") {
 			mt.SourceFile, mt.Source.Path = "f", share
 		}
-		err := c.call(protocol.AgentMethodMount, protocol.MountParams{Mount: mt}, nil)
+		err := c.Call(protocol.AgentMethodMount, protocol.MountParams{Mount: mt}, nil)
 		assert.ErrorContains(t, err, link+" is a symbolic link", target)
 	}
 	p := spawnIn("check", "b", "ls -A /sessions/b /sessions/b/mnt; cat /sessions/b/secret; grep -c ' /sessions/b[/ ]' /proc/self/mountinfo")
-	assert.Equal(t, "/sessions/b:\nmnt\nsecret\n\n/sessions/b/mnt:\nb's\n1\n", p.stdout.String(), "b's home and its one mount (itself)")
+	assert.Equal(t, "/sessions/b:\nmnt\nsecret\n\n/sessions/b/mnt:\nb's\n1\n", p.Stdout.String(), "b's home and its one mount (itself)")
 
 	spawnIn("unplant", "a", "rm /sessions/a/mnt/work /sessions/a/deep /sessions/a/up /sessions/a/.gitconfig")
 	c.bind(share, "/sessions/a/mnt/work", true)
 	p = spawnIn("use", "a", "cat /sessions/a/mnt/work/f")
-	assert.Equal(t, "a's share\n", p.stdout.String())
+	assert.Equal(t, "a's share\n", p.Stdout.String())
 }

@@ -39,8 +39,8 @@ func TestSpawnsRunBelowTheAgentsPriority(t *testing.T) {
 	}
 	c := startAgent(t, Options{})
 	c.spawn("stat", "cat", "/proc/self/stat")
-	p := c.waitExit("stat")
-	spawnNice := niceOf(t, p.stdout.String())
+	p := c.WaitExit("stat")
+	spawnNice := niceOf(t, p.Stdout.String())
 	require.Greater(t, spawnNice, agentNice, "the spawn's nice value against the agent's")
 	require.Equal(t, min(agentNice+spawnNiceIncrement, 19), spawnNice)
 	t.Logf("agent nice %d, spawn nice %d", agentNice, spawnNice)

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/cowork-vmm/cowork-vmm/protocol"
+	"github.com/cowork-vmm/cowork-vmm/protocol/agentrpc/agenttest"
 )
 
 func TestParseSudoArgs(t *testing.T) {
@@ -100,7 +101,7 @@ func TestChildAgentSudo(t *testing.T) {
 	env := []string{"PATH=/usr/bin:/bin", "HOME=/sessions/a", testGuestRequestEnv + "=1"}
 	spawn := func(id string, args ...string) {
 		t.Helper()
-		require.NoError(t, c.call(protocol.AgentMethodSpawn, protocol.SpawnParams{
+		require.NoError(t, c.Call(protocol.AgentMethodSpawn, protocol.SpawnParams{
 			ID: id, Session: "a", Command: args[0], Args: args[1:], Cwd: "/sessions/a", Env: env}, nil))
 	}
 
@@ -113,10 +114,10 @@ sudo sh -c 'echo to-stderr >&2; exit 3'; echo "rc=$?"
 sudo sh -c 'echo b >> root-owned; echo made > made-by-sudo'
 sudo -u nobody true; echo "rc=$?"
 echo "$PATH"`)
-	p := c.waitExit("ids")
-	require.NotNil(t, p.exit.ExitCode, "%+v: %s", p.exit, p.stderr.String())
-	lines := strings.Split(strings.TrimSpace(p.stdout.String()), "\n")
-	require.Len(t, lines, 9, "stdout %q, stderr %q", p.stdout.String(), p.stderr.String())
+	p := c.WaitExit("ids")
+	require.NotNil(t, p.Exit.ExitCode, "%+v: %s", p.Exit, p.Stderr.String())
+	lines := strings.Split(strings.TrimSpace(p.Stdout.String()), "\n")
+	require.Len(t, lines, 9, "stdout %q, stderr %q", p.Stdout.String(), p.Stderr.String())
 	uid, err := strconv.Atoi(lines[0])
 	require.NoError(t, err)
 	assert.GreaterOrEqual(t, uid, firstSessionUID)
@@ -128,8 +129,8 @@ echo "$PATH"`)
 	assert.Equal(t, "rc=3", lines[6], "the command's exit status")
 	assert.Equal(t, "rc=1", lines[7], "sudo -u nobody refused")
 	assert.Equal(t, "/usr/bin:/bin:"+filepath.Dir(SudoToolPath), lines[8], "the tool's directory ends the PATH")
-	assert.Contains(t, p.stderr.String(), "to-stderr")
-	assert.Contains(t, p.stderr.String(), `only root can be asked for here, not "nobody"`)
+	assert.Contains(t, p.Stderr.String(), "to-stderr")
+	assert.Contains(t, p.Stderr.String(), `only root can be asked for here, not "nobody"`)
 	got, err := os.ReadFile(filepath.Join(home, "root-owned"))
 	require.NoError(t, err)
 	assert.Equal(t, "a\nb\n", string(got), "a root-owned file written through the mapped owner")
@@ -139,23 +140,23 @@ echo "$PATH"`)
 
 	// A signal the caller gets reaches the command.
 	spawn("term", SudoToolPath, "sh", "-c", `trap 'echo got-term; exit 7' TERM; echo ready; while :; do sleep 0.05; done`)
-	c.waitFor("term", "ready", func(p *procOutput) bool { return strings.Contains(p.stdout.String(), "ready") || p.exit != nil })
-	require.NoError(t, c.call(protocol.AgentMethodKill, protocol.KillParams{ID: "term", Signal: "SIGTERM"}, nil))
-	p = c.waitExit("term")
-	require.NotNil(t, p.exit.ExitCode, "%+v: %s", p.exit, p.stderr.String())
-	assert.Equal(t, 7, *p.exit.ExitCode, "the command's status after its trap ran")
-	assert.Equal(t, "ready\ngot-term\n", p.stdout.String())
+	c.WaitFor("term", "ready", func(p *agenttest.Output) bool { return strings.Contains(p.Stdout.String(), "ready") || p.Exit != nil })
+	require.NoError(t, c.Call(protocol.AgentMethodKill, protocol.KillParams{ID: "term", Signal: "SIGTERM"}, nil))
+	p = c.WaitExit("term")
+	require.NotNil(t, p.Exit.ExitCode, "%+v: %s", p.Exit, p.Stderr.String())
+	assert.Equal(t, 7, *p.Exit.ExitCode, "the command's status after its trap ran")
+	assert.Equal(t, "ready\ngot-term\n", p.Stdout.String())
 
 	// A caller killed outright takes its command with it.
 	spawn("hold", SudoToolPath, "sh", "-c", `echo $$ > /sessions/a/held; echo ready; exec sleep 1000`)
-	c.waitFor("hold", "ready", func(p *procOutput) bool { return strings.Contains(p.stdout.String(), "ready") || p.exit != nil })
-	require.NoError(t, c.call(protocol.AgentMethodKill, protocol.KillParams{ID: "hold", Signal: "SIGKILL"}, nil))
-	c.waitExit("hold")
+	c.WaitFor("hold", "ready", func(p *agenttest.Output) bool { return strings.Contains(p.Stdout.String(), "ready") || p.Exit != nil })
+	require.NoError(t, c.Call(protocol.AgentMethodKill, protocol.KillParams{ID: "hold", Signal: "SIGKILL"}, nil))
+	c.WaitExit("hold")
 	spawn("gone", "/bin/sh", "-c", `pid=$(cat /sessions/a/held); i=0
 while kill -0 "$pid" 2>/dev/null; do i=$((i+1)); [ $i -gt 400 ] && { echo still-there; exit 1; }; sleep 0.05; done
 kill -0 "$pid" 2>&1 | grep -q 'No such process' && echo gone`)
-	p = c.waitExit("gone")
-	assert.Equal(t, "gone\n", p.stdout.String(), p.stderr.String())
+	p = c.WaitExit("gone")
+	assert.Equal(t, "gone\n", p.Stdout.String(), p.Stderr.String())
 }
 
 // sudoProbe makes raw calls on the guest-request socket as a hostile
@@ -203,15 +204,15 @@ func TestChildAgentSudoRefusesBadCalls(t *testing.T) {
 	home := t.TempDir()
 	require.NoError(t, os.Chmod(home, 0o700))
 	c.bind(home, "/sessions/a", false)
-	require.NoError(t, c.call(protocol.AgentMethodSpawn, protocol.SpawnParams{
+	require.NoError(t, c.Call(protocol.AgentMethodSpawn, protocol.SpawnParams{
 		ID: "probe", Session: "a", Command: "/usr/bin/python3", Args: []string{"-c", sudoProbe}, Cwd: "/sessions/a",
 		Env: []string{"PATH=/usr/bin:/bin", "HOME=/sessions/a", testGuestRequestEnv + "=1"}}, nil))
-	p := c.waitExit("probe")
-	require.NotNil(t, p.exit.ExitCode, "%+v: %s", p.exit, p.stderr.String())
-	require.Equal(t, 0, *p.exit.ExitCode, p.stderr.String())
+	p := c.WaitExit("probe")
+	require.NotNil(t, p.Exit.ExitCode, "%+v: %s", p.Exit, p.Stderr.String())
+	require.Equal(t, 0, *p.Exit.ExitCode, p.Stderr.String())
 	assert.Equal(t, "a sudo call carries exactly 3 descriptors (standard input, output and error), not 0\n"+
 		"a sudo call carries exactly 3 descriptors (standard input, output and error), not 2\n"+
 		`sudo: the command "true" is not an absolute path`+"\n"+
 		"cowork-vmm.nope: no such method of the guest agent\n"+
-		`{"success": true, "result": {"signal": 9}}`+"\n", p.stdout.String())
+		`{"success": true, "result": {"signal": 9}}`+"\n", p.Stdout.String())
 }

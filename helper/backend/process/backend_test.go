@@ -2,7 +2,6 @@ package process
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -10,7 +9,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -20,6 +18,7 @@ import (
 	"github.com/cowork-vmm/cowork-vmm/guest/agent"
 	"github.com/cowork-vmm/cowork-vmm/helper"
 	"github.com/cowork-vmm/cowork-vmm/protocol"
+	"github.com/cowork-vmm/cowork-vmm/protocol/agentrpc/agenttest"
 	"github.com/cowork-vmm/cowork-vmm/testharness/sandboxprobe"
 )
 
@@ -40,142 +39,29 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-type result struct {
-	stdout, stderr strings.Builder
-	exit           *protocol.Event
-}
-
-// client is a minimal helper side of the agent channel.
+// client is agenttest.Client with the sandbox tests' helpers.
 type client struct {
-	t    *testing.T
-	conn io.ReadWriteCloser
-
-	writeMu sync.Mutex
-	mu      sync.Mutex
-	cond    *sync.Cond
-	nextID  uint64
-	pending map[uint64]chan protocol.AgentFrame
-	procs   map[string]*result
-	closed  bool
-	hello   protocol.AgentHello
+	*agenttest.Client
+	t *testing.T
 }
 
 func newClient(t *testing.T, conn io.ReadWriteCloser) *client {
-	c := &client{t: t, conn: conn, pending: map[uint64]chan protocol.AgentFrame{}, procs: map[string]*result{}}
-	c.cond = sync.NewCond(&c.mu)
-	body, err := protocol.ReadFrame(conn)
-	require.NoError(t, err, "reading the agent's hello")
-	var f protocol.AgentFrame
-	require.NoError(t, json.Unmarshal(body, &f))
-	require.Equal(t, protocol.AgentKindHello, f.Kind)
-	c.hello = *f.Hello
-	go c.read()
-	return c
+	return &client{Client: agenttest.Dial(t, conn), t: t}
 }
 
-func (c *client) read() {
-	defer func() {
-		c.mu.Lock()
-		c.closed = true
-		for _, ch := range c.pending {
-			close(ch)
-		}
-		c.pending = map[uint64]chan protocol.AgentFrame{}
-		c.cond.Broadcast()
-		c.mu.Unlock()
-	}()
-	for {
-		body, err := protocol.ReadFrame(c.conn)
-		if err != nil {
-			return
-		}
-		var f protocol.AgentFrame
-		if json.Unmarshal(body, &f) != nil {
-			return
-		}
-		c.mu.Lock()
-		switch f.Kind {
-		case protocol.AgentKindReply:
-			if ch := c.pending[f.ID]; ch != nil {
-				ch <- f
-				delete(c.pending, f.ID)
-			}
-		case protocol.AgentKindEvent:
-			r := c.procs[f.Event.ID]
-			if r == nil {
-				r = &result{}
-				c.procs[f.Event.ID] = r
-			}
-			switch f.Event.Type {
-			case protocol.EventStdout:
-				r.stdout.WriteString(f.Event.Data)
-			case protocol.EventStderr:
-				r.stderr.WriteString(f.Event.Data)
-			case protocol.EventExit:
-				r.exit = f.Event
-			}
-			c.cond.Broadcast()
-		}
-		c.mu.Unlock()
-	}
-}
-
+// call sends a request that has no result.
 func (c *client) call(method string, params any) error {
-	raw, err := json.Marshal(params)
-	require.NoError(c.t, err)
-	c.mu.Lock()
-	if c.closed {
-		c.mu.Unlock()
-		return errors.New("agent connection closed")
-	}
-	c.nextID++
-	id := c.nextID
-	ch := make(chan protocol.AgentFrame, 1)
-	c.pending[id] = ch
-	c.mu.Unlock()
-	c.writeMu.Lock()
-	err = protocol.WriteJSON(c.conn, protocol.AgentFrame{Kind: protocol.AgentKindRequest, ID: id, Method: method, Params: raw})
-	c.writeMu.Unlock()
-	require.NoError(c.t, err)
-	select {
-	case f, ok := <-ch:
-		if !ok {
-			return errors.New("agent connection closed")
-		}
-		if f.Error != "" {
-			return errors.New(f.Error)
-		}
-		return nil
-	case <-time.After(60 * time.Second):
-		c.t.Fatalf("no reply to %s", method)
-		return nil
-	}
+	c.t.Helper()
+	return c.Call(method, params, nil)
 }
 
 // run spawns a shell command and waits for its exit.
-func (c *client) run(id, script string) *result {
+func (c *client) run(id, script string) *agenttest.Output {
 	c.t.Helper()
 	require.NoError(c.t, c.call(protocol.AgentMethodSpawn, protocol.SpawnParams{
 		ID: id, Command: "sh", Args: []string{"-c", script}, Cwd: "/", Env: []string{"PATH=/usr/bin:/bin:/usr/sbin:/sbin"},
 	}))
-	return c.waitExit(id)
-}
-
-func (c *client) waitExit(id string) *result {
-	c.t.Helper()
-	timer := time.AfterFunc(60*time.Second, func() { c.mu.Lock(); c.closed = true; c.cond.Broadcast(); c.mu.Unlock() })
-	defer timer.Stop()
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	for {
-		if r := c.procs[id]; r != nil && r.exit != nil {
-			return r
-		}
-		if c.closed {
-			c.t.Fatalf("process %s: no exit event", id)
-		}
-		c.cond.Wait()
-	}
+	return c.WaitExit(id)
 }
 
 // startSandbox starts the backend with this test binary as the agent and
@@ -199,7 +85,7 @@ func startSandbox(t *testing.T) (helper.Guest, *client) {
 	_, err = g.Agent(context.Background())
 	require.Error(t, err, "the connection is handed out once")
 	c := newClient(t, conn)
-	require.Equal(t, 1, c.hello.PID, "the agent is PID 1 of its namespace")
+	require.Equal(t, 1, c.Hello().PID, "the agent is PID 1 of its namespace")
 
 	setup := protocol.SetupParams{NewRoot: true, Hostname: "cowork"}
 	for _, dir := range []string{"/usr", "/bin", "/sbin", "/lib", "/lib64", "/etc", "/opt"} {
@@ -225,8 +111,8 @@ func TestSandboxRootHidesTheHost(t *testing.T) {
 		umount /.host 2>/dev/null && echo UNCOVERED
 		echo x > /usr/x 2>/dev/null && echo USR-WRITABLE
 		echo tmp > /tmp/t && cat /tmp/t`)
-	require.Equal(t, 0, *r.exit.ExitCode, r.stderr.String())
-	lines := strings.Split(strings.TrimSpace(r.stdout.String()), "\n")
+	require.Equal(t, 0, *r.Exit.ExitCode, r.Stderr.String())
+	lines := strings.Split(strings.TrimSpace(r.Stdout.String()), "\n")
 	require.Contains(t, lines, "0", "root inside")
 	require.Contains(t, lines, "cowork", "hostname")
 	require.Contains(t, lines, "etc-ok")
@@ -275,7 +161,7 @@ func TestSandboxMountsAndProcesses(t *testing.T) {
 		cat mnt/.claude/skills/readme; echo
 		(echo no > mnt/.claude/skills/new) 2>&1 | grep -q 'Read-only file system' && echo refused
 		/usr/local/bin/claude --version`)
-	require.Equal(t, "wrote\nread me\nrefused\nclaude --version\n", r.stdout.String(), r.stderr.String())
+	require.Equal(t, "wrote\nread me\nrefused\nclaude --version\n", r.Stdout.String(), r.Stderr.String())
 	data, err := os.ReadFile(filepath.Join(home, "out.txt"))
 	require.NoError(t, err)
 	require.Equal(t, "from-guest\n", string(data))
@@ -294,20 +180,20 @@ func TestSandboxMountsAndProcesses(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, c.call(protocol.AgentMethodMount, protocol.MountParams{Mount: protocol.Mount{Source: src, Target: "/sessions/s1/mnt/late", ReadOnly: true}}))
 	require.NoError(t, c.call(protocol.AgentMethodStdin, protocol.StdinParams{ID: "waiter", Data: "go\n"}))
-	r = c.waitExit("waiter")
-	require.Equal(t, "late", r.stdout.String(), r.stderr.String())
+	r = c.WaitExit("waiter")
+	require.Equal(t, "late", r.Stdout.String(), r.Stderr.String())
 
 	// kill → exit with the signal name.
 	require.NoError(t, c.call(protocol.AgentMethodSpawn, protocol.SpawnParams{ID: "sl", Command: "sleep", Args: []string{"60"}, Cwd: "/sessions/s1", Env: []string{"PATH=/usr/bin:/bin"}}))
 	require.NoError(t, c.call(protocol.AgentMethodKill, protocol.KillParams{ID: "sl", Signal: "SIGTERM"}))
-	require.Equal(t, "SIGTERM", c.waitExit("sl").exit.Signal)
+	require.Equal(t, "SIGTERM", c.WaitExit("sl").Exit.Signal)
 
 	// Orphans are reaped by the agent as PID 1.
 	r = c.run("orph", "sleep 0.2 </dev/null >/dev/null 2>&1 & echo $!")
-	pid := strings.TrimSpace(r.stdout.String())
+	pid := strings.TrimSpace(r.Stdout.String())
 	deadline := time.Now().Add(20 * time.Second)
 	for i := 0; ; i++ {
-		out := c.run(fmt.Sprintf("check%d", i), "cat /proc/"+pid+"/stat 2>/dev/null || echo gone").stdout.String()
+		out := c.run(fmt.Sprintf("check%d", i), "cat /proc/"+pid+"/stat 2>/dev/null || echo gone").Stdout.String()
 		if strings.TrimSpace(out) == "gone" {
 			break
 		}
@@ -338,7 +224,7 @@ func TestStopLeavesNothingBehind(t *testing.T) {
 	// A daemon that left the process group survives kill(-pgid) but not the
 	// end of the PID namespace.
 	require.NoError(t, c.call(protocol.AgentMethodSpawn, protocol.SpawnParams{ID: "b", Command: "setsid", Args: []string{"sleep", marker}, Cwd: "/", Env: []string{"PATH=/usr/bin:/bin"}}))
-	c.waitExit("b")
+	c.WaitExit("b")
 	require.Len(t, sleepersWithArg(t, marker), 2)
 
 	require.NoError(t, g.Stop(context.Background()))
@@ -353,7 +239,7 @@ func TestShutdownRequestThenStop(t *testing.T) {
 	g, c := startSandbox(t)
 	require.NoError(t, c.call(protocol.AgentMethodSpawn, protocol.SpawnParams{ID: "a", Command: "sleep", Args: []string{"60"}, Cwd: "/", Env: []string{"PATH=/usr/bin:/bin"}}))
 	require.NoError(t, c.call(protocol.AgentMethodShutdown, protocol.ShutdownParams{GraceMillis: 1000}))
-	require.Equal(t, "SIGTERM", c.waitExit("a").exit.Signal)
+	require.Equal(t, "SIGTERM", c.WaitExit("a").Exit.Signal)
 	select {
 	case <-g.Done():
 	case <-time.After(30 * time.Second):

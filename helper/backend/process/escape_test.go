@@ -145,9 +145,9 @@ func probeFromTheTerminal(t *testing.T) {
 		ID: "probe", Command: "/sessions/probe/" + filepath.Base(exe), Cwd: "/",
 		Env: []string{"PATH=/usr/bin:/bin", testProbeEnv + "=1"},
 	}))
-	r := c.waitExit("probe")
-	require.Equal(t, 0, *r.exit.ExitCode, r.stderr.String())
-	for name, value := range sandboxprobe.Parse(r.stdout.String()) {
+	r := c.WaitExit("probe")
+	require.Equal(t, 0, *r.Exit.ExitCode, r.Stderr.String())
+	for name, value := range sandboxprobe.Parse(r.Stdout.String()) {
 		fmt.Printf("PROBE %s: %s\n", name, value)
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/cowork-vmm/cowork-vmm/protocol"
+	"github.com/cowork-vmm/cowork-vmm/protocol/agentrpc/agenttest"
 )
 
 // saturationPingTimeout is the helper's default ping timeout (2 s interval,
@@ -35,18 +36,18 @@ func TestPingsAnswerWhileSpawnsSaturateEveryCPU(t *testing.T) {
 	defer func() {
 		for _, id := range ids {
 			_ = c.call(protocol.AgentMethodKill, protocol.KillParams{ID: id, Signal: "SIGKILL"})
-			c.waitExit(id)
+			c.WaitExit(id)
 		}
 	}()
 	waitNice := time.Now().Add(30 * time.Second)
 	for _, id := range ids {
 		for {
-			c.mu.Lock()
 			out := ""
-			if r := c.procs[id]; r != nil {
-				out = r.stdout.String()
-			}
-			c.mu.Unlock()
+			c.Locked(func(procs map[string]*agenttest.Output) {
+				if r := procs[id]; r != nil {
+					out = r.Stdout.String()
+				}
+			})
 			if strings.HasSuffix(out, "\n") {
 				nice, err := strconv.Atoi(strings.TrimSpace(out))
 				require.NoError(t, err, "the loop's nice value %q", out)

@@ -2,8 +2,6 @@ package vm
 
 import (
 	"context"
-	"encoding/json"
-	"errors"
 	"io"
 	"log/slog"
 	"os"
@@ -18,6 +16,7 @@ import (
 	"github.com/cowork-vmm/cowork-vmm/guest/kernel"
 	"github.com/cowork-vmm/cowork-vmm/helper"
 	"github.com/cowork-vmm/cowork-vmm/protocol"
+	"github.com/cowork-vmm/cowork-vmm/protocol/agentrpc/agenttest"
 	"github.com/cowork-vmm/cowork-vmm/testharness/nested"
 )
 
@@ -54,75 +53,39 @@ func (w *testLogWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// agentConn is a minimal helper side of the agent channel.
+// agentConn is agenttest.Client with the VM tests' helpers.
 type agentConn struct {
-	t      *testing.T
-	conn   io.ReadWriteCloser
-	nextID uint64
-	events []protocol.Event
+	*agenttest.Client
+	t *testing.T
 }
 
-func (a *agentConn) read() protocol.AgentFrame {
-	a.t.Helper()
-	body, err := protocol.ReadFrame(a.conn)
-	if err != nil {
-		a.t.Fatalf("reading from the agent: %v", err)
-	}
-	var f protocol.AgentFrame
-	if err := json.Unmarshal(body, &f); err != nil {
-		a.t.Fatalf("agent frame %q: %v", body, err)
-	}
-	return f
+// agentCallTimeout bounds one request or wait in these tests (a 9p setup
+// of a nested guest is slow, never this slow).
+const agentCallTimeout = 5 * time.Minute
+
+// dialAgent reads the agent's hello on conn.
+func dialAgent(t *testing.T, conn io.ReadWriteCloser) *agentConn {
+	t.Helper()
+	c := agenttest.Dial(t, conn)
+	c.SetTimeout(agentCallTimeout)
+	return &agentConn{Client: c, t: t}
 }
 
+// call sends a request that has no result.
 func (a *agentConn) call(method string, params any) error {
 	a.t.Helper()
-	a.nextID++
-	raw, err := json.Marshal(params)
-	if err != nil {
-		a.t.Fatal(err)
-	}
-	req := protocol.AgentFrame{Kind: protocol.AgentKindRequest, ID: a.nextID, Method: method, Params: raw}
-	if err := protocol.WriteJSON(a.conn, req); err != nil {
-		a.t.Fatalf("%s: %v", method, err)
-	}
-	for {
-		f := a.read()
-		switch {
-		case f.Kind == protocol.AgentKindEvent && f.Event != nil:
-			a.events = append(a.events, *f.Event)
-		case f.Kind == protocol.AgentKindReply && f.ID == a.nextID:
-			if f.Error != "" {
-				return errors.New(f.Error)
-			}
-			return nil
-		}
-	}
+	return a.Call(method, params, nil)
 }
 
-// waitExit reads events until process id exits and returns its stdout.
+// waitExit waits until process id exits and returns its stdout; an error
+// event of the process fails the test.
 func (a *agentConn) waitExit(id string) (string, protocol.Event) {
 	a.t.Helper()
-	var stdout strings.Builder
-	for i := 0; ; i++ {
-		for i >= len(a.events) {
-			if f := a.read(); f.Kind == protocol.AgentKindEvent && f.Event != nil {
-				a.events = append(a.events, *f.Event)
-			}
-		}
-		ev := a.events[i]
-		if ev.ID != id {
-			continue
-		}
-		switch ev.Type {
-		case protocol.EventStdout:
-			stdout.WriteString(ev.Data)
-		case protocol.EventExit:
-			return stdout.String(), ev
-		case protocol.EventError:
-			a.t.Fatalf("process %s: %s", id, ev.Message)
-		}
+	out := a.WaitFor(id, "its exit", func(p *agenttest.Output) bool { return p.Exit != nil || len(p.Errors) > 0 })
+	if len(out.Errors) > 0 {
+		a.t.Fatalf("process %s: %s", id, out.Errors[0])
 	}
+	return out.Stdout.String(), *out.Exit
 }
 
 // A real guest boots, its agent connects over vsock, the host's system
@@ -168,14 +131,14 @@ func TestKVMBootAgentMountsAndShutdown(t *testing.T) {
 			g.Stop(context.Background())
 			t.Fatalf("round %d: %v", round, err)
 		}
-		a := &agentConn{t: t, conn: conn}
-		hello := a.read()
+		a := dialAgent(t, conn)
+		hello := a.Hello()
 		connected := time.Since(start)
 		connectTimes = append(connectTimes, connected)
-		if hello.Kind != protocol.AgentKindHello || hello.Hello == nil || hello.Hello.PID != 1 {
-			t.Fatalf("first frame %+v: want the agent's hello from PID 1", hello)
+		if hello.PID != 1 {
+			t.Fatalf("hello %+v: want the agent's hello from PID 1", hello)
 		}
-		t.Logf("round %d: start → agent hello in %v (kernel %s)", round, connected, hello.Hello.Kernel)
+		t.Logf("round %d: start → agent hello in %v (kernel %s)", round, connected, hello.Kernel)
 
 		if round == 0 && g.Egress() == nil {
 			t.Error("the guest offers no egress listener (Guest.Egress): its processes would have no network")

@@ -78,10 +78,7 @@ func runGuestScript(t *testing.T, b *Backend, script string) (string, bool) {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	a := &agentConn{t: t, conn: conn}
-	if hello := a.read(); hello.Kind != protocol.AgentKindHello {
-		t.Fatalf("first frame %+v: want the agent's hello", hello)
-	}
+	a := dialAgent(t, conn)
 	setupGuestRoot(t, g, a, protocol.MountKindVirtioFS)
 	spawn := protocol.SpawnParams{ID: "p", Session: "t", Command: "/bin/sh", Args: []string{"-c", script}, Cwd: "/",
 		Env: []string{"PATH=/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin"}}

@@ -1,4 +1,4 @@
-package helper
+package agentrpc
 
 import (
 	"bytes"
@@ -27,7 +27,7 @@ func TestAgentCallWritesAreBoundedByTheirContext(t *testing.T) {
 			t.Cleanup(func() { helperEnd.Close(); agentEnd.Close() })
 			resume := make(chan struct{})
 			go stalledAgent(agentEnd, readFirst, resume)
-			c, err := dialAgent(context.Background(), helperEnd, slog.New(slog.DiscardHandler), nil)
+			c, err := Dial(context.Background(), helperEnd, slog.New(slog.DiscardHandler), nil)
 			require.NoError(t, err)
 
 			const bound = 100 * time.Millisecond

@@ -1,4 +1,4 @@
-package helper
+package agentrpc
 
 import (
 	"bytes"
@@ -15,20 +15,21 @@ import (
 	"github.com/cowork-vmm/cowork-vmm/protocol"
 )
 
-// helloTimeout bounds how long a connected agent may take to say hello.
-const helloTimeout = 30 * time.Second
+// HelloTimeout bounds how long a connected agent may take to say hello.
+const HelloTimeout = 30 * time.Second
 
-// maxPendingAgentCalls bounds concurrent requests to one agent; the client's
+// MaxPendingCalls bounds concurrent requests to one agent; the client's
 // own concurrency is far below it.
-const maxPendingAgentCalls = 1024
+const MaxPendingCalls = 1024
 
-// errAgentGone is returned for calls on an agent connection that has failed.
-var errAgentGone = errors.New("guest agent connection lost")
+// ErrGone is returned for calls on an agent connection that has failed.
+var ErrGone = errors.New("guest agent connection lost")
 
-// agentClient speaks the helper side of the agent channel (protocol/agent.go):
+// Client speaks the helper side of the agent channel (protocol/agent.go):
 // requests with ids, replies matched by id, events handed to onEvent in the
-// order the agent sent them.
-type agentClient struct {
+// order the agent sent them. The helper and every test that plays the
+// helper use it.
+type Client struct {
 	conn    io.ReadWriteCloser
 	log     *slog.Logger
 	onEvent func(protocol.Event)
@@ -42,7 +43,7 @@ type agentClient struct {
 
 	// lastFrame is when the last frame of any kind arrived (UnixNano):
 	// a guest whose pings time out but whose agent still talks is busy,
-	// not dead (liveness.go).
+	// not dead (the helper's liveness.go, LastReceived).
 	lastFrame atomic.Int64
 
 	mu      sync.Mutex
@@ -52,19 +53,21 @@ type agentClient struct {
 	done    chan struct{} // closed when the read loop ends
 }
 
-// dialAgent reads the agent's hello and starts the read loop. onEvent is
-// called from the read loop, one event at a time.
-func dialAgent(ctx context.Context, conn io.ReadWriteCloser, log *slog.Logger, onEvent func(protocol.Event)) (*agentClient, error) {
+// Dial reads the agent's hello (within HelloTimeout and ctx) and starts
+// the read loop. onEvent (may be nil) is called from the read loop, one
+// event at a time: a slow onEvent holds back the replies behind it. On an
+// error conn is closed.
+func Dial(ctx context.Context, conn io.ReadWriteCloser, log *slog.Logger, onEvent func(protocol.Event)) (*Client, error) {
 	type helloResult struct {
 		hello protocol.AgentHello
 		err   error
 	}
 	ch := make(chan helloResult, 1)
 	go func() {
-		h, err := readHello(conn)
+		h, err := ReadHello(conn)
 		ch <- helloResult{h, err}
 	}()
-	ctx, cancel := context.WithTimeout(ctx, helloTimeout)
+	ctx, cancel := context.WithTimeout(ctx, HelloTimeout)
 	defer cancel()
 	var hello protocol.AgentHello
 	select {
@@ -78,7 +81,7 @@ func dialAgent(ctx context.Context, conn io.ReadWriteCloser, log *slog.Logger, o
 		conn.Close()
 		return nil, fmt.Errorf("waiting for the guest agent's hello: %w", ctx.Err())
 	}
-	c := &agentClient{
+	c := &Client{
 		conn:      conn,
 		log:       log,
 		onEvent:   onEvent,
@@ -91,7 +94,9 @@ func dialAgent(ctx context.Context, conn io.ReadWriteCloser, log *slog.Logger, o
 	return c, nil
 }
 
-func readHello(r io.Reader) (protocol.AgentHello, error) {
+// ReadHello reads the agent's first frame, which must be a hello of this
+// tree's AgentProtocolVersion.
+func ReadHello(r io.Reader) (protocol.AgentHello, error) {
 	body, err := protocol.ReadFrame(r)
 	if err != nil {
 		return protocol.AgentHello{}, fmt.Errorf("reading the guest agent's hello: %w", err)
@@ -110,7 +115,7 @@ func readHello(r io.Reader) (protocol.AgentHello, error) {
 	return *f.Hello, nil
 }
 
-func (c *agentClient) readLoop() {
+func (c *Client) readLoop() {
 	var err error
 	for {
 		var body []byte
@@ -144,9 +149,9 @@ func (c *agentClient) readLoop() {
 		}
 	}
 	if errors.Is(err, io.EOF) {
-		err = errAgentGone
+		err = ErrGone
 	} else {
-		err = fmt.Errorf("%w: %w", errAgentGone, err)
+		err = fmt.Errorf("%w: %w", ErrGone, err)
 	}
 	c.mu.Lock()
 	c.err = err
@@ -161,27 +166,28 @@ func (c *agentClient) readLoop() {
 }
 
 // Call sends one request and waits for its reply. result may be nil. ctx
-// bounds both: the write too (send).
-func (c *agentClient) Call(ctx context.Context, method string, params, result any) error {
-	call, err := c.begin(ctx, method, params)
+// bounds both: the write too (send). A call whose ctx ends leaves the
+// connection usable.
+func (c *Client) Call(ctx context.Context, method string, params, result any) error {
+	call, err := c.Begin(ctx, method, params)
 	if err != nil {
 		return err
 	}
-	return call.wait(ctx, result)
+	return call.Wait(ctx, result)
 }
 
-// agentCall is a request sent and waiting for its reply.
-type agentCall struct {
-	c      *agentClient
+// PendingCall is a request sent and waiting for its reply.
+type PendingCall struct {
+	c      *Client
 	method string
 	id     uint64
 	reply  chan protocol.AgentFrame
 }
 
-// begin sends one request, its write bounded by ctx; wait takes its reply.
+// Begin sends one request, its write bounded by ctx; Wait takes its reply.
 // A caller may give the two different bounds (shutdown: a guest that does
 // not even read the request is not waited for as long as its answer).
-func (c *agentClient) begin(ctx context.Context, method string, params any) (*agentCall, error) {
+func (c *Client) Begin(ctx context.Context, method string, params any) (*PendingCall, error) {
 	var raw json.RawMessage
 	if params != nil {
 		b, err := json.Marshal(params)
@@ -197,7 +203,7 @@ func (c *agentClient) begin(ctx context.Context, method string, params any) (*ag
 		c.mu.Unlock()
 		return nil, err
 	}
-	if len(c.pending) >= maxPendingAgentCalls {
+	if len(c.pending) >= MaxPendingCalls {
 		c.mu.Unlock()
 		return nil, fmt.Errorf("agent %s: too many requests in flight", method)
 	}
@@ -210,12 +216,12 @@ func (c *agentClient) begin(ctx context.Context, method string, params any) (*ag
 		c.forget(id)
 		return nil, fmt.Errorf("agent %s: %w", method, err)
 	}
-	return &agentCall{c: c, method: method, id: id, reply: ch}, nil
+	return &PendingCall{c: c, method: method, id: id, reply: ch}, nil
 }
 
-// wait waits for the call's reply, or ctx, and decodes its result into
+// Wait waits for the call's reply, or ctx, and decodes its result into
 // result (may be nil).
-func (call *agentCall) wait(ctx context.Context, result any) error {
+func (call *PendingCall) Wait(ctx context.Context, result any) error {
 	method := call.method
 	select {
 	case f := <-call.reply:
@@ -254,7 +260,7 @@ type deadlineWriter interface {
 // one that stays stalled. A connection without write deadlines is closed
 // when ctx ends mid-write, as is one whose write failed otherwise: the
 // stream is then unsynchronised.
-func (c *agentClient) send(ctx context.Context, f protocol.AgentFrame) error {
+func (c *Client) send(ctx context.Context, f protocol.AgentFrame) error {
 	body, err := json.Marshal(f)
 	if err != nil {
 		return fmt.Errorf("encoding the request: %w", err)
@@ -288,13 +294,13 @@ func (c *agentClient) send(ctx context.Context, f protocol.AgentFrame) error {
 	case ctx.Err() != nil:
 		return fmt.Errorf("the guest agent did not read the request (%d of %d bytes written): %w", n, frame.Len(), ctx.Err())
 	default:
-		return fmt.Errorf("%w: %w", errAgentGone, err)
+		return fmt.Errorf("%w: %w", ErrGone, err)
 	}
 }
 
 // writeBounded writes b, cut short when ctx ends: by a write deadline in
 // the past where the connection has them, else by closing it.
-func (c *agentClient) writeBounded(ctx context.Context, b []byte) (int, error) {
+func (c *Client) writeBounded(ctx context.Context, b []byte) (int, error) {
 	dw, deadlines := c.conn.(deadlineWriter)
 	interrupted := make(chan struct{})
 	stop := context.AfterFunc(ctx, func() {
@@ -317,14 +323,14 @@ func (c *agentClient) writeBounded(ctx context.Context, b []byte) (int, error) {
 
 // finishFrame writes the rest of a frame whose caller gave up mid-write,
 // then gives the turn up (send).
-func (c *agentClient) finishFrame(rest []byte) {
+func (c *Client) finishFrame(rest []byte) {
 	defer func() { <-c.writeSlot }()
 	if _, err := c.conn.Write(rest); err != nil {
 		c.conn.Close()
 	}
 }
 
-func (c *agentClient) forget(id uint64) {
+func (c *Client) forget(id uint64) {
 	c.mu.Lock()
 	if c.pending != nil {
 		delete(c.pending, id)
@@ -333,14 +339,27 @@ func (c *agentClient) forget(id uint64) {
 }
 
 // Done is closed when the connection has failed or been closed.
-func (c *agentClient) Done() <-chan struct{} { return c.done }
+func (c *Client) Done() <-chan struct{} { return c.done }
 
 // Err says why the connection ended (nil while alive).
-func (c *agentClient) Err() error {
+func (c *Client) Err() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.err
 }
 
 // Close closes the connection; pending calls fail.
-func (c *agentClient) Close() error { return c.conn.Close() }
+func (c *Client) Close() error { return c.conn.Close() }
+
+// Hello is what the agent said in its hello.
+func (c *Client) Hello() protocol.AgentHello { return c.hello }
+
+// LastReceived is when the agent's last frame arrived (the zero time:
+// none since the hello).
+func (c *Client) LastReceived() time.Time {
+	n := c.lastFrame.Load()
+	if n == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, n)
+}

@@ -1,4 +1,4 @@
-package helper
+package agentrpc
 
 import (
 	"context"
@@ -48,7 +48,7 @@ func TestDialAgentRefusesBadHello(t *testing.T) {
 		"hello no body": mustJSON(t, protocol.AgentFrame{Kind: protocol.AgentKindHello}),
 		"wrong version": mustJSON(t, protocol.AgentFrame{Kind: protocol.AgentKindHello, Hello: &protocol.AgentHello{Version: 99}}),
 	} {
-		_, err := dialAgent(context.Background(), pipeWithAgentWriting(t, frame), log, nil)
+		_, err := Dial(context.Background(), pipeWithAgentWriting(t, frame), log, nil)
 		assert.Error(t, err, name)
 	}
 }
@@ -62,13 +62,13 @@ func TestAgentClientFailsPendingCallsWhenTheAgentMisbehaves(t *testing.T) {
 		_, _ = protocol.ReadFrame(agentEnd) // the ping request
 		_ = protocol.WriteFrame(agentEnd, []byte(`not json`))
 	}()
-	c, err := dialAgent(context.Background(), helperEnd, slog.New(slog.DiscardHandler), nil)
+	c, err := Dial(context.Background(), helperEnd, slog.New(slog.DiscardHandler), nil)
 	require.NoError(t, err)
 	err = c.Call(context.Background(), protocol.AgentMethodPing, nil, nil)
-	require.ErrorIs(t, err, errAgentGone)
+	require.ErrorIs(t, err, ErrGone)
 	<-c.Done()
-	require.ErrorIs(t, c.Err(), errAgentGone)
-	require.ErrorIs(t, c.Call(context.Background(), protocol.AgentMethodPing, nil, nil), errAgentGone, "later calls fail at once")
+	require.ErrorIs(t, c.Err(), ErrGone)
+	require.ErrorIs(t, c.Call(context.Background(), protocol.AgentMethodPing, nil, nil), ErrGone, "later calls fail at once")
 }
 
 func TestAgentClientRepliesAndEvents(t *testing.T) {
@@ -89,22 +89,11 @@ func TestAgentClientRepliesAndEvents(t *testing.T) {
 			Result: mustJSON(t, protocol.ReadFileResult{Content: []byte("abc")})})
 	}()
 	events := make(chan protocol.Event, 1)
-	c, err := dialAgent(context.Background(), helperEnd, slog.New(slog.DiscardHandler), func(ev protocol.Event) { events <- ev })
+	c, err := Dial(context.Background(), helperEnd, slog.New(slog.DiscardHandler), func(ev protocol.Event) { events <- ev })
 	require.NoError(t, err)
 	defer c.Close()
 	var r protocol.ReadFileResult
 	require.NoError(t, c.Call(context.Background(), protocol.AgentMethodReadFile, protocol.ReadFileParams{Path: "/x"}, &r))
 	assert.Equal(t, []byte("abc"), r.Content)
 	assert.Equal(t, "hi", (<-events).Data)
-}
-
-func TestParamsAcceptJavaScriptNumbers(t *testing.T) {
-	e := newTestEnv(t)
-	e.mustCall("configure", json.RawMessage(`{"userDataName":"p","userDataRoot":"/r","memoryMB":3072.0,"cpuCount":4e0}`), nil)
-	g := e.start()
-	assert.Equal(t, 3072, g.cfg.MemoryMiB)
-	assert.Equal(t, 4, g.cfg.CPUCount)
-	var r protocol.PruneResult
-	e.mustCall("pruneSessionCaches", json.RawMessage(`{"onlyIfFreeBytesBelow":1e3,"includeSessionTmp":false,"sessionTmpOlderThanSeconds":86400.0}`), &r)
-	assert.Empty(t, r.PrunedSessions)
 }
