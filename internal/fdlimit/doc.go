@@ -10,7 +10,7 @@
 // the guest's programs failed with "Too many open files". Raise lifts the
 // soft limit to the hard one (Go does that much at start-up too) and,
 // where the process may (CAP_SYS_RESOURCE: a helper run as root), both to
-// the kernel's nr_open; NodeBudget sizes a device's tables to what is left.
+// the kernel's nr_open.
 //
 // Pool is the descriptor budget itself: one per helper process, shared by
 // every device of every running VM. Each device takes a Share of it and

@@ -16,8 +16,8 @@ const (
 	// Low is the limit below which file sharing may run short on large
 	// trees: doctor and the kvm backend say so.
 	Low = 1 << 16
-	// reserve is what NodeBudget leaves for everything else the helper
-	// opens (sockets, the VM, disks, its log).
+	// reserve is what a Pool leaves for everything else the helper opens
+	// (sockets, the VM, disks, its log): see Reserve.
 	reserve = 1024
 )
 
@@ -55,24 +55,4 @@ func nrOpen() uint64 {
 		return defaultNROpen
 	}
 	return n
-}
-
-// NodeBudget is how many host descriptors each of devices file-sharing
-// devices may hold under limit, at most max and at least 1024 (a limit
-// too low for that is too low for anything).
-func NodeBudget(limit uint64, devices, max int) int {
-	if devices < 1 {
-		devices = 1
-	}
-	if limit <= reserve {
-		return 1024
-	}
-	n := (limit - reserve) / uint64(devices)
-	switch {
-	case n > uint64(max):
-		return max
-	case n < 1024:
-		return 1024
-	}
-	return int(n)
 }

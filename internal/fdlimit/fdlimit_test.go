@@ -26,13 +26,6 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-func TestNodeBudget(t *testing.T) {
-	assert.Equal(t, 1<<18, NodeBudget(1<<20, 3, 1<<18), "a high limit: the device's own bound")
-	assert.Equal(t, (4096-reserve)/3, NodeBudget(4096, 3, 1<<18), "a default limit, shared")
-	assert.Equal(t, 1024, NodeBudget(2000, 3, 1<<18), "never below 1024")
-	assert.Equal(t, 1024, NodeBudget(100, 0, 1<<18))
-}
-
 // hasCapSysResource says whether this process may raise a hard limit.
 func hasCapSysResource(t *testing.T) bool {
 	b, err := os.ReadFile("/proc/self/status")
