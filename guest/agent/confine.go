@@ -37,7 +37,7 @@ import (
 
 // confineSpawnThread readies the calling thread, which must be locked and
 // must not outlive the fork, for forking a spawn: a session keyring of its
-// own, then filter.
+// own, a lower priority, then the filter.
 func confineSpawnThread(filter []bpf.RawInstruction) error {
 	if err := joinFreshSessionKeyring(); err != nil {
 		return err

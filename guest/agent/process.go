@@ -324,14 +324,21 @@ func (t *processTable) stdinWriter(p *process) {
 
 // closeStdin stops accepting stdin and unblocks a pending write.
 func (p *process) closeStdin() {
+	p.endInput()
+	// A write blocked on a full pipe returns once the deadline passes.
+	_ = p.stdin.SetWriteDeadline(time.Now())
+}
+
+// endInput closes the stdin queue once, whichever of end of input
+// (endStdin) and the process's end comes first: stdinWriter writes what
+// is queued, then closes the pipe.
+func (p *process) endInput() {
 	p.stdinMu.Lock()
 	defer p.stdinMu.Unlock()
-	if !p.stdinClosed { // else end of input came first (endStdin)
+	if !p.stdinClosed {
 		p.stdinClosed = true
 		close(p.stdinQueue)
 	}
-	// A write blocked on a full pipe returns once the deadline passes.
-	_ = p.stdin.SetWriteDeadline(time.Now())
 }
 
 // stdin queues data for a process's stdin without blocking the caller.

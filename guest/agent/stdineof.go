@@ -8,12 +8,6 @@ func (t *processTable) endStdin(id string) error {
 	if err != nil {
 		return err
 	}
-	p.stdinMu.Lock()
-	defer p.stdinMu.Unlock()
-	if !p.stdinClosed {
-		p.stdinClosed = true
-		// stdinWriter writes what is queued, then closes the pipe.
-		close(p.stdinQueue)
-	}
+	p.endInput()
 	return nil
 }
