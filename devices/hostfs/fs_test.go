@@ -11,6 +11,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
+
+	"github.com/cowork-vmm/cowork-vmm/devices/hostfs/hostfstest"
 )
 
 func discard() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
@@ -33,12 +35,7 @@ func newHarness(t *testing.T) *harness {
 func (h *harness) export(t *testing.T, name string, readOnly bool, files map[string]string) string {
 	t.Helper()
 	dir := filepath.Join(h.base, name)
-	require.NoError(t, os.MkdirAll(dir, 0o755))
-	for p, content := range files {
-		full := filepath.Join(dir, p)
-		require.NoError(t, os.MkdirAll(filepath.Dir(full), 0o755))
-		require.NoError(t, os.WriteFile(full, []byte(content), 0o644))
-	}
+	hostfstest.WriteTree(t, dir, files)
 	require.NoError(t, h.exports.Add(name, dir, readOnly))
 	return dir
 }

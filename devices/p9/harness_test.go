@@ -5,7 +5,6 @@ import (
 	"errors"
 	"io"
 	"log/slog"
-	"os"
 	"path/filepath"
 	"sync"
 	"testing"
@@ -15,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/cowork-vmm/cowork-vmm/devices/hostfs"
+	"github.com/cowork-vmm/cowork-vmm/devices/hostfs/hostfstest"
 	"github.com/cowork-vmm/cowork-vmm/devices/virtio/virtiotest"
 )
 
@@ -66,12 +66,7 @@ func newRigOver(t testing.TB, opts Options, exports *hostfs.Exports) *rig {
 func (r *rig) export(t testing.TB, name string, readOnly bool, files map[string]string) string {
 	t.Helper()
 	dir := filepath.Join(r.dir, name)
-	require.NoError(t, os.MkdirAll(dir, 0o755))
-	for p, content := range files {
-		full := filepath.Join(dir, p)
-		require.NoError(t, os.MkdirAll(filepath.Dir(full), 0o755))
-		require.NoError(t, os.WriteFile(full, []byte(content), 0o644))
-	}
+	hostfstest.WriteTree(t, dir, files)
 	require.NoError(t, r.exports.Add(name, dir, readOnly))
 	return dir
 }

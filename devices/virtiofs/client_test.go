@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"encoding/binary"
 	"log/slog"
-	"os"
 	"path/filepath"
 	"reflect"
 	"sync/atomic"
@@ -17,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/cowork-vmm/cowork-vmm/devices/hostfs"
+	"github.com/cowork-vmm/cowork-vmm/devices/hostfs/hostfstest"
 	"github.com/cowork-vmm/cowork-vmm/devices/virtio/virtiotest"
 )
 
@@ -103,12 +103,7 @@ func newRigOver(t testing.TB, opts Options, exports *hostfs.Exports) *rig {
 func (r *rig) export(t testing.TB, name string, readOnly bool, files map[string]string) string {
 	t.Helper()
 	dir := filepath.Join(r.dir, name)
-	require.NoError(t, os.MkdirAll(dir, 0o755))
-	for p, content := range files {
-		full := filepath.Join(dir, p)
-		require.NoError(t, os.MkdirAll(filepath.Dir(full), 0o755))
-		require.NoError(t, os.WriteFile(full, []byte(content), 0o644))
-	}
+	hostfstest.WriteTree(t, dir, files)
 	require.NoError(t, r.exports.Add(name, dir, readOnly))
 	return dir
 }
