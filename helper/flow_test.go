@@ -244,3 +244,25 @@ func TestOutputPastTheWindowIsDropped(t *testing.T) {
 	assert.LessOrEqual(t, held, outputWindow+protocol.MaxOutputChunkBytes)
 	assert.GreaterOrEqual(t, held, outputWindow-protocol.MaxOutputChunkBytes)
 }
+
+// TestRunningProcessesAreBounded: the output memory bound (maxOutputHeld)
+// rests on a profile running at most maxRunningProcesses; the next spawn
+// is refused, and one is taken again once a process has exited.
+func TestRunningProcessesAreBounded(t *testing.T) {
+	e := newTestEnv(t)
+	g := e.start()
+	for i := range maxRunningProcesses {
+		e.spawn(map[string]any{"id": fmt.Sprintf("p%02d", i), "name": "s", "command": "sh"})
+	}
+	err := e.call("spawn", map[string]any{"id": "over", "name": "s", "command": "sh"}, nil)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "the most a profile may run")
+
+	g.agent.exit("p00", 0)
+	waitFor(t, "p00's exit", func() bool {
+		e.s.mu.Lock()
+		defer e.s.mu.Unlock()
+		return !e.s.procs.get("p00").running
+	})
+	e.spawn(map[string]any{"id": "over", "name": "s", "command": "sh"})
+}
