@@ -101,6 +101,7 @@ type events struct {
 	mu     sync.Mutex
 	cond   *sync.Cond
 	all    []protocol.Event
+	at     []time.Time // when each of all arrived
 	err    error
 }
 
@@ -124,6 +125,7 @@ func subscribe(t *testing.T, socket string, params any) *events {
 				return
 			}
 			e.all = append(e.all, ev)
+			e.at = append(e.at, time.Now())
 			e.cond.Broadcast()
 			e.mu.Unlock()
 		}
@@ -186,6 +188,19 @@ func (e *events) outputLocked(typ, id string) string {
 		}
 	}
 	return s
+}
+
+// firstAt is when the first event of process id satisfying match
+// arrived; ok is false while none has.
+func (e *events) firstAt(id string, match func(protocol.Event) bool) (at time.Time, ok bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for i, ev := range e.all {
+		if ev.ID == id && match(ev) {
+			return e.at[i], true
+		}
+	}
+	return time.Time{}, false
 }
 
 func (e *events) exit(id string) protocol.Event {

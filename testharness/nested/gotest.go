@@ -31,6 +31,9 @@ type GoTest struct {
 	QemuLog string
 	// SingleThreadTCG is as in Options.
 	SingleThreadTCG bool
+	// Shares are more host directories the tests read at their own paths
+	// (Options.Shares), e.g. beneath /root, which the outer guest replaces.
+	Shares []string
 }
 
 // RunGoTest compiles pkg's tests (CGO_ENABLED=0), runs those matching
@@ -113,7 +116,7 @@ func TryGoTest(t testing.TB, gt GoTest) (Result, error) {
 		Cmd:             args,
 		Env:             append(gt.Env, LedgerEnv+"="+filepath.Join(job.PayloadDir, payloadLedger)),
 		Dir:             dir,
-		Shares:          shares,
+		Shares:          append(shares, gt.Shares...),
 		MemMiB:          gt.MemMiB,
 		CPUs:            gt.CPUs,
 		Timeout:         gt.Timeout,
