@@ -77,7 +77,11 @@ type BackendFactory func() (Backend, error)
 // (or 9p) device whose files the guest caches, so programs start without
 // re-reading their binaries and libraries from the host on every exec;
 // directories shared with Share stay uncached because the host edits them
-// while the guest runs. Without it the helper uses Share(dir, true).
+// while the guest runs. The helper shares the SDK binary through it too,
+// a single regular file that it shares again (and unshares the old) once
+// the file changes; the guest may keep the file it got for good, so a
+// file's export must serve the file as shared, never what the host puts
+// at its path later. Without it the helper uses Share(path, true).
 type SystemSharer interface {
 	ShareSystem(hostPath string) (protocol.MountSource, error)
 }

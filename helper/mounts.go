@@ -61,6 +61,15 @@ func (inst *guestInstance) share(host string, readOnly bool) (protocol.MountSour
 	return inst.guest.Share(host, readOnly)
 }
 
+// shareImmutable shares a file through the guest's cached system share
+// where it has one (SystemSharer), else read-only through Share.
+func (inst *guestInstance) shareImmutable(host string) (protocol.MountSource, error) {
+	if ss, ok := inst.guest.(SystemSharer); ok {
+		return ss.ShareSystem(host)
+	}
+	return inst.guest.Share(host, true)
+}
+
 func (inst *guestInstance) unshare(src protocol.MountSource) { inst.guest.Unshare(src) }
 
 func (inst *guestInstance) mountInGuest(m protocol.Mount) error {

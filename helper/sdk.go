@@ -50,9 +50,15 @@ func (s *Service) installSdk(_ context.Context, p protocol.InstallSdkParams) (em
 	return nil, nil
 }
 
-// mountSDK mounts the SDK binary read-only at GuestSDKPath.
+// mountSDK mounts the SDK binary read-only at GuestSDKPath, as an
+// immutable file: through the guest's cached system share (SystemSharer),
+// so that it stays in the guest's page cache across spawns and sessions
+// (it is hundreds of MB, and every spawn of claude would otherwise read it
+// through the uncached share again). Another version, or this version's
+// file replaced on the host since (its identity: device, inode, size,
+// mtime), is shared afresh and the old share withdrawn.
 func (inst *guestInstance) mountSDK(sdk *sdkInstall) error {
-	if err := inst.mounts.mount(sdk.file, GuestSDKPath, true); err != nil {
+	if err := inst.mounts.mountImmutable(sdk.file, GuestSDKPath); err != nil {
 		return fmt.Errorf("mounting the SDK at %s: %w", GuestSDKPath, err)
 	}
 	return nil

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 
 	"github.com/cowork-vmm/cowork-vmm/protocol"
 )
@@ -27,7 +28,8 @@ import (
 //	                     └───────forget─────────┴──▶ forgotten (no record)
 //
 // What they mean:
-//   - mounted: the host path is shared with the guest (Guest.Share) and the
+//   - mounted: the host path is shared with the guest (Guest.Share, or for
+//     an immutable file such as the SDK SystemSharer.ShareSystem) and the
 //     agent has mounted it at the target. Mounting the same thing again is
 //     nothing; mounting something else there replaces it, and what was
 //     there is unshared even if the agent failed (it unmounts the old
@@ -85,6 +87,9 @@ type sessionMounts struct {
 // (guestInstance, in mounts.go).
 type mountGuest interface {
 	share(host string, readOnly bool) (protocol.MountSource, error)
+	// shareImmutable shares a read-only file that never changes while
+	// shared (the SDK binary) where the guest may cache it for good.
+	shareImmutable(host string) (protocol.MountSource, error)
 	unshare(protocol.MountSource)
 	mountInGuest(protocol.Mount) error
 	unmountInGuest(target string) error
@@ -102,6 +107,19 @@ type mountKey struct {
 	host     string
 	file     string // a single file, shared as itself: its name
 	readOnly bool
+	// immutable: a read-only file shared with shareImmutable, as the
+	// file id names it; the same path with another id is another file.
+	immutable bool
+	id        fileID
+}
+
+// fileID tells one content of a host file from another without reading
+// it: another inode (a file renamed over it), or the same one rewritten
+// (its size or mtime moved).
+type fileID struct {
+	dev, ino uint64
+	size     int64
+	mtimeNs  int64
 }
 
 // mountRecord is a target's record: what was asked for (key), and the
@@ -123,6 +141,35 @@ func (m *sessionMounts) mount(host, target string, readOnly bool) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return m.mountLocked(target, key)
+}
+
+// mountImmutable mounts the regular file host read-only at a guest
+// target through shareImmutable (the mounted state), unless the same file,
+// unchanged, is mounted there already: a file changed since (fileID) is
+// shared afresh and the old share withdrawn, so the guest never keeps the
+// old file's cached pages for the new one.
+func (m *sessionMounts) mountImmutable(host, target string) error {
+	key, err := immutableKeyOf(host)
+	if err != nil {
+		return err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.mountLocked(target, key)
+}
+
+// immutableKeyOf is the key of an immutable mount of host, a regular file.
+func immutableKeyOf(host string) (mountKey, error) {
+	fi, err := os.Stat(host)
+	if err != nil {
+		return mountKey{}, fmt.Errorf("mount source: %w", err)
+	}
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	if !fi.Mode().IsRegular() || !ok {
+		return mountKey{}, fmt.Errorf("mount source %s is not a regular file", host)
+	}
+	id := fileID{dev: st.Dev, ino: st.Ino, size: st.Size, mtimeNs: st.Mtim.Nano()}
+	return mountKey{host: host, file: filepath.Base(host), readOnly: true, immutable: true, id: id}, nil
 }
 
 // mountKeyOf is the key of a mount of host: a directory, or a single file.
@@ -147,7 +194,13 @@ func (m *sessionMounts) mountLocked(target string, key mountKey) error {
 	if had && old.key == key && !old.withdrawn {
 		return nil
 	}
-	src, err := m.guest.share(key.host, key.readOnly)
+	var src protocol.MountSource
+	var err error
+	if key.immutable {
+		src, err = m.guest.shareImmutable(key.host)
+	} else {
+		src, err = m.guest.share(key.host, key.readOnly)
+	}
 	if err != nil {
 		return fmt.Errorf("sharing %s with the guest: %w", key.host, err)
 	}
@@ -297,8 +350,13 @@ func (m *sessionMounts) remount(session string, pick func(string) bool, onFail f
 	defer m.mu.Unlock()
 	targets := m.inSession(session, func(t string) bool { return m.byTarget[t].withdrawn && pick(t) })
 	for _, target := range slices.Backward(targets) {
-		// Its source is looked at again: it may have become a file.
-		key, err := mountKeyOf(m.byTarget[target].key.host, m.byTarget[target].key.readOnly)
+		// Its source is looked at again: it may have become a file, or
+		// an immutable file another one.
+		old := m.byTarget[target].key
+		key, err := mountKeyOf(old.host, old.readOnly)
+		if old.immutable {
+			key, err = immutableKeyOf(old.host)
+		}
 		if err == nil {
 			err = m.mountLocked(target, key)
 		}

@@ -55,6 +55,11 @@ func (g *mountLog) share(host string, readOnly bool) (protocol.MountSource, erro
 	return bind(host), nil
 }
 
+func (g *mountLog) shareImmutable(host string) (protocol.MountSource, error) {
+	g.note("share immutable %s", host)
+	return bind(host), nil
+}
+
 func (g *mountLog) unshare(src protocol.MountSource) { g.note("unshare %s", src.Path) }
 
 func (g *mountLog) mountInGuest(m protocol.Mount) error {

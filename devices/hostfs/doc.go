@@ -5,7 +5,7 @@
 // read-write, and no operation can reach a host path outside that
 // directory.
 //
-// It owns: the registry (Exports: Add, AddFile, Remove, Root,
+// It owns: the registry (Exports: Add, AddFile, AddImmutableFile, Remove, Root,
 // SyncWritable), the Node interface both servers map their requests onto
 // (node.go: one-component Walk, Clone, Stat, ChildKey, SetAttr, Open,
 // ReadvAt/WritevAt, Readdir, Create/Mkdir/Symlink/Mknod/Link, Rename/
@@ -49,7 +49,11 @@
 // entry of a directory: the guest can walk to, list, read and (read-write)
 // write and chmod that file, nothing else of the directory holding it. The
 // file is found by name beneath that directory's descriptor each time, so
-// an editor's save by rename-over on the host shows; see AddFile.
+// an editor's save by rename-over on the host shows; see AddFile. An
+// immutable one (Exports.AddImmutableFile: read-only, for a file the
+// guest caches for good, the SDK binary) is pinned instead to the inode
+// it was registered with, so what the guest cached and what it reads
+// later are of one file; a new file is a new export.
 //
 // Withdrawal: Exports.Remove revokes an export at once. New walks to it
 // fail, every operation on a Node the guest still holds in it fails with

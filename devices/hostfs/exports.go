@@ -45,6 +45,12 @@ type export struct {
 	// symlink, resolved at registration).
 	viewName string
 	fileName string
+	// pinned is set for an immutable single-file export
+	// (AddImmutableFile): pinFd, an O_PATH descriptor of the file as
+	// registered, is what its one name leads to, whatever the host puts
+	// at that name later. Closed by revoke, under gate.
+	pinned bool
+	pinFd  int
 
 	// budget is the Exports' descriptor budget: every descriptor a file
 	// of the export holds is acquired from it first (acquire).
@@ -132,6 +138,31 @@ func (e *export) revoke() {
 	}
 	_ = unix.Close(e.rootFd)
 	e.rootFd = -1
+	if e.pinned {
+		_ = unix.Close(e.pinFd)
+		e.pinFd = -1
+	}
+}
+
+// viewFile opens a new O_PATH descriptor of a single-file export's file,
+// beneath dirFd (a descriptor of the directory holding it): the pinned
+// file itself for an immutable export, else what its name names now,
+// which must be a regular file (ENOENT otherwise). Called between enter
+// and exit.
+func (e *export) viewFile(dirFd int) (int, *unix.Stat_t, error) {
+	if !e.pinned {
+		return openRegularBeneath(dirFd, e.fileName)
+	}
+	fd, err := dupFd(e.pinFd)
+	if err != nil {
+		return -1, nil, err
+	}
+	st, err := fstat(fd)
+	if err != nil {
+		_ = unix.Close(fd)
+		return -1, nil, err
+	}
+	return fd, st, nil
 }
 
 // isFileView says whether this is a single-file export.
@@ -193,6 +224,25 @@ func (x *Exports) Add(name, hostDir string, readOnly bool) error {
 // the name is missing or no longer names a regular file (a symlink or a
 // directory put there), the guest keeps the last regular file it reached.
 func (x *Exports) AddFile(name, hostFile string, readOnly bool) error {
+	return x.addFile(name, hostFile, readOnly, false)
+}
+
+// AddImmutableFile registers a read-only single-file export of hostFile
+// under name (as AddFile), pinned to the file hostFile names now: its one
+// name leads to that inode for as long as the export lives, also once the
+// host has renamed another file over it or removed it. It is for a file
+// the guest caches for good (the installed SDK binary, on the cached
+// device): the pages the guest cached and those it reads later are always
+// of one file. A file that changes is shared again as a new export (the
+// guest then caches it afresh) and the old one removed. Its contents are
+// what the host file holds: a file rewritten in place changes under it,
+// which is why the helper keys its share on the file's size and mtime too.
+func (x *Exports) AddImmutableFile(name, hostFile string) error {
+	return x.addFile(name, hostFile, true, true)
+}
+
+// addFile is AddFile, the file pinned if pin (AddImmutableFile).
+func (x *Exports) addFile(name, hostFile string, readOnly, pin bool) error {
 	if err := checkName(name); err != nil {
 		return fmt.Errorf("export name %q: %w", name, err)
 	}
@@ -215,7 +265,11 @@ func (x *Exports) AddFile(name, hostFile string, readOnly bool) error {
 		_ = unix.Close(dirFd)
 		return fmt.Errorf("export %q: %s is not a regular file that can be opened: %w", name, resolved, err)
 	}
-	_ = unix.Close(fd)
+	if !pin {
+		_ = unix.Close(fd)
+	} else {
+		ex.pinned, ex.pinFd = true, fd
+	}
 	return x.register(ex)
 }
 
@@ -227,6 +281,9 @@ func (x *Exports) register(ex *export) error {
 	defer x.mu.Unlock()
 	if _, ok := x.exports[ex.name]; ok {
 		_ = unix.Close(ex.rootFd)
+		if ex.pinned {
+			_ = unix.Close(ex.pinFd)
+		}
 		return fmt.Errorf("export %q: %w", ex.name, ErrExportExists)
 	}
 	x.serial++

@@ -229,10 +229,11 @@ func (f *file) isViewRoot() bool { return f.ex.isFileView() && f.parent == nil }
 
 // refresh finds a single-file export's file again by its name (see
 // Exports.AddFile) for a Node that is not open; when the name no longer
-// names a regular file, f keeps the one it had. Called with f.mu held,
-// between enter and exit.
+// names a regular file, f keeps the one it had. An immutable export's
+// file never changes (AddImmutableFile). Called with f.mu held, between
+// enter and exit.
 func (f *file) refresh() {
-	if !f.ex.isFileView() || f.parent == nil || f.openFd >= 0 {
+	if !f.ex.isFileView() || f.ex.pinned || f.parent == nil || f.openFd >= 0 {
 		return
 	}
 	fd, st, err := openRegularBeneath(f.ex.rootFd, f.ex.fileName)
@@ -310,7 +311,7 @@ func (f *file) walkView(name string) (*file, *unix.Stat_t, error) {
 	if name != f.ex.viewName {
 		return nil, nil, unix.ENOENT
 	}
-	fd, st, err := openRegularBeneath(f.fd, f.ex.fileName)
+	fd, st, err := f.ex.viewFile(f.fd)
 	if err != nil {
 		return nil, nil, err
 	}

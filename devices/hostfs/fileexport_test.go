@@ -205,3 +205,58 @@ func creations(t *testing.T, dir, linkTarget Node, name string) map[string]func(
 		"link": func() error { return dir.Link(linkTarget, name) },
 	}
 }
+
+// Issue #42: an immutable single-file export (the SDK binary, cached by
+// the guest for good) is pinned to the file it was registered with: a
+// file renamed over it on the host is never what the guest reaches
+// through it, by a held node, a fresh walk, a listing or a key lookup; it
+// is read-only; its removal closes the pinned descriptor too.
+func TestImmutableFileExportIsPinned(t *testing.T) {
+	h := newHarness(t)
+	fdsBefore := openFds(t)
+	dir := filepath.Join(h.base, "sdk", "1.0.0")
+	require.NoError(t, os.MkdirAll(dir, 0o755))
+	path := filepath.Join(dir, "claude")
+	require.NoError(t, os.WriteFile(path, []byte("as installed"), 0o755))
+	require.NoError(t, h.exports.AddImmutableFile("sdk", path))
+	root, _, err := h.exports.Root().Walk("sdk")
+	require.NoError(t, err)
+	held, attr, err := root.Walk("claude")
+	require.NoError(t, err)
+
+	tmp := path + ".download"
+	require.NoError(t, os.WriteFile(tmp, []byte("re-downloaded, another file"), 0o755))
+	require.NoError(t, os.Rename(tmp, path))
+
+	a, err := held.Stat()
+	require.NoError(t, err)
+	assert.Equal(t, attr.Key, a.Key, "the held node's attributes are the pinned file's")
+	assert.EqualValues(t, len("as installed"), a.Stat.Size)
+	fresh, fattr, err := root.Walk("claude")
+	require.NoError(t, err)
+	assert.Equal(t, attr.Key, fattr.Key, "a fresh walk reaches the pinned file")
+	_, err = fresh.Open(unix.O_RDONLY)
+	require.NoError(t, err)
+	assert.Equal(t, "as installed", readAll(t, fresh))
+	_, err = held.Open(unix.O_RDWR)
+	assert.ErrorIs(t, err, unix.EROFS)
+	key, err := root.ChildKey("claude")
+	require.NoError(t, err)
+	assert.Equal(t, attr.Key, key)
+	list, err := root.Clone()
+	require.NoError(t, err)
+	_, err = list.Open(unix.O_RDONLY)
+	require.NoError(t, err)
+	ents, err := list.Readdir(0, 4096)
+	require.NoError(t, err)
+	require.Len(t, ents, 3)
+	assert.Equal(t, attr.Key.GuestIno(), ents[2].Ino, "the listing shows the pinned file")
+
+	h.exports.Remove("sdk")
+	assert.Equal(t, fdsBefore, openFds(t), "every descriptor closed, the pinned one too")
+	_, err = held.Stat()
+	assert.ErrorIs(t, err, unix.ESTALE)
+	for _, n := range []Node{list, fresh, held, root} {
+		_ = n.Close()
+	}
+}

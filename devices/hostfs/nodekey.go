@@ -40,6 +40,13 @@ func (f *file) ChildKey(name string) (Key, error) {
 		if name != f.ex.viewName {
 			return Key{}, unix.ENOENT
 		}
+		if f.ex.pinned {
+			var st unix.Stat_t
+			if err := unix.Fstat(f.ex.pinFd, &st); err != nil {
+				return Key{}, err
+			}
+			return Key{Export: f.ex.serial, Dev: st.Dev, Ino: st.Ino}, nil
+		}
 		name = f.ex.fileName
 	}
 	var st unix.Stat_t

@@ -119,7 +119,8 @@ func parseDirents(b []byte, dev uint64) ([]Dirent, error) {
 }
 
 // viewDirents lists a single-file export's directory: ".", ".." and the
-// one name while it names a regular file, at offsets 1, 2, 3.
+// one name while it names a regular file (an immutable export's always:
+// its pinned file), at offsets 1, 2, 3.
 func (f *file) viewDirents(offset uint64, count uint32) ([]Dirent, error) {
 	st, err := fstat(f.fd)
 	if err != nil {
@@ -130,7 +131,7 @@ func (f *file) viewDirents(offset uint64, count uint32) ([]Dirent, error) {
 		{Ino: dir, Offset: 1, Type: unix.DT_DIR, Name: "."},
 		{Ino: dir, Offset: 2, Type: unix.DT_DIR, Name: ".."},
 	}
-	if fd, fst, err := openRegularBeneath(f.fd, f.ex.fileName); err == nil {
+	if fd, fst, err := f.ex.viewFile(f.fd); err == nil {
 		_ = unix.Close(fd)
 		ents = append(ents, Dirent{Ino: GuestIno(fst.Dev, fst.Ino), Offset: 3, Type: unix.DT_REG, Name: f.ex.viewName})
 	}

@@ -45,7 +45,11 @@
 // opens files without asking and reads them by node, with no OPEN or
 // RELEASE round trip for each file a program opens. ListNamesOnly
 // (Options.ListNamesOnly, the system directories too) lists directories
-// with READDIR, so a listing costs no host lookup per entry.
+// with READDIR, so a listing costs no host lookup per entry. A single
+// file on a cached device (the SDK binary) is to be an immutable export
+// (hostfs.Exports.AddImmutableFile): it serves the inode shared, never a
+// file the host puts at its name later, so the pages the guest keeps and
+// those it reads later are of one file.
 //
 // The guest is hostile:
 //   - a request's readable bytes are bounded (maxMessage, else E2BIG) and

@@ -32,8 +32,8 @@ const GuestCID = 3
 const MountTag = "cowork"
 
 // SystemMountTag is the tag of the second file-sharing device, which
-// serves only the host's read-only system directories
-// (Guest.ShareSystem). The guest caches its files (a virtio-fs device
+// serves only the host's read-only system directories and immutable files
+// such as the SDK binary (Guest.ShareSystem). The guest caches its files (a virtio-fs device
 // created Cached; for 9p, the agent mounts it with
 // protocol.NinePCacheLoose): those files do not change while a guest runs,
 // and without a cache every exec would re-read its binary and libraries

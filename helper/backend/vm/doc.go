@@ -10,7 +10,8 @@
 // with the guest at CID 3; two file-sharing devices, virtio-fs or with
 // COWORK_VMM_FS=9p virtio-9p, whose attach names are the exports Share
 // registers (uncached in the guest) and the read-only system directories
-// ShareSystem registers (page-cached in the guest); virtio-rng), the
+// and immutable files (the SDK binary) ShareSystem registers (page-cached
+// in the guest); virtio-rng), the
 // agent's vsock connection, boot progress steps, the serial console (debug
 // log plus a tail kept for error messages), and turning the VM's end into
 // Done/Err. It refuses fast, with the process-backend hint, on hosts whose

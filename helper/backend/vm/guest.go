@@ -377,11 +377,13 @@ func (g *guest) Unshare(src protocol.MountSource) {
 }
 
 // ShareSystem implements helper.SystemSharer: it registers hostPath, a
-// read-only system directory, on the system device (SystemMountTag), which
-// the guest caches: a cached virtio-fs device (long entry and attribute
-// lifetimes, the page cache kept across opens), or for 9p a source with
-// cache mode loose. The export is read-only on the host side whatever the
-// agent does.
+// read-only system directory or an immutable file (the SDK binary), on
+// the system device (SystemMountTag), which the guest caches: a cached
+// virtio-fs device (long entry and attribute lifetimes, the page cache
+// kept across opens), or for 9p a source with cache mode loose. The
+// export is read-only on the host side whatever the agent does; a file's
+// is pinned to the inode shared (ShareDevice.add), a changed file is
+// shared again.
 func (g *guest) ShareSystem(hostPath string) (protocol.MountSource, error) {
 	return g.share(g.sysFiles, SystemMountTag, hostPath, true)
 }
@@ -395,20 +397,15 @@ func (g *guest) share(d *ShareDevice, tag, hostPath string, readOnly bool) (prot
 	if d == nil {
 		return protocol.MountSource{}, fmt.Errorf("kvm backend: this VM has no file-sharing device %q to share host directories through", tag)
 	}
-	exports := d.exports
 	fi, err := os.Stat(hostPath)
 	if err != nil {
 		return protocol.MountSource{}, fmt.Errorf("kvm backend: sharing %s: %w", hostPath, err)
-	}
-	add := exports.Add
-	if fi.Mode().IsRegular() {
-		add = exports.AddFile
 	}
 	g.mu.Lock()
 	g.nextExport++
 	name := "e" + strconv.Itoa(g.nextExport)
 	g.mu.Unlock()
-	if err := add(name, hostPath, readOnly); err != nil {
+	if err := d.add(name, hostPath, fi.Mode().IsRegular(), readOnly); err != nil {
 		return protocol.MountSource{}, fmt.Errorf("kvm backend: sharing %s: %w", hostPath, err)
 	}
 	src := d.source

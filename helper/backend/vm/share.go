@@ -54,6 +54,9 @@ type ShareDevice struct {
 	// source is the MountSource of its exports without the Aname: the
 	// kind, the tag and, for 9p, the guest's cache mode.
 	source protocol.MountSource
+	// cached: the guest caches its files for good, so a file is shared
+	// as an immutable export (see add).
+	cached bool
 }
 
 // NewShareDevice makes the device of kind (protocol.MountKindVirtioFS or
@@ -69,7 +72,7 @@ func NewShareDevice(kind, tag string, cached bool, descriptors *fdlimit.Share, l
 		Close()
 	}
 	var err error
-	s := &ShareDevice{exports: exports, descriptors: descriptors, source: protocol.MountSource{Kind: kind, Tag: tag}}
+	s := &ShareDevice{exports: exports, descriptors: descriptors, source: protocol.MountSource{Kind: kind, Tag: tag}, cached: cached}
 	switch kind {
 	case protocol.MountKindVirtioFS:
 		// The cached device serves only read-only exports (ShareSystem),
@@ -93,6 +96,22 @@ func NewShareDevice(kind, tag string, cached bool, descriptors *fdlimit.Share, l
 	}
 	s.dev = dev
 	return s, dev, nil
+}
+
+// add registers hostPath, a directory or (regular) a file, under name.
+// A file is a single-file export: on a cached device an immutable one
+// (hostfs.Exports.AddImmutableFile, read-only), pinned to the inode
+// shared, since the guest keeps its pages across opens and would mix
+// them with a file the host put at that name later; on the uncached
+// device one that follows its name (an editor's save shows).
+func (s *ShareDevice) add(name, hostPath string, regular, readOnly bool) error {
+	switch {
+	case !regular:
+		return s.exports.Add(name, hostPath, readOnly)
+	case s.cached:
+		return s.exports.AddImmutableFile(name, hostPath)
+	}
+	return s.exports.AddFile(name, hostPath, readOnly)
 }
 
 // Exports are the host paths the device serves, by attach name.

@@ -231,3 +231,69 @@ func TestShareDevicesDrawFromOneHelperWidePool(t *testing.T) {
 		s.Close()
 	}
 }
+
+// Issue #42: a file shared through ShareSystem (the installed SDK binary)
+// goes to the cached system device as an immutable single-file export,
+// on either kind of device: replaced on the host (a re-download renamed
+// over it), the export still serves the file it was shared with, which
+// the guest caches for good; Unshare withdraws it. Share's file exports
+// follow the name instead (TestShareOfAFileExportsOnlyThatFile).
+func TestShareSystemOfAFileIsImmutable(t *testing.T) {
+	for _, fs := range []string{FileSharingVirtioFS, FileSharingNineP} {
+		t.Run(fs, func(t *testing.T) {
+			kind, err := FileSharingKind(fs)
+			if err != nil {
+				t.Fatal(err)
+			}
+			g := testGuestOf(t, kind)
+			dir := filepath.Join(t.TempDir(), "1.0.0")
+			if err := os.MkdirAll(dir, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			path := filepath.Join(dir, "claude")
+			if err := os.WriteFile(path, []byte("as installed"), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			src, err := g.ShareSystem(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if src.Tag != SystemMountTag || !slices.Equal(g.sysFiles.exports.Names(), []string{src.Aname}) {
+				t.Fatalf("ShareSystem(%s): %+v, system exports %v", path, src, g.sysFiles.exports.Names())
+			}
+			root, err := ninep.ExportsAttacher(g.sysFiles.exports).Attach()
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, view, err := root.Walk([]string{src.Aname})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer view.Close()
+			_, f, err := view.Walk([]string{"claude"})
+			if err != nil {
+				t.Fatalf("walk to the shared file (the agent's SourceFile): %v", err)
+			}
+			defer f.Close()
+			tmp := path + ".download"
+			if err := os.WriteFile(tmp, []byte("re-downloaded, another file"), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Rename(tmp, path); err != nil {
+				t.Fatal(err)
+			}
+			if _, _, err := f.Open(p9.ReadOnly); err != nil {
+				t.Fatal(err)
+			}
+			buf := make([]byte, 64)
+			n, _ := f.ReadAt(buf, 0)
+			if got := string(buf[:n]); got != "as installed" {
+				t.Errorf("read after the host replaced the file: %q, want the file as shared", got)
+			}
+			g.Unshare(src)
+			if _, err := f.ReadAt(buf, 0); err != linux.ESTALE {
+				t.Errorf("read after Unshare: %v, want ESTALE", err)
+			}
+		})
+	}
+}
