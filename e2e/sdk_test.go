@@ -5,6 +5,7 @@ import (
 	"io"
 	"net"
 	"net/http/httptest"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
@@ -43,7 +44,14 @@ func TestNestedKVMRealWorkload(t *testing.T) {
 	if sdkErr == nil {
 		env = append(env, sdkcache.DirEnv+"="+sdk.Dir)
 	}
-	gt := nestedKVMTest(t, "^(TestKVMRealSDK|TestKVMBusyGuestStaysConnected)$", 20*time.Minute, 1, env...)
+	// COWORK_VMM_E2E_REPEAT=N runs them N times in one outer boot (the
+	// 10-out-of-10 check); CI runs them once.
+	repeat, err := strconv.Atoi(os.Getenv("COWORK_VMM_E2E_REPEAT"))
+	if err != nil || repeat < 1 {
+		repeat = 1
+	}
+	gt := nestedKVMTest(t, "^(TestKVMRealSDK|TestKVMBusyGuestStaysConnected)$", time.Duration(repeat)*20*time.Minute, 1, env...)
+	gt.Args = append(gt.Args, "-test.count="+strconv.Itoa(repeat))
 	gt.MemMiB = 4096
 	if sdkErr == nil {
 		gt.Shares = []string{sdk.Dir}
