@@ -6,9 +6,6 @@ import (
 	"log/slog"
 	"os"
 	"sync"
-	"syscall"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/cowork-vmm/cowork-vmm/devices/virtio"
 	"github.com/cowork-vmm/cowork-vmm/internal/ratelog"
@@ -21,7 +18,7 @@ const DefaultSerial = "cowork-root"
 // Options configure New.
 type Options struct {
 	// ReadOnly offers the disk read-only (VIRTIO_BLK_F_RO): writes,
-	// discards and write-zeroes fail with VIRTIO_BLK_S_IOERR. The file
+	// discards and write-zeroes fail with VIRTIO_BLK_S_IOERR. New's file
 	// may then be opened O_RDONLY; otherwise it must be open for writing.
 	ReadOnly bool
 	// Serial is the id string (at most IDBytes printable ASCII bytes);
@@ -33,20 +30,15 @@ type Options struct {
 	Logger *slog.Logger
 }
 
-// Device is a virtio-blk device over one image file. Create it with New;
-// it implements virtio.Device.
+// Device is a virtio-blk device over one Backing. Create it with New (a
+// raw image file) or NewBacked; it implements virtio.Device.
 type Device struct {
-	file     *os.File
-	raw      syscall.RawConn // the file's descriptor, held open per call
+	backing  Backing
 	readOnly bool
 	capacity uint64 // in sectors
 	id       [IDBytes]byte
 	config   [configSize]byte
 	log      *ratelog.Logger // guest errors, rate-limited
-
-	// fallocate is unix.Fallocate; tests replace it to play a host
-	// filesystem without hole punching or zero ranges.
-	fallocate func(fd int, mode uint32, off, size int64) error
 
 	worker virtio.Worker
 	mu     sync.Mutex
@@ -56,26 +48,30 @@ type Device struct {
 var _ virtio.Device = (*Device)(nil)
 
 // New returns an inactive device serving file, a raw image whose size is
-// a positive multiple of SectorSize. The caller keeps ownership of file:
-// it must stay open until the device is reset for the last time, and the
-// device never closes it.
+// a positive multiple of SectorSize (a File backing). The caller keeps
+// ownership of file: it must stay open until the device is reset for the
+// last time, and the device never closes it.
 func New(file *os.File, opts Options) (*Device, error) {
-	if file == nil {
-		return nil, errors.New("virtio-blk: no image file")
-	}
-	capacity, err := imageSectors(file)
+	backing, err := NewFile(file, !opts.ReadOnly)
 	if err != nil {
 		return nil, err
 	}
-	raw, err := file.SyscallConn()
-	if err != nil {
-		return nil, fmt.Errorf("virtio-blk: image %s: %w", file.Name(), err)
+	return NewBacked(backing, opts)
+}
+
+// NewBacked returns an inactive device serving backing, whose size must
+// be a positive multiple of SectorSize. The caller keeps ownership of
+// backing: it must stay usable until the device is reset for the last
+// time.
+func NewBacked(backing Backing, opts Options) (*Device, error) {
+	if backing == nil {
+		return nil, errors.New("virtio-blk: no backing")
 	}
-	if !opts.ReadOnly {
-		if err := checkWritable(raw, file.Name()); err != nil {
-			return nil, err
-		}
+	size := backing.Size()
+	if size <= 0 || size%SectorSize != 0 {
+		return nil, fmt.Errorf("virtio-blk: disk %s is %d bytes, not a positive multiple of the %d-byte sector", backing.Name(), size, SectorSize)
 	}
+	capacity := uint64(size) / SectorSize
 	id, err := serialID(opts.Serial)
 	if err != nil {
 		return nil, err
@@ -85,47 +81,10 @@ func New(file *os.File, opts Options) (*Device, error) {
 		logger = slog.Default()
 	}
 	return &Device{
-		file: file, raw: raw, readOnly: opts.ReadOnly, capacity: capacity, id: id,
-		config:    buildConfig(capacity, opts.ReadOnly),
-		log:       ratelog.New(logger.With("device", "virtio-blk", "image", file.Name()), nil),
-		fallocate: unix.Fallocate,
+		backing: backing, readOnly: opts.ReadOnly, capacity: capacity, id: id,
+		config: buildConfig(capacity, opts.ReadOnly),
+		log:    ratelog.New(logger.With("device", "virtio-blk", "image", backing.Name()), nil),
 	}, nil
-}
-
-// imageSectors returns the capacity of the image in sectors, refusing
-// what is not a regular file of a whole, positive number of sectors.
-func imageSectors(file *os.File) (uint64, error) {
-	info, err := file.Stat()
-	if err != nil {
-		return 0, fmt.Errorf("virtio-blk: image %s: %w", file.Name(), err)
-	}
-	size := info.Size()
-	switch {
-	case !info.Mode().IsRegular():
-		return 0, fmt.Errorf("virtio-blk: image %s is not a regular file (%s)", file.Name(), info.Mode().Type())
-	case size <= 0:
-		return 0, fmt.Errorf("virtio-blk: image %s is empty", file.Name())
-	case size%SectorSize != 0:
-		return 0, fmt.Errorf("virtio-blk: image %s is %d bytes, not a multiple of the %d-byte sector", file.Name(), size, SectorSize)
-	}
-	return uint64(size) / SectorSize, nil
-}
-
-// checkWritable refuses a file opened read-only for a writable disk, so
-// the mistake shows now rather than as the guest's first failed write.
-func checkWritable(raw syscall.RawConn, name string) error {
-	var flags int
-	var ferr error
-	if err := raw.Control(func(fd uintptr) { flags, ferr = unix.FcntlInt(fd, unix.F_GETFL, 0) }); err != nil {
-		return fmt.Errorf("virtio-blk: image %s: %w", name, err)
-	}
-	if ferr != nil {
-		return fmt.Errorf("virtio-blk: image %s: reading its open flags: %w", name, ferr)
-	}
-	if flags&unix.O_ACCMODE == unix.O_RDONLY {
-		return fmt.Errorf("virtio-blk: image %s is open read-only but Options.ReadOnly is not set", name)
-	}
-	return nil
 }
 
 // serialID checks serial and pads it with NULs to IDBytes.
@@ -174,7 +133,7 @@ func (d *Device) WriteConfig(offset uint64, data []byte) {}
 
 // Activate implements virtio.Device: it starts the worker serving the
 // request queue. Guest memory must be a virtio.Slicer, since data moves
-// between the file and guest buffers in place.
+// between the backing and guest buffers in place.
 func (d *Device) Activate(mem virtio.GuestMemory, irq virtio.Interrupt, queues []*virtio.Queue, features uint64) error {
 	if len(queues) != 1 || queues[0] == nil {
 		return errors.New("virtio-blk: the driver did not enable the request queue")

@@ -214,7 +214,7 @@ func TestWriteZeroes(t *testing.T) {
 func TestZeroesWithoutFallocate(t *testing.T) {
 	f := newImage(t, testImageSize)
 	dev := newDevice(t, f, Options{})
-	dev.fallocate = func(int, uint32, int64, int64) error { return unix.EOPNOTSUPP }
+	dev.backing.(*File).fallocate = func(int, uint32, int64, int64) error { return unix.EOPNOTSUPP }
 	g := startGuest(t, dev, virtiotest.Options{})
 	data := pattern(1<<20, 6)
 	status, _ := g.write(0, data, SizeMax)
@@ -233,7 +233,7 @@ func TestZeroesWithoutFallocate(t *testing.T) {
 func TestHostErrorIsIOErr(t *testing.T) {
 	f := newImage(t, testImageSize)
 	dev := newDevice(t, f, Options{})
-	dev.fallocate = func(int, uint32, int64, int64) error { return unix.EIO }
+	dev.backing.(*File).fallocate = func(int, uint32, int64, int64) error { return unix.EIO }
 	g := startGuest(t, dev, virtiotest.Options{})
 	require.Equal(t, int(statusIOErr), g.simple(typeDiscard, 0, segment(0, 8, 0)))
 	g.requireServing()

@@ -2,10 +2,7 @@ package blk
 
 import (
 	"encoding/binary"
-	"errors"
 	"io"
-
-	"golang.org/x/sys/unix"
 )
 
 // discardOrZero serves T_DISCARD and T_WRITE_ZEROES: header and segments
@@ -56,63 +53,13 @@ func (w *worker) discardSegment(r request) byte {
 	}
 	off, size := int64(sector*SectorSize), int64(count*SectorSize)
 	var err error
-	switch {
-	case r.typ == typeDiscard:
-		// Discarding is advisory: where the host cannot punch holes
-		// the data stays, which the spec allows.
-		if err = w.d.punchHole(off, size); unsupported(err) {
-			err = nil
-		}
-	case flags&flagUnmap != 0:
-		err = w.zeroRange(off, size, true)
-	default:
-		err = w.zeroRange(off, size, false)
+	if r.typ == typeDiscard {
+		err = w.d.backing.Discard(off, size)
+	} else {
+		err = w.d.backing.WriteZeroes(off, size, flags&flagUnmap != 0)
 	}
 	if err != nil {
-		return w.hostFailed(r, "fallocate", err)
+		return w.hostFailed(r, "discard or write-zeroes", err)
 	}
 	return statusOK
-}
-
-// zeroRange makes [off, off+size) read as zeros: by punching a hole when
-// unmap allows deallocating, else (or where holes are unsupported) with
-// FALLOC_FL_ZERO_RANGE, else by writing zeros.
-func (w *worker) zeroRange(off, size int64, unmap bool) error {
-	if unmap {
-		if err := w.d.punchHole(off, size); !unsupported(err) {
-			return err
-		}
-	}
-	if err := w.d.allocate(unix.FALLOC_FL_ZERO_RANGE|unix.FALLOC_FL_KEEP_SIZE, off, size); !unsupported(err) {
-		return err
-	}
-	return w.writeZeros(off, size)
-}
-
-// zeroChunk is the size of the zeros written per pwrite where the host
-// cannot zero a range itself.
-const zeroChunk = 256 << 10
-
-// writeZeros writes size zero bytes at off, from one shared buffer.
-func (w *worker) writeZeros(off, size int64) error {
-	if w.zeros == nil {
-		w.zeros = make([]byte, zeroChunk)
-	}
-	iov := make([][]byte, 1)
-	for size > 0 {
-		iov[0] = w.zeros[:min(size, zeroChunk)]
-		n, err := w.d.transfer(iov, off, true)
-		if err != nil {
-			return err
-		}
-		off += int64(n)
-		size -= int64(n)
-	}
-	return nil
-}
-
-// unsupported reports whether err says the host filesystem lacks the
-// fallocate mode asked for.
-func unsupported(err error) bool {
-	return errors.Is(err, unix.EOPNOTSUPP) || errors.Is(err, unix.ENOSYS)
 }

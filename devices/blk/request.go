@@ -121,9 +121,9 @@ func (w *worker) read(r request) (byte, uint32) {
 	if err != nil {
 		return w.refuse(statusIOErr, r, err), 0
 	}
-	got, err := w.d.transfer(iov, int64(r.sector*SectorSize), false)
+	got, err := w.d.backing.ReadV(iov, int64(r.sector*SectorSize))
 	if err != nil {
-		return w.hostFailed(r, "preadv", err), uint32(got)
+		return w.hostFailed(r, "read", err), uint32(got)
 	}
 	return statusOK, n
 }
@@ -144,8 +144,8 @@ func (w *worker) write(r request) byte {
 	if err != nil {
 		return w.refuse(statusIOErr, r, err)
 	}
-	if _, err := w.d.transfer(iov, int64(r.sector*SectorSize), true); err != nil {
-		return w.hostFailed(r, "pwritev", err)
+	if err := w.d.backing.WriteV(iov, int64(r.sector*SectorSize)); err != nil {
+		return w.hostFailed(r, "write", err)
 	}
 	return w.settle(r)
 }
@@ -156,8 +156,8 @@ func (w *worker) settle(r request) byte {
 	if !w.writethrough {
 		return statusOK
 	}
-	if err := w.d.fdatasync(); err != nil {
-		return w.hostFailed(r, "fdatasync", err)
+	if err := w.d.backing.Flush(); err != nil {
+		return w.hostFailed(r, "flush", err)
 	}
 	return statusOK
 }
@@ -169,8 +169,8 @@ func (w *worker) flush(r request) byte {
 	if w.d.readOnly {
 		return statusOK // nothing was written
 	}
-	if err := w.d.fdatasync(); err != nil {
-		return w.hostFailed(r, "fdatasync", err)
+	if err := w.d.backing.Flush(); err != nil {
+		return w.hostFailed(r, "flush", err)
 	}
 	return statusOK
 }

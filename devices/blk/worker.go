@@ -31,7 +31,6 @@ type worker struct {
 	hdr    [headerSize]byte
 	seg    [segmentSize]byte
 	status [1]byte
-	zeros  []byte // written where the host cannot zero a range; lazily
 }
 
 func newWorker(d *Device, mem virtio.GuestMemory, slicer virtio.Slicer, q *virtio.Queue, irq virtio.Interrupt, features uint64) *worker {
