@@ -115,7 +115,7 @@ func parseGPTHeader(sector []byte, lba, lastLBA uint64) (gptHeader, error) {
 // checkBounds checks the header's LBAs against the disk's last LBA and its
 // partition array against this reader's bounds.
 func (h gptHeader) checkBounds(lastLBA uint64) error {
-	if h.firstUsable > h.lastUsable || h.lastUsable >= lastLBA {
+	if h.firstUsable < 2 || h.firstUsable > h.lastUsable || h.lastUsable >= lastLBA {
 		return fmt.Errorf("usable LBAs %d..%d do not fit a disk whose last LBA is %d (truncated?)", h.firstUsable, h.lastUsable, lastLBA)
 	}
 	if h.entrySize < gptMinEntrySize || h.entrySize > gptMaxEntrySize || h.entrySize&(h.entrySize-1) != 0 {

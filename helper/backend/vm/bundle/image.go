@@ -43,7 +43,7 @@ type Image struct {
 	// Path is the file's path as opened.
 	Path string
 	// Size is the file's size in bytes.
-	Size int64
+	Size  int64
 	Table Table
 	// Volumes are its ext4 filesystems, in partition order.
 	Volumes []Volume

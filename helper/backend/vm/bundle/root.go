@@ -89,6 +89,9 @@ func noExt4Error(img Image) error {
 		parts = append(parts, fmt.Sprintf("%d (%s)", p.Number, p.TypeName()))
 	}
 	detail := fmt.Sprintf("%s table", img.Table.Kind)
+	if img.Table.Kind == TableNone {
+		detail = "no partition table"
+	}
 	if len(parts) > 0 {
 		detail += " with partitions " + strings.Join(parts, ", ")
 	}
