@@ -20,6 +20,14 @@
 // ("cloudimg-rootfs"), else the partition of type Linux root (x86-64),
 // else the largest ext4 partition; Root.Reason says which rule chose it.
 //
+// To serve an image, open it with OpenImage, Inspect the open file (the
+// same descriptor the block layer will read), and compare its Identity
+// with the one the profile's writable layer was made over: Read's
+// descriptors are closed, and the client may replace a file between two
+// opens. Other images are the other regular files of the directory
+// (symlinks followed); those that are not disk images are left out, those
+// that are but cannot be used are in Bundle.Skipped with why.
+//
 // Sector size is 512 bytes. An MBR's extended partitions are not followed.
 // "ext4" here means the ext2/3/4 family: one magic, one Linux driver.
 package bundle

@@ -3,6 +3,7 @@ package bundle
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"path/filepath"
 	"strings"
 )
@@ -99,4 +100,19 @@ func noExt4Error(img Image) error {
 		detail += "; " + strings.Join(img.Problems, "; ")
 	}
 	return fmt.Errorf("%s: %w (%s)", img.Path, ErrNoExt4, detail)
+}
+
+// LogValue makes a Root one slog group: image, partition, offset, length,
+// label, uuid, needsRecovery and reason.
+func (r Root) LogValue() slog.Value {
+	return slog.GroupValue(
+		slog.String("image", r.Image),
+		slog.Int("partition", r.Partition.Number),
+		slog.Int64("offset", r.Offset()),
+		slog.Int64("length", r.Length()),
+		slog.String("label", r.FS.Label),
+		slog.String("uuid", r.FS.UUID),
+		slog.Bool("needsRecovery", r.FS.NeedsRecovery),
+		slog.String("reason", r.Reason),
+	)
 }

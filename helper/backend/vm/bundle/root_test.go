@@ -1,7 +1,9 @@
 package bundle
 
 import (
+	"bytes"
 	"errors"
+	"log/slog"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -138,4 +140,16 @@ func TestSuperblockChecks(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, int64(1<<20), fs.Bytes())
 	assert.Equal(t, uint32(1024), fs.BlockSize)
+}
+
+func TestRootLogValue(t *testing.T) {
+	root, err := selectRootOf(t, cloudLayout(RootLabel).build(t))
+	require.NoError(t, err)
+	var buf bytes.Buffer
+	slog.New(slog.NewTextHandler(&buf, nil)).Info("root", "root", root)
+	line := buf.String()
+	for _, want := range []string{"root.partition=1", "root.offset=131072", "root.length=1917440",
+		"root.label=cloudimg-rootfs", "root.needsRecovery=false", `root.reason="partition 1 of rootfs.img: ext4 labelled`} {
+		assert.Contains(t, line, want)
+	}
 }
