@@ -117,3 +117,26 @@ func TestReadBundleBoundsTheListing(t *testing.T) {
 	require.Len(t, b.Skipped, 1)
 	assert.Contains(t, b.Skipped[0].Reason, "more than 256 entries")
 }
+
+// TestOtherDiskFormatsAreNamed: a qcow2 or VHDX beside the root is listed
+// as not raw; a compressed download is left out; a compressed root image
+// is an error that says so.
+func TestOtherDiskFormatsAreNamed(t *testing.T) {
+	dir := t.TempDir()
+	writeImage(t, dir, RootImageName, cloudLayout(RootLabel).build(t))
+	writeImage(t, dir, "conda.qcow2", append([]byte("QFI\xfb\x00\x00\x00\x03"), make([]byte, 4096)...))
+	writeImage(t, dir, "rootfs.vhdx", append([]byte("vhdxfile"), make([]byte, 4096)...))
+	writeImage(t, dir, "conda.img.xz", append([]byte("\xfd7zXZ\x00"), make([]byte, 4096)...))
+	b, err := Read(dir)
+	require.NoError(t, err)
+	require.Len(t, b.Skipped, 2, "%v", b.Skipped)
+	assert.Equal(t, "conda.qcow2", b.Skipped[0].Name)
+	assert.Contains(t, b.Skipped[0].Reason, "a qcow2 image, not a raw disk image")
+	assert.Contains(t, b.Skipped[1].Reason, "a VHDX image, not a raw disk image")
+
+	zst := t.TempDir()
+	writeImage(t, zst, RootImageName, append([]byte{0x28, 0xb5, 0x2f, 0xfd}, make([]byte, 4096)...))
+	_, err = Read(zst)
+	require.ErrorIs(t, err, ErrNotImage)
+	assert.Contains(t, err.Error(), "rootfs.img: not a disk image (no partition table, no ext4 filesystem): zstd-compressed")
+}

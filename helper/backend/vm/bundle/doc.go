@@ -26,7 +26,8 @@
 // descriptors are closed, and the client may replace a file between two
 // opens. Other images are the other regular files of the directory
 // (symlinks followed); those that are not disk images are left out, those
-// that are but cannot be used are in Bundle.Skipped with why.
+// that are but cannot be used are in Bundle.Skipped with why (another disk
+// format, qcow2 or VHDX, is named as such: only raw images are read).
 //
 // Sector size is 512 bytes. An MBR's extended partitions are not followed.
 // "ext4" here means the ext2/3/4 family: one magic, one Linux driver.

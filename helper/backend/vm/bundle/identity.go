@@ -22,7 +22,9 @@ const identitySampleBytes = 1 << 20
 // when anything mounts and writes one of its filesystems in place (ext4
 // updates its superblock's mount and write times, and the file's mtime
 // moves). It does not change when the image is left alone, closed and
-// reopened, or its bundle directory is renamed.
+// reopened, or its bundle directory is renamed. A copy that does not keep
+// the mtime (cp without -p) counts as a new image: that errs on the side
+// of setting a profile's layer aside.
 //
 // What it misses, by design: an in-place edit of a block in the middle of
 // the image that touches neither the first nor the last MiB nor a

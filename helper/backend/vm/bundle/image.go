@@ -85,7 +85,7 @@ func inspect(r io.ReaderAt, size int64) (Image, error) {
 	table, err := ReadTable(r, size)
 	if err != nil {
 		if size < 2*SectorSize {
-			return Image{}, fmt.Errorf("%w: %v", ErrNotImage, err)
+			return Image{}, notRawError(r, size)
 		}
 		return Image{}, err
 	}
@@ -105,7 +105,7 @@ func inspect(r io.ReaderAt, size int64) (Image, error) {
 		}
 	}
 	if table.Kind == TableNone && len(img.Volumes) == 0 && len(img.Problems) == 0 {
-		return Image{}, ErrNotImage
+		return Image{}, notRawError(r, size)
 	}
 	return img, nil
 }
