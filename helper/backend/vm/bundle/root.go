@@ -29,7 +29,8 @@ type Root struct {
 // RootLabel (the first, if several are), else the ext4 partition of GPT
 // type LinuxRootX86_64, else the largest ext4 volume (the first of equal
 // ones). An image without a partition table is its own root. Partitions
-// whose superblock is invalid take no part; the reason lists them.
+// whose superblock is invalid take no part; the reason lists them, and
+// the table's notes (a primary GPT replaced by its backup).
 func SelectRoot(img Image) (Root, error) {
 	name := filepath.Base(img.Path)
 	if len(img.Volumes) == 0 {
@@ -42,6 +43,9 @@ func SelectRoot(img Image) (Root, error) {
 	}
 	if len(img.Problems) > 0 {
 		reason += "; skipped " + strings.Join(img.Problems, "; ")
+	}
+	if len(img.Table.Notes) > 0 {
+		reason += "; " + strings.Join(img.Table.Notes, "; ")
 	}
 	return Root{Image: img.Path, Volume: v, Reason: reason}, nil
 }

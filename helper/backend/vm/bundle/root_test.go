@@ -153,3 +153,15 @@ func TestRootLogValue(t *testing.T) {
 		assert.Contains(t, line, want)
 	}
 }
+
+// TestRootReasonSaysTheBackupGPTWasUsed: doctor and the log say that the
+// primary GPT was bad.
+func TestRootReasonSaysTheBackupGPTWasUsed(t *testing.T) {
+	disk := cloudLayout(RootLabel).build(t)
+	disk[SectorSize+40] ^= 0xFF
+	root, err := selectRootOf(t, disk)
+	require.NoError(t, err)
+	assert.Equal(t, 1, root.Partition.Number)
+	assert.Contains(t, root.Reason, "primary GPT (LBA 1) is bad: header CRC mismatch")
+	assert.Contains(t, root.Reason, "the backup at LBA 4095 is used")
+}
