@@ -74,7 +74,30 @@ func (g testGPT) lastUsable() uint64   { return g.sectors - 2 - g.arraySectors()
 func (g testGPT) build(t testing.TB) []byte {
 	t.Helper()
 	disk := make([]byte, g.sectors*SectorSize)
-	writeMBR(disk, []testPartition{{number: 1, mbrType: mbrTypeGPT, first: 1, last: min(g.sectors-1, 0xFFFFFFFF)}})
+	g.lay(func(off uint64, b []byte) { copy(disk[off:], b) })
+	return disk
+}
+
+// writeSparse lays g out in a new sparse file at path: only the tables
+// and superblocks are written, so a 10 GiB image costs a few KiB.
+func (g testGPT) writeSparse(t testing.TB, path string) {
+	t.Helper()
+	f, err := os.Create(path)
+	require.NoError(t, err)
+	defer f.Close()
+	require.NoError(t, f.Truncate(int64(g.sectors*SectorSize)))
+	g.lay(func(off uint64, b []byte) {
+		_, err := f.WriteAt(b, int64(off))
+		require.NoError(t, err)
+	})
+}
+
+// lay writes the protective MBR, both GPTs and the superblocks through
+// write (a byte offset and the bytes there).
+func (g testGPT) lay(write func(off uint64, b []byte)) {
+	var mbr [SectorSize]byte
+	writeMBR(mbr[:], []testPartition{{number: 1, mbrType: mbrTypeGPT, first: 1, last: min(g.sectors-1, 0xFFFFFFFF)}})
+	write(0, mbr[:])
 	array := make([]byte, uint64(g.entries)*128)
 	for _, p := range g.parts {
 		e := array[(p.number-1)*128:][:128]
@@ -85,16 +108,17 @@ func (g testGPT) build(t testing.TB) []byte {
 		for i, u := range utf16.Encode([]rune(p.name)) {
 			binary.LittleEndian.PutUint16(e[56+2*i:], u)
 		}
-		layFilesystem(disk, p)
+		if p.sb != nil {
+			write(p.first*SectorSize+SuperblockOffset, p.sb.bytes())
+		}
 	}
 	lastLBA := g.sectors - 1
 	backupArray := lastLBA - g.arraySectors()
-	copy(disk[2*SectorSize:], array)
-	copy(disk[backupArray*SectorSize:], array)
+	write(2*SectorSize, array)
+	write(backupArray*SectorSize, array)
 	arrayCRC := crc32.ChecksumIEEE(array)
-	copy(disk[SectorSize:], g.header(1, lastLBA, 2, arrayCRC))
-	copy(disk[lastLBA*SectorSize:], g.header(lastLBA, 1, backupArray, arrayCRC))
-	return disk
+	write(SectorSize, g.header(1, lastLBA, 2, arrayCRC))
+	write(lastLBA*SectorSize, g.header(lastLBA, 1, backupArray, arrayCRC))
 }
 
 // header encodes a GPT header at myLBA, with its CRC.

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"log/slog"
+	"path/filepath"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -164,4 +165,28 @@ func TestRootReasonSaysTheBackupGPTWasUsed(t *testing.T) {
 	assert.Equal(t, 1, root.Partition.Number)
 	assert.Contains(t, root.Reason, "primary GPT (LBA 1) is bad: header CRC mismatch")
 	assert.Contains(t, root.Reason, "the backup at LBA 4095 is used")
+}
+
+// TestClientSizedImage: the client's layout at its real size and offsets
+// (10 GiB, sparse; partition 14 at LBA 2048, 15 at 10240, 1 at 227328 to
+// the end, 4 KiB blocks), so that 64-bit offsets and the identity's last
+// MiB are exercised at scale.
+func TestClientSizedImage(t *testing.T) {
+	const sectors = 10 << 30 / SectorSize
+	rootSB := ext4SB(RootLabel, 0)
+	rootSB.logBlockSize = 2
+	rootSB.blocks = (sectors - 34 - 227328) * SectorSize / 4096
+	g := testGPT{sectors: sectors, entries: 128, parts: []testPartition{
+		{number: 14, typ: BIOSBoot, first: 2048, last: 10239},
+		{number: 15, typ: EFISystem, first: 10240, last: 227327},
+		{number: 1, typ: LinuxFilesystem, first: 227328, last: sectors - 34, sb: &rootSB},
+	}}
+	dir := t.TempDir()
+	g.writeSparse(t, filepath.Join(dir, RootImageName))
+	b, err := Read(dir)
+	require.NoError(t, err)
+	assert.Equal(t, int64(227328*SectorSize), b.Root.Offset())
+	assert.Equal(t, int64(sectors-34-227328+1)*SectorSize, b.Root.Length())
+	assert.Equal(t, uint32(4096), b.Root.FS.BlockSize)
+	assert.Equal(t, int64(10<<30), b.RootImage.Identity.Size)
 }
