@@ -149,7 +149,7 @@ func checkRootContents(t *testing.T, image string, offset int64) {
 	assert.Contains(t, strings.Join(fstab, " "), "LABEL="+DataLabel+" "+DataMountPoint+" ext4")
 
 	assert.Equal(t, Hostname+"\n", debugfsCat(t, image, offset, "/etc/hostname"))
-	assert.Contains(t, debugfsCat(t, image, offset, "/etc/hosts"), " "+Hostname+"\n")
+	assert.Regexp(t, `(?m)^127\.0\.1\.1\s+`+Hostname+`$`, debugfsCat(t, image, offset, "/etc/hosts"))
 	assert.NotContains(t, debugfsCat(t, image, offset, "/etc/resolv.conf"), "nameserver", "the host's DNS server")
 
 	passwd := debugfsCat(t, image, offset, "/etc/passwd")
