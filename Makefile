@@ -124,6 +124,15 @@ STRESS_BOOTS ?= 50
 nested-stress: kernel kernel-outer
 	COWORK_VMM_STRESS_BOOTS=$(STRESS_BOOTS) $(GO) test -count=1 -v -timeout 6h -run '^(TestNestedKVMStress|TestKVMStress2VCPUs)$$' ./e2e/
 
+# The stand-in VM bundle tests boot in place of the client's (issue #41):
+# a GPT disk with an ext4 Debian userland, built into $(BUNDLE_CACHE) (root
+# or sudo -n needed), rebuilt only when scripts/make-bundle.sh, its package
+# list or the Debian release changes. BUNDLE_OUT=dir also copies it there.
+BUNDLE_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/cowork-vmm/bundles
+.PHONY: bundle
+bundle:
+	BUNDLE_CACHE='$(BUNDLE_CACHE)' scripts/make-bundle.sh $(BUNDLE_OUT)
+
 .PHONY: kernel-outer
 kernel-outer:
 	KERNEL_CACHE='$(KERNEL_CACHE)' guest/kernel/build.sh outer
