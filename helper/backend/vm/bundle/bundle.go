@@ -140,3 +140,19 @@ func OpenImage(path string) (*os.File, error) {
 	}
 	return f, nil
 }
+
+// Summary describes the bundle in a few lines for doctor and the log: the
+// root and why, each other image's ext4 labels, each skipped file and why.
+// Labels are quoted, so no byte of the image reaches a terminal raw.
+func (b Bundle) Summary() []string {
+	lines := []string{fmt.Sprintf("root: %s", b.Root.Reason)}
+	for _, img := range b.Others {
+		for _, v := range img.Volumes {
+			lines = append(lines, fmt.Sprintf("image %s, %s: ext4 labelled %q", filepath.Base(img.Path), v.Describe(), v.FS.Label))
+		}
+	}
+	for _, s := range b.Skipped {
+		lines = append(lines, fmt.Sprintf("skipped %s: %s", s.Name, s.Reason))
+	}
+	return lines
+}

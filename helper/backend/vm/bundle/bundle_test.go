@@ -66,6 +66,12 @@ func TestReadBundle(t *testing.T) {
 	assert.Contains(t, skipped["broken.img"], "header CRC mismatch")
 	assert.Contains(t, skipped["broken.img"], "no valid backup")
 	assert.Contains(t, skipped["swap.img"], "no ext4 partition (GPT table with partitions 1 (Linux swap))")
+
+	summary := b.Summary()
+	require.Len(t, summary, 5, "%q", summary)
+	assert.Equal(t, `root: partition 1 of rootfs.img: ext4 labelled "cloudimg-rootfs"`, summary[0])
+	assert.Equal(t, `image conda.img, the whole file: ext4 labelled "conda"`, summary[1])
+	assert.Contains(t, summary[3], "skipped broken.img: ")
 }
 
 func TestReadBundleWithoutRootImage(t *testing.T) {
