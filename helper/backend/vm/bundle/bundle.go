@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strings"
 
 	"golang.org/x/sys/unix"
 )
@@ -37,6 +38,10 @@ type Bundle struct {
 	// to tell) but hold no usable ext4 volume, each with why. Files that
 	// are not disk images at all (ErrNotImage) are left out silently.
 	Skipped []Skipped
+	// LabelClashes name each ext4 label held by more than one volume the
+	// guest would see (the root, and the volumes of Others): a mount by
+	// such a label is ambiguous in the guest.
+	LabelClashes []string
 }
 
 // Skipped is a file of the bundle that was not used, and why.
@@ -67,7 +72,30 @@ func Read(dir string) (Bundle, error) {
 	if err != nil {
 		return Bundle{}, err
 	}
+	b.LabelClashes = labelClashes(b.Root, b.Others)
 	return b, nil
+}
+
+// labelClashes lists the labels held by more than one of root and the
+// volumes of others, each with where it is.
+func labelClashes(root Root, others []Image) []string {
+	where := map[string][]string{root.FS.Label: {fmt.Sprintf("%s of %s", root.Describe(), filepath.Base(root.Image))}}
+	order := []string{root.FS.Label}
+	for _, img := range others {
+		for _, v := range img.Volumes {
+			if _, seen := where[v.FS.Label]; !seen {
+				order = append(order, v.FS.Label)
+			}
+			where[v.FS.Label] = append(where[v.FS.Label], fmt.Sprintf("%s of %s", v.Describe(), filepath.Base(img.Path)))
+		}
+	}
+	var clashes []string
+	for _, label := range order {
+		if len(where[label]) > 1 {
+			clashes = append(clashes, fmt.Sprintf("label %q is on %s", label, strings.Join(where[label], ", ")))
+		}
+	}
+	return clashes
 }
 
 // readOthers inspects every file of dir but the root image.
@@ -142,7 +170,8 @@ func OpenImage(path string) (*os.File, error) {
 }
 
 // Summary describes the bundle in a few lines for doctor and the log: the
-// root and why, each other image's ext4 labels, each skipped file and why.
+// root and why, each other image's ext4 labels, each skipped file and why,
+// each label clash.
 // Labels are quoted, so no byte of the image reaches a terminal raw.
 func (b Bundle) Summary() []string {
 	lines := []string{fmt.Sprintf("root: %s", b.Root.Reason)}
@@ -153,6 +182,9 @@ func (b Bundle) Summary() []string {
 	}
 	for _, s := range b.Skipped {
 		lines = append(lines, fmt.Sprintf("skipped %s: %s", s.Name, s.Reason))
+	}
+	for _, c := range b.LabelClashes {
+		lines = append(lines, "ambiguous: "+c)
 	}
 	return lines
 }

@@ -30,7 +30,8 @@ func tableSeeds(t testing.TB) [][]byte {
 }
 
 // The table and image fuzzers' inputs are images of tens of KiB; run them
-// with a short minimization, or each new input costs a minute of it:
+// with little or no minimization (scripts/fuzz.sh uses 0), or each new
+// input costs a minute of it:
 //
 //	go test -run XXX -fuzz 'FuzzImage$' -fuzzminimizetime 50x ./helper/backend/vm/bundle
 
