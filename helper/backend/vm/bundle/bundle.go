@@ -149,7 +149,9 @@ var errNotRegular = errors.New("not a regular file")
 // OpenImage opens the image at path read-only, following symlinks, and
 // only if it is a regular file: a FIFO or a device is refused before it is
 // opened (opening either can block or have effects), and the open file is
-// checked again.
+// checked again. It is opened O_NONBLOCK (so that a FIFO swapped in between
+// the check and the open cannot block it), which changes nothing for the
+// regular file it returns.
 func OpenImage(path string) (*os.File, error) {
 	st, err := os.Stat(path)
 	if err != nil {
