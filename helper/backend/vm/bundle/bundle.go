@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strings"
 
 	"golang.org/x/sys/unix"
 )
@@ -37,6 +38,10 @@ type Bundle struct {
 	// to tell) but hold no usable ext4 volume, each with why. Files that
 	// are not disk images at all (ErrNotImage) are left out silently.
 	Skipped []Skipped
+	// LabelClashes name each ext4 label held by more than one volume the
+	// guest would see (the root, and the volumes of Others): a mount by
+	// such a label is ambiguous in the guest.
+	LabelClashes []string
 }
 
 // Skipped is a file of the bundle that was not used, and why.
@@ -67,7 +72,30 @@ func Read(dir string) (Bundle, error) {
 	if err != nil {
 		return Bundle{}, err
 	}
+	b.LabelClashes = labelClashes(b.Root, b.Others)
 	return b, nil
+}
+
+// labelClashes lists the labels held by more than one of root and the
+// volumes of others, each with where it is.
+func labelClashes(root Root, others []Image) []string {
+	where := map[string][]string{root.FS.Label: {fmt.Sprintf("%s of %s", root.Describe(), filepath.Base(root.Image))}}
+	order := []string{root.FS.Label}
+	for _, img := range others {
+		for _, v := range img.Volumes {
+			if _, seen := where[v.FS.Label]; !seen {
+				order = append(order, v.FS.Label)
+			}
+			where[v.FS.Label] = append(where[v.FS.Label], fmt.Sprintf("%s of %s", v.Describe(), filepath.Base(img.Path)))
+		}
+	}
+	var clashes []string
+	for _, label := range order {
+		if len(where[label]) > 1 {
+			clashes = append(clashes, fmt.Sprintf("label %q is on %s", label, strings.Join(where[label], ", ")))
+		}
+	}
+	return clashes
 }
 
 // readOthers inspects every file of dir but the root image.
@@ -121,7 +149,9 @@ var errNotRegular = errors.New("not a regular file")
 // OpenImage opens the image at path read-only, following symlinks, and
 // only if it is a regular file: a FIFO or a device is refused before it is
 // opened (opening either can block or have effects), and the open file is
-// checked again.
+// checked again. It is opened O_NONBLOCK (so that a FIFO swapped in between
+// the check and the open cannot block it), which changes nothing for the
+// regular file it returns.
 func OpenImage(path string) (*os.File, error) {
 	st, err := os.Stat(path)
 	if err != nil {
@@ -139,4 +169,24 @@ func OpenImage(path string) (*os.File, error) {
 		return nil, fmt.Errorf("%s: %w (changed while opened)", path, errNotRegular)
 	}
 	return f, nil
+}
+
+// Summary describes the bundle in a few lines for doctor and the log: the
+// root and why, each other image's ext4 labels, each skipped file and why,
+// each label clash.
+// Labels are quoted, so no byte of the image reaches a terminal raw.
+func (b Bundle) Summary() []string {
+	lines := []string{fmt.Sprintf("root: %s", b.Root.Reason)}
+	for _, img := range b.Others {
+		for _, v := range img.Volumes {
+			lines = append(lines, fmt.Sprintf("image %s, %s: ext4 labelled %q", filepath.Base(img.Path), v.Describe(), v.FS.Label))
+		}
+	}
+	for _, s := range b.Skipped {
+		lines = append(lines, fmt.Sprintf("skipped %s: %s", s.Name, s.Reason))
+	}
+	for _, c := range b.LabelClashes {
+		lines = append(lines, "ambiguous: "+c)
+	}
+	return lines
 }

@@ -66,6 +66,14 @@ func TestReadBundle(t *testing.T) {
 	assert.Contains(t, skipped["broken.img"], "header CRC mismatch")
 	assert.Contains(t, skipped["broken.img"], "no valid backup")
 	assert.Contains(t, skipped["swap.img"], "no ext4 partition (GPT table with partitions 1 (Linux swap))")
+
+	assert.Equal(t, []string{`label "conda" is on the whole file of conda.img, the whole file of linked.img`}, b.LabelClashes)
+
+	summary := b.Summary()
+	require.Len(t, summary, 6, "%q", summary)
+	assert.Equal(t, `root: partition 1 of rootfs.img: ext4 labelled "cloudimg-rootfs"`, summary[0])
+	assert.Equal(t, `image conda.img, the whole file: ext4 labelled "conda"`, summary[1])
+	assert.Contains(t, summary[3], "skipped broken.img: ")
 }
 
 func TestReadBundleWithoutRootImage(t *testing.T) {
@@ -139,4 +147,19 @@ func TestOtherDiskFormatsAreNamed(t *testing.T) {
 	_, err = Read(zst)
 	require.ErrorIs(t, err, ErrNotImage)
 	assert.Contains(t, err.Error(), "rootfs.img: not a disk image (no partition table, no ext4 filesystem): zstd-compressed")
+}
+
+// TestLabelClashWithTheRoot: an image beside the root that carries the
+// root's label makes a mount by that label ambiguous, and says so.
+func TestLabelClashWithTheRoot(t *testing.T) {
+	dir := t.TempDir()
+	writeImage(t, dir, RootImageName, cloudLayout(RootLabel).build(t))
+	writeImage(t, dir, "data.img", bareExt4("data", 1<<20))
+	b, err := Read(dir)
+	require.NoError(t, err)
+	assert.Empty(t, b.LabelClashes)
+	writeImage(t, dir, "old-root.img", bareExt4(RootLabel, 1<<20))
+	b, err = Read(dir)
+	require.NoError(t, err)
+	assert.Equal(t, []string{`label "cloudimg-rootfs" is on partition 1 of rootfs.img, the whole file of old-root.img`}, b.LabelClashes)
 }

@@ -29,6 +29,12 @@ func tableSeeds(t testing.TB) [][]byte {
 	return [][]byte{gpt, badPrimary, badBoth, mbr, bare, make([]byte, 2048), nil}
 }
 
+// The table and image fuzzers' inputs are images of tens of KiB; run them
+// with little or no minimization (scripts/fuzz.sh uses 0), or each new
+// input costs a minute of it:
+//
+//	go test -run XXX -fuzz 'FuzzImage$' -fuzzminimizetime 50x ./helper/backend/vm/bundle
+
 // FuzzReadTable: any bytes give a table or an error, never a panic; a
 // table's partitions lie inside the image, are sector-aligned, not empty,
 // bounded in number and do not overlap.
