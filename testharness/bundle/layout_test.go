@@ -102,6 +102,8 @@ func checkRootContents(t *testing.T, image string, offset int64) {
 
 	passwd := cat(t, image, offset, "/etc/passwd")
 	assert.Contains(t, passwd, fmt.Sprintf("\n%s:x:%d:%d:", User, UserID, UserID))
+	// mkfs.ext4 -d kept sudo's set-uid bit (the image's own sudo).
+	assert.Regexp(t, `Type: regular +Mode: +04755 `, run(t, image, offset, "stat /usr/bin/sudo"))
 	for _, bin := range []string{"/usr/bin/python3", "/usr/bin/git", "/usr/bin/sudo", "/usr/bin/apt-get", "/usr/bin/pip3"} {
 		// python3 is a symlink (to python3.11): stat, not cat.
 		assert.Regexp(t, `Type: (regular|symlink) `, run(t, image, offset, "stat "+bin), "%s in the image", filepath.Base(bin))
