@@ -12,7 +12,7 @@
 #   bundle.txt  what was built, from what.
 #
 # The userland holds what the host does not: /usr/local/bin/cowork-bundle-tool,
-# /etc/cowork-bundle-marker, the python module cowork_bundle in dist-packages
+# /etc/cowork-bundle-marker, the python module cowork_bundle in dist-packages,
 # a user "cowork" (uid 1000) and the host name cowork-bundle in /etc/hostname
 # and /etc/hosts. testharness/bundle holds the same names as
 # Go constants; its layout test checks that the two agree.
@@ -119,6 +119,9 @@ if [ "$(id -u)" != 0 ]; then
 	command -v sudo >/dev/null && sudo -n true 2>/dev/null ||
 		die "building needs root (mmdebstrap --mode=root, chroot) and sudo -n is not allowed here; run:
   sudo BUNDLE_CACHE='$BUNDLE_CACHE' BUNDLE_OWNER=$(id -u):$(id -g) $self $outdir"
+	# The cache and its lock stay the caller's (root makes only the build).
+	mkdir -p "$BUNDLE_CACHE"
+	touch "$BUNDLE_CACHE/.lock"
 	log "re-running as root with sudo -n"
 	exec sudo -n env BUNDLE_CACHE="$BUNDLE_CACHE" BUNDLE_RELEASE="$release" FORCE="${FORCE:-}" \
 		BUNDLE_OWNER="$(id -u):$(id -g)" "$self" "$@"
@@ -256,8 +259,10 @@ if [ -z "${FORCE:-}" ] && [ -f "$out/bundle.txt" ]; then
 fi
 
 tmp="$out.tmp.$$"
-trap 'rm -rf "$tmp"' EXIT
-rm -rf "$tmp"
+# --one-file-system: should mmdebstrap die with /proc or /dev mounted in
+# the chroot, the clean-up must not follow them onto the host's.
+trap 'rm -rf --one-file-system "$tmp"' EXIT
+rm -rf --one-file-system "$tmp"
 mkdir -p "$tmp"
 start=$(date +%s)
 
@@ -291,7 +296,7 @@ make_disk "$tmp/rootfs.img" "$tmp/root.ext4" "$esp"
 	# shellcheck disable=SC2016 # dpkg-query's format, not the shell's
 	chroot "$tmp/root" dpkg-query -W -f='version ${Package}=${Version}\n' "${packages[@]}"
 } >"$tmp/bundle.txt"
-rm -rf "$tmp/root" "$tmp/data" "$tmp/root.ext4" "$tmp/esp.vfat"
+rm -rf --one-file-system "$tmp/root" "$tmp/data" "$tmp/root.ext4" "$tmp/esp.vfat"
 [ -z "${BUNDLE_OWNER:-}" ] || chown -R "$BUNDLE_OWNER" "$tmp"
 rm -rf "$out"
 mv "$tmp" "$out"

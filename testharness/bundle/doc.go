@@ -6,4 +6,9 @@
 // ext4 image the root's /etc/fstab mounts by label. The names the image
 // carries and the host lacks (a tool, a marker, a user) are constants here,
 // so tests can tell the bundle's userland from the host's.
+//
+// It also reads such images with the system's tools, as an oracle
+// independent of the product's parsers (Partitions: sfdisk), and makes
+// a copy whose root filesystem has an unreplayed journal, as the official
+// helper leaves it when killed (Bundle.DirtyJournalCopy: debugfs).
 package bundle
