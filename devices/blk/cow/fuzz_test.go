@@ -69,3 +69,48 @@ func FuzzDecodeSlot(f *testing.F) {
 		}
 	})
 }
+
+// FuzzDiskOps runs a sequence of writes, write-zeroes, whole-cluster
+// discards, flushes and reopenings, decoded from ops, against a Disk and
+// against a plain byte slice, and requires the Disk to read as the slice
+// after each reopening and at the end, the base untouched.
+func FuzzDiskOps(f *testing.F) {
+	f.Add([]byte{0, 10, 3, 1, 9, 2, 3, 0, 0, 4, 0, 0})
+	f.Add([]byte{0, 0, 200, 2, 1, 1, 0, 47, 255, 3, 5, 2, 4, 1, 1})
+	f.Add([]byte{1, 48, 40, 0, 48, 50, 4, 0, 0, 0, 47, 90})
+	f.Fuzz(func(t *testing.T, ops []byte) {
+		fx := newSizedFixture(t, 2<<20, 8*ClusterSize+1536)
+		before := fx.imageSum()
+		d := fx.open()
+		want := fx.baseBytes()
+		sectors := fx.length / blk.SectorSize
+		for len(ops) >= 3 && len(ops) <= 3*64 {
+			kind, a, b := ops[0]%5, int64(ops[1]), int64(ops[2])
+			ops = ops[3:]
+			off := a * sectors / 256 * blk.SectorSize
+			n := min((b+1)*blk.SectorSize*3, fx.length-off)
+			switch kind {
+			case 0:
+				data := pattern(int(n), byte(a^b))
+				require.NoError(t, d.WriteV(split(data, 777*blk.SectorSize/512+1), off))
+				copy(want[off:], data)
+			case 1:
+				require.NoError(t, d.WriteZeroes(off, n, b%2 == 0))
+				clear(want[off : off+n])
+			case 2: // whole clusters only: their content is then defined
+				c := a % (int64(len(want)) / ClusterSize)
+				require.NoError(t, d.Discard(c*ClusterSize, ClusterSize))
+				clear(want[c*ClusterSize : (c+1)*ClusterSize])
+			case 3:
+				require.NoError(t, d.Flush())
+			case 4:
+				require.NoError(t, d.Close())
+				d = fx.open()
+				requireContent(t, d, want, "after reopening")
+			}
+		}
+		requireContent(t, d, want, "at the end")
+		require.NoError(t, d.Close())
+		require.Equal(t, before, fx.imageSum())
+	})
+}
