@@ -79,6 +79,26 @@ func TestBaseOpenForWritingIsRefused(t *testing.T) {
 	require.ErrorContains(t, err, "open for writing")
 }
 
+// An overlay that is the image itself (another descriptor, a hard link)
+// is refused before anything is written: an image whose head is zeros
+// would otherwise pass for an overlay never committed, and be laid out
+// afresh (truncated).
+func TestOverlayThatIsTheBaseIsRefused(t *testing.T) {
+	fx := newFixture(t)
+	clear(fx.image[:ClusterSize])
+	require.NoError(t, os.Chmod(fx.imagePath, 0o644))
+	require.NoError(t, os.WriteFile(fx.imagePath, fx.image, 0o644))
+	before := fx.imageSum()
+	link := fx.imagePath + ".link"
+	require.NoError(t, os.Link(fx.imagePath, link))
+	f, err := os.OpenFile(link, os.O_RDWR, 0)
+	require.NoError(t, err)
+	defer f.Close()
+	_, err = Open(fx.base(testIdentity, testBaseLength), f)
+	require.ErrorContains(t, err, "is the base image")
+	require.Equal(t, before, fx.imageSum())
+}
+
 func TestBadBaseRegions(t *testing.T) {
 	fx := newFixture(t)
 	for _, tc := range []struct {

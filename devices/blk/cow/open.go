@@ -41,6 +41,9 @@ func Open(base Base, overlay *os.File) (*Disk, error) {
 	if overlay == nil {
 		return nil, errors.New("cow: no overlay file")
 	}
+	if err := checkDistinct(base.File, overlay); err != nil {
+		return nil, err
+	}
 	loaded, err := loadMap(overlay, l, base.Identity)
 	if err != nil {
 		return nil, fmt.Errorf("cow: overlay %s: %w", overlay.Name(), err)
@@ -89,6 +92,23 @@ func checkReadOnly(f *os.File) error {
 	}
 	if flags&unix.O_ACCMODE != unix.O_RDONLY {
 		return fmt.Errorf("cow: base %s is open for writing; open it O_RDONLY", f.Name())
+	}
+	return nil
+}
+
+// checkDistinct refuses an overlay that is the base's own file (through
+// another descriptor, a hard link or a bind mount): writing it would
+// write the image.
+func checkDistinct(base, overlay *os.File) error {
+	var b, o unix.Stat_t
+	if err := unix.Fstat(int(base.Fd()), &b); err != nil {
+		return fmt.Errorf("cow: base %s: %w", base.Name(), err)
+	}
+	if err := unix.Fstat(int(overlay.Fd()), &o); err != nil {
+		return fmt.Errorf("cow: overlay %s: %w", overlay.Name(), err)
+	}
+	if b.Dev == o.Dev && b.Ino == o.Ino {
+		return fmt.Errorf("cow: overlay %s is the base image %s itself", overlay.Name(), base.Name())
 	}
 	return nil
 }
