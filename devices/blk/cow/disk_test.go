@@ -227,7 +227,7 @@ func TestInterruptedFirstCommitStartsAfresh(t *testing.T) {
 	fx := newFixture(t)
 	l, err := layoutFor(testBaseLength)
 	require.NoError(t, err)
-	torn := make([]byte, l.dataOffset+4096)
+	torn := make([]byte, l.fileSize())
 	copy(torn[l.slotSize:], magic[:])
 	copy(torn[l.dataOffset:], "junk the first commit never named")
 	require.NoError(t, os.WriteFile(fx.overlayPath, torn, 0o600))
@@ -235,7 +235,7 @@ func TestInterruptedFirstCommitStartsAfresh(t *testing.T) {
 	require.EqualValues(t, 1, d.Generation())
 	requireContent(t, d, fx.baseBytes(), "a fresh overlay")
 
-	foreign := make([]byte, l.dataOffset+4096)
+	foreign := make([]byte, l.fileSize())
 	copy(foreign[l.slotSize:], "some disk image")
 	require.NoError(t, os.WriteFile(fx.overlayPath, foreign, 0o600))
 	_, err = fx.tryOpen(testIdentity, testBaseLength)
@@ -243,6 +243,16 @@ func TestInterruptedFirstCommitStartsAfresh(t *testing.T) {
 	kept, err := os.ReadFile(fx.overlayPath)
 	require.NoError(t, err)
 	require.Equal(t, foreign, kept)
+
+	// A file with a head of zeros but not an overlay's size: not ours.
+	zeroHead := make([]byte, l.fileSize()+ClusterSize)
+	copy(zeroHead[l.dataOffset:], "a never-formatted disk's data")
+	require.NoError(t, os.WriteFile(fx.overlayPath, zeroHead, 0o600))
+	_, err = fx.tryOpen(testIdentity, testBaseLength)
+	require.ErrorContains(t, err, "not an overlay")
+	kept, err = os.ReadFile(fx.overlayPath)
+	require.NoError(t, err)
+	require.Equal(t, zeroHead, kept)
 }
 
 // dataAt reports whether the overlay holds allocated data in the range.

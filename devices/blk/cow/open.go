@@ -133,6 +133,12 @@ func loadMap(overlay *os.File, l layout, identity string) (slot, error) {
 	}
 	best, err := pickSlot(region, l, identity)
 	if errors.Is(err, errEmpty) {
+		// An interrupted first commit leaves the file at its full size
+		// (initialize sets it first); a file of another size with no map
+		// is someone else's, and is not truncated.
+		if info.Size() != l.fileSize() {
+			return slot{}, fmt.Errorf("no map, and %d bytes where an overlay of this base has %d: not an overlay", info.Size(), l.fileSize())
+		}
 		return initialize(overlay, l, identity)
 	}
 	if err != nil {
