@@ -154,8 +154,8 @@ func (d *Device) Activate(mem virtio.GuestMemory, irq virtio.Interrupt, queues [
 
 // SignalResized tells an active driver to read the configuration space
 // again: a guest restored from a snapshot was made with the disk as it was
-// then, and the image may have grown since (the capacity is the file's
-// size when New made the device).
+// then, and the image may have grown since (the capacity is the backing's
+// size when the device was made).
 func (d *Device) SignalResized() {
 	d.mu.Lock()
 	defer d.mu.Unlock()

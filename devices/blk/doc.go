@@ -1,24 +1,31 @@
 // Package blk is the virtio block device (virtio-blk, device id 2) of
-// cowork-vmm: it serves one raw disk image, a regular (usually sparse) host
-// file opened by the caller, to the guest through package virtio's
-// transport. Capacity is the file's size in 512-byte sectors, fixed when
-// the device is made.
+// cowork-vmm: it serves one disk, a Backing, to the guest through package
+// virtio's transport. Capacity is the backing's size in 512-byte sectors,
+// fixed when the device is made.
 //
 // The package owns the guest-facing side of the disk: the feature bits
 // and configuration space it offers, the request queue's worker, and every
-// check of what the guest asks for. It does not own the file (the caller
-// opens, locks and closes it) nor any caching: reads and writes go to the
-// host page cache, VIRTIO_BLK_T_FLUSH is fdatasync(2), and a driver that
-// does not negotiate VIRTIO_BLK_F_FLUSH gets write-through (each write is
-// synced before it completes), as virtio 1.2 §5.2.6.2 requires.
+// check of what the guest asks for. It does not own the storage: the
+// device calls a Backing (backing.go) with ranges it has checked, and the
+// caller opens, locks and closes what is behind it. Two backings exist:
 //
-// Requests served: T_IN and T_OUT move data with one preadv(2) or
-// pwritev(2) straight between the file and the guest's buffers
-// (virtio.Slicer, so no copy through host memory); T_FLUSH; T_GET_ID (the
-// serial); T_DISCARD punches a hole (FALLOC_FL_PUNCH_HOLE); T_WRITE_ZEROES
-// punches a hole when the driver allows unmapping and zeroes the range
-// (FALLOC_FL_ZERO_RANGE, else written zeros) when it does not. Anything
-// else is VIRTIO_BLK_S_UNSUPP.
+//   - File (New, or NewFile and NewBacked): a raw disk image, a regular
+//     (usually sparse) host file. Reads and writes go to the host page
+//     cache with one preadv(2) or pwritev(2) straight between the file
+//     and the guest's buffers (virtio.Slicer, so no copy through host
+//     memory); VIRTIO_BLK_T_FLUSH is fdatasync(2); T_DISCARD punches a
+//     hole (FALLOC_FL_PUNCH_HOLE); T_WRITE_ZEROES punches a hole when the
+//     driver allows unmapping and zeroes the range (FALLOC_FL_ZERO_RANGE,
+//     else written zeros) when it does not.
+//   - cow.Disk (package blk/cow): a read-only base region of a host file
+//     (a partition of the client's bundle image) under a sparse
+//     per-profile copy-on-write overlay, whose cluster map a flush commits
+//     after syncing the data.
+//
+// A driver that does not negotiate VIRTIO_BLK_F_FLUSH gets write-through
+// (each write is flushed before it completes), as virtio 1.2 §5.2.6.2
+// requires. Requests served: T_IN, T_OUT, T_FLUSH, T_GET_ID (the serial),
+// T_DISCARD and T_WRITE_ZEROES. Anything else is VIRTIO_BLK_S_UNSUPP.
 //
 // The guest is hostile: a request's framing (header, data, status byte),
 // direction of its buffers, length, sector range (overflow included),
@@ -30,5 +37,7 @@
 //
 // The device has no state of its own beyond its queue's position, which
 // the transport saves for snapshots: the worker answers each request
-// before it takes the next, so a quiet device has nothing in flight.
+// before it takes the next, so a quiet device has nothing in flight. What
+// the backing holds is the backing's (a cow.Disk commits its map on Flush
+// and Close).
 package blk

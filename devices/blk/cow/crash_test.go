@@ -250,7 +250,7 @@ func crashKeeps(l layout, mode int) func(off int64) float64 {
 func TestCrashLeavesAFlushedOrLaterState(t *testing.T) {
 	for seed := range uint64(64) {
 		t.Run(fmt.Sprint(seed), func(t *testing.T) {
-			fx := newSizedFixture(t, 3<<20, 16*ClusterSize+1024) // small: the model is per sector
+			fx := newSizedFixture(t, testBaseOffset+16*ClusterSize+1024, 16*ClusterSize+1024) // small: the model is per sector
 			rng := rand.New(rand.NewPCG(seed, 41))
 			m := crashSession(t, fx, rng, 40)
 			d, err := fx.tryOpen(testIdentity, fx.length)

@@ -79,6 +79,26 @@ func TestBaseOpenForWritingIsRefused(t *testing.T) {
 	require.ErrorContains(t, err, "open for writing")
 }
 
+// An overlay that is the image itself (another descriptor, a hard link)
+// is refused before anything is written: an image whose head is zeros
+// would otherwise pass for an overlay never committed, and be laid out
+// afresh (truncated).
+func TestOverlayThatIsTheBaseIsRefused(t *testing.T) {
+	fx := newFixture(t)
+	clear(fx.image[:ClusterSize])
+	require.NoError(t, os.Chmod(fx.imagePath, 0o644))
+	require.NoError(t, os.WriteFile(fx.imagePath, fx.image, 0o644))
+	before := fx.imageSum()
+	link := fx.imagePath + ".link"
+	require.NoError(t, os.Link(fx.imagePath, link))
+	f, err := os.OpenFile(link, os.O_RDWR, 0)
+	require.NoError(t, err)
+	defer f.Close()
+	_, err = Open(fx.base(testIdentity, testBaseLength), f)
+	require.ErrorContains(t, err, "is the base image")
+	require.Equal(t, before, fx.imageSum())
+}
+
 func TestBadBaseRegions(t *testing.T) {
 	fx := newFixture(t)
 	for _, tc := range []struct {
@@ -207,7 +227,7 @@ func TestInterruptedFirstCommitStartsAfresh(t *testing.T) {
 	fx := newFixture(t)
 	l, err := layoutFor(testBaseLength)
 	require.NoError(t, err)
-	torn := make([]byte, l.dataOffset+4096)
+	torn := make([]byte, l.fileSize())
 	copy(torn[l.slotSize:], magic[:])
 	copy(torn[l.dataOffset:], "junk the first commit never named")
 	require.NoError(t, os.WriteFile(fx.overlayPath, torn, 0o600))
@@ -215,7 +235,7 @@ func TestInterruptedFirstCommitStartsAfresh(t *testing.T) {
 	require.EqualValues(t, 1, d.Generation())
 	requireContent(t, d, fx.baseBytes(), "a fresh overlay")
 
-	foreign := make([]byte, l.dataOffset+4096)
+	foreign := make([]byte, l.fileSize())
 	copy(foreign[l.slotSize:], "some disk image")
 	require.NoError(t, os.WriteFile(fx.overlayPath, foreign, 0o600))
 	_, err = fx.tryOpen(testIdentity, testBaseLength)
@@ -223,6 +243,16 @@ func TestInterruptedFirstCommitStartsAfresh(t *testing.T) {
 	kept, err := os.ReadFile(fx.overlayPath)
 	require.NoError(t, err)
 	require.Equal(t, foreign, kept)
+
+	// A file with a head of zeros but not an overlay's size: not ours.
+	zeroHead := make([]byte, l.fileSize()+ClusterSize)
+	copy(zeroHead[l.dataOffset:], "a never-formatted disk's data")
+	require.NoError(t, os.WriteFile(fx.overlayPath, zeroHead, 0o600))
+	_, err = fx.tryOpen(testIdentity, testBaseLength)
+	require.ErrorContains(t, err, "not an overlay")
+	kept, err = os.ReadFile(fx.overlayPath)
+	require.NoError(t, err)
+	require.Equal(t, zeroHead, kept)
 }
 
 // dataAt reports whether the overlay holds allocated data in the range.

@@ -66,7 +66,8 @@
 // base, so there is no allocation to get wrong.
 //
 // An empty overlay is laid out afresh with generation 1 in slot 1. One
-// whose slot 0 is zeros and slot 1 zeros or a torn first commit (it
-// begins with the magic) never committed anything and is laid out afresh
-// too; any other overlay without a valid slot is refused, never reset.
+// of the overlay's full size whose slot 0 is zeros and slot 1 zeros or a
+// torn first commit (it begins with the magic) never committed anything
+// and is laid out afresh too; any other file without a valid slot is
+// refused, never reset, and so is an overlay that is the base's own file.
 package cow

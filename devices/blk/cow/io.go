@@ -53,10 +53,11 @@ func (d *Disk) runEnd(off, end int64) int64 {
 func (d *Disk) ReadV(iov [][]byte, off int64) (int, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	end := off + iovLen(iov)
-	if err := d.check(off, end-off); err != nil {
+	size := iovLen(iov)
+	if err := d.check(off, size); err != nil {
 		return 0, err
 	}
+	end := off + size
 	done := 0
 	for off < end {
 		stop := d.runEnd(off, end)
@@ -87,10 +88,11 @@ func (d *Disk) ReadV(iov [][]byte, off int64) (int, error) {
 func (d *Disk) WriteV(iov [][]byte, off int64) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	end := off + iovLen(iov)
-	if err := d.check(off, end-off); err != nil {
+	size := iovLen(iov)
+	if err := d.check(off, size); err != nil {
 		return err
 	}
+	end := off + size
 	for off < end {
 		stop, direct := d.writeRun(off, end)
 		part := d.take(&iov, stop-off)

@@ -41,6 +41,9 @@ func Open(base Base, overlay *os.File) (*Disk, error) {
 	if overlay == nil {
 		return nil, errors.New("cow: no overlay file")
 	}
+	if err := checkDistinct(base.File, overlay); err != nil {
+		return nil, err
+	}
 	loaded, err := loadMap(overlay, l, base.Identity)
 	if err != nil {
 		return nil, fmt.Errorf("cow: overlay %s: %w", overlay.Name(), err)
@@ -93,6 +96,23 @@ func checkReadOnly(f *os.File) error {
 	return nil
 }
 
+// checkDistinct refuses an overlay that is the base's own file (through
+// another descriptor, a hard link or a bind mount): writing it would
+// write the image.
+func checkDistinct(base, overlay *os.File) error {
+	var b, o unix.Stat_t
+	if err := unix.Fstat(int(base.Fd()), &b); err != nil {
+		return fmt.Errorf("cow: base %s: %w", base.Name(), err)
+	}
+	if err := unix.Fstat(int(overlay.Fd()), &o); err != nil {
+		return fmt.Errorf("cow: overlay %s: %w", overlay.Name(), err)
+	}
+	if b.Dev == o.Dev && b.Ino == o.Ino {
+		return fmt.Errorf("cow: overlay %s is the base image %s itself", overlay.Name(), base.Name())
+	}
+	return nil
+}
+
 // loadMap reads the newest valid slot of overlay's map, or lays out a
 // fresh overlay where none was ever committed. Only the slots' region,
 // whose size comes from l, is read.
@@ -113,6 +133,12 @@ func loadMap(overlay *os.File, l layout, identity string) (slot, error) {
 	}
 	best, err := pickSlot(region, l, identity)
 	if errors.Is(err, errEmpty) {
+		// An interrupted first commit leaves the file at its full size
+		// (initialize sets it first); a file of another size with no map
+		// is someone else's, and is not truncated.
+		if info.Size() != l.fileSize() {
+			return slot{}, fmt.Errorf("no map, and %d bytes where an overlay of this base has %d: not an overlay", info.Size(), l.fileSize())
+		}
 		return initialize(overlay, l, identity)
 	}
 	if err != nil {
