@@ -52,7 +52,7 @@ func TestNestedKVMRealWorkload(t *testing.T) {
 	}
 	gt := nestedKVMTest(t, "^(TestKVMRealSDK|TestKVMBusyGuestStaysConnected)$", time.Duration(repeat)*20*time.Minute, 1, env...)
 	gt.Args = append(gt.Args, "-test.count="+strconv.Itoa(repeat))
-	gt.MemMiB = 4096
+	gt.MemMiB = 5120 // + the CLI's copy in the outer guest's /tmp
 	if sdkErr == nil {
 		gt.Shares = []string{sdk.Dir}
 	}
@@ -99,7 +99,7 @@ type sdkRun struct {
 // spawn → first stdout byte and spawn → exit beside the same binary run
 // natively on this host against the same API.
 func realSDK(t *testing.T, backend string) {
-	sdk := requireSDK(t)
+	sdk := localCopy(t, requireSDK(t))
 	api := &fakeapi.Handler{}
 	srv := httptest.NewServer(api)
 	defer srv.Close()
@@ -136,6 +136,25 @@ func realSDK(t *testing.T, backend string) {
 	}
 	nested.RecordFigures(t, figures...)
 	c.call("stopVM", nil, nil)
+}
+
+// localCopy copies the CLI into the test's own directory, as the client
+// keeps it on its local disk: in the nested harness the cache is the
+// host's, reached over the outer guest's uncached 9p share, whose every
+// read would weigh on both the guest's figures and the native ones.
+func localCopy(t *testing.T, sdk sdkcache.SDK) sdkcache.SDK {
+	t.Helper()
+	local := sdkcache.SDK{Dir: t.TempDir(), Version: sdk.Version}
+	require.NoError(t, os.Mkdir(filepath.Dir(local.Binary()), 0o755))
+	src, err := os.Open(sdk.Binary())
+	require.NoError(t, err)
+	defer src.Close()
+	dst, err := os.OpenFile(local.Binary(), os.O_CREATE|os.O_WRONLY|os.O_EXCL, 0o755)
+	require.NoError(t, err)
+	_, err = io.Copy(dst, src)
+	require.NoError(t, err)
+	require.NoError(t, dst.Close())
+	return local
 }
 
 func ms(d time.Duration) time.Duration { return d.Round(time.Millisecond) }
