@@ -1,0 +1,116 @@
+package e2e
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"io"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/cowork-vmm/cowork-vmm/protocol"
+	"github.com/cowork-vmm/cowork-vmm/testharness/bundle"
+	"github.com/cowork-vmm/cowork-vmm/testharness/nested"
+)
+
+// TestKVMBundleUserland: with bundlePath at the stand-in bundle
+// (scripts/make-bundle.sh), the guest's userland is the bundle's root
+// image (issue #41): a session runs the image's own tool and reads its
+// marker (the host has neither), and sees the data image where the
+// image's fstab mounts it; a file written to /usr/local as root (sudo)
+// is there after stopVM and startVM, kept in the profile's layer; a
+// second profile does not see it; the image's bytes are unchanged.
+// TestNestedKVMBundle runs it where this KVM cannot boot Linux.
+func TestKVMBundleUserland(t *testing.T) {
+	backend := kvmBackend(t, "TestNestedKVMBundle")
+	b := bundle.Require(t)
+	for _, p := range []string{bundle.ToolPath, bundle.MarkerPath} {
+		if _, err := os.Stat(p); err == nil {
+			t.Skipf("the host has %s: the test could not tell the image's userland from the host's", p)
+		}
+	}
+	before := sha256File(t, b.RootImagePath())
+	h := startHelper(t, backend)
+	a := profilePipe(t, h.socket, "bundle-A")
+	evA := subscribeProfile(t, h.socket, "bundle-A")
+	started := time.Now()
+	bootBundle(t, a, "bundle-A", b.Dir)
+	t.Logf("bundle: startVM to connected, fresh layer: %v", time.Since(started))
+
+	a.call("spawn", map[string]any{"id": "look", "name": "w", "command": "/bin/sh", "args": sh(`set -e
+` + bundle.ToolPath + `
+cat ` + bundle.MarkerPath + `
+cat ` + bundle.DataMountPoint + bundle.DataMarkerPath + `
+echo written-by-a | sudo tee /usr/local/share/cowork-bundle-written >/dev/null
+echo done`)}, nil)
+	exit, err := evA.tryWait("exit of look", 4*time.Minute, func(ev protocol.Event) bool { return ev.Type == protocol.EventExit && ev.ID == "look" })
+	require.NoError(t, err)
+	out := evA.output("stdout", "look")
+	require.Contains(t, out, "done", "exit %+v, stderr %q", exit, evA.output("stderr", "look"))
+	assert.Contains(t, out, bundle.ToolOutput, "the image's own tool ran")
+	assert.Contains(t, out, bundle.Marker+"\n", "the image's /etc")
+	assert.Contains(t, out, bundle.DataMarker, "the data image, mounted where the image's fstab says")
+
+	a.call("stopVM", nil, nil)
+	started = time.Now()
+	a.call("startVM", map[string]any{"bundlePath": b.Dir, "memoryGB": 1.0, "cpuCount": 1}, nil)
+	waitConnected(t, a)
+	t.Logf("bundle: startVM to connected, again: %v", time.Since(started))
+	a.call("spawn", map[string]any{"id": "after", "name": "other", "command": "/bin/sh",
+		"args": sh(`cat /usr/local/share/cowork-bundle-written`)}, nil)
+	evA.exit("after")
+	assert.Equal(t, "written-by-a\n", evA.output("stdout", "after"), "kept across stopVM/startVM; stderr %q", evA.output("stderr", "after"))
+	a.call("stopVM", nil, nil)
+
+	c := profilePipe(t, h.socket, "bundle-B")
+	evB := subscribeProfile(t, h.socket, "bundle-B")
+	bootBundle(t, c, "bundle-B", b.Dir)
+	c.call("spawn", map[string]any{"id": "other", "name": "w", "command": "/bin/sh",
+		"args": sh(`cat ` + bundle.MarkerPath + `; test -e /usr/local/share/cowork-bundle-written && echo seen || echo absent`)}, nil)
+	evB.exit("other")
+	assert.Equal(t, bundle.Marker+"\nabsent\n", evB.output("stdout", "other"), "another profile's layer is its own")
+	c.call("stopVM", nil, nil)
+
+	assert.Equal(t, before, sha256File(t, b.RootImagePath()), "the bundle's image is never written")
+	assert.Contains(t, h.stderr.String(), "booting the client's VM bundle")
+	recordBoot(t)
+}
+
+// bootBundle configures profile name and starts its guest on the bundle
+// at dir.
+func bootBundle(t *testing.T, c *client, name, dir string) {
+	t.Helper()
+	c.call("configure", map[string]any{"userDataName": name, "userDataRoot": contractRoot, "networkDrives": []any{}, "memoryMB": 1024, "cpuCount": 1}, nil)
+	c.call("startVM", map[string]any{"bundlePath": dir, "memoryGB": 1.0, "cpuCount": 1}, nil)
+	waitConnected(t, c)
+}
+
+func sha256File(t *testing.T, path string) string {
+	t.Helper()
+	f, err := os.Open(path)
+	require.NoError(t, err)
+	defer f.Close()
+	h := sha256.New()
+	_, err = io.Copy(h, f)
+	require.NoError(t, err)
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+// TestNestedKVMBundle runs TestKVMBundleUserland inside the nested
+// harness (see TestNestedKVMClientFlow), the stand-in bundle's directory
+// shared into the outer guest (read-only: its /root is a fresh tmpfs).
+// It skips without the bundle.
+func TestNestedKVMBundle(t *testing.T) {
+	b := bundle.Require(t)
+	dir, err := filepath.EvalSymlinks(b.Dir)
+	require.NoError(t, err)
+	before := sha256File(t, b.RootImagePath())
+	gt := nestedKVMTest(t, "^TestKVMBundleUserland$", 20*time.Minute, 1, bundle.DirEnv+"="+dir)
+	gt.Shares = []string{dir}
+	nested.RunGoTestWith(t, gt)
+	assert.Equal(t, before, sha256File(t, filepath.Join(dir, bundle.RootImage)), "the bundle's image is never written")
+}
