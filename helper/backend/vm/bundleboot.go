@@ -53,6 +53,10 @@ type imageDisk struct {
 type bundleDisks struct {
 	dir   string
 	disks []*imageDisk
+	// throwaway is the temporary directory of layers made for a helper
+	// that keeps no state (cowork-vmm run), removed at close; "" for a
+	// profile's own.
+	throwaway string
 }
 
 var _ helper.BundleBooter = (*Backend)(nil)
@@ -80,25 +84,31 @@ func (b *Backend) openBundle(dir, profileDir string) *bundleDisks {
 
 // openBundleDisks opens the root volume of dir's root image and each other
 // ext4 image's first labelled volume, each with its overlay in
-// profileDir. An error means the bundle cannot be booted: nothing is left
-// open. Another image that cannot be opened is logged and left out.
-func openBundleDisks(dir, profileDir string, log *slog.Logger) (*bundleDisks, error) {
-	if profileDir == "" {
-		return nil, errors.New("the helper keeps no state, so there is no place for the profile's writable layer")
-	}
-	layers := filepath.Join(profileDir, BundleLayersDir)
-	if err := os.MkdirAll(layers, 0o700); err != nil {
-		return nil, fmt.Errorf("the profile's layer directory: %w", err)
-	}
+// profileDir (without one, a helper that keeps no state, in a temporary
+// directory removed at close: the guest's changes last one boot). An
+// error means the bundle cannot be booted: nothing is left open. Another
+// image that cannot be opened is logged and left out.
+func openBundleDisks(dir, profileDir string, log *slog.Logger) (_ *bundleDisks, err error) {
 	rootPath := filepath.Join(dir, bundle.RootImageName)
 	if _, err := os.Stat(rootPath); errors.Is(err, os.ErrNotExist) {
 		return nil, bundle.ErrNoRootImage
 	}
+	bd := &bundleDisks{dir: dir}
+	layers := filepath.Join(profileDir, BundleLayersDir)
+	if profileDir == "" {
+		if bd.throwaway, err = os.MkdirTemp("", "cowork-vmm-bundle-"); err != nil {
+			return nil, fmt.Errorf("a temporary layer directory: %w", err)
+		}
+		layers = bd.throwaway
+	} else if err := os.MkdirAll(layers, 0o700); err != nil {
+		return nil, fmt.Errorf("the profile's layer directory: %w", err)
+	}
 	root, err := openImageDisk(rootPath, layers, RootImageSerial, "", log)
 	if err != nil {
+		_ = bd.close()
 		return nil, err
 	}
-	bd := &bundleDisks{dir: dir, disks: []*imageDisk{root}}
+	bd.disks = append(bd.disks, root)
 	read, err := bundle.Read(dir)
 	if err != nil {
 		log.Warn("the bundle's other images are not mounted", "err", err)
@@ -315,6 +325,11 @@ func (bd *bundleDisks) close() error {
 		}
 		d.overlay.Close()
 		d.base.Close()
+	}
+	if bd.throwaway != "" {
+		if err := os.RemoveAll(bd.throwaway); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	return errors.Join(errs...)
 }

@@ -108,7 +108,6 @@ func TestBundleFallbackReasons(t *testing.T) {
 	}{
 		{"no image", t.TempDir(), t.TempDir(), "no rootfs.img"},
 		{"not an image", notExt4, t.TempDir(), "not a disk image"},
-		{"no state", t.TempDir(), "", "keeps no state"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var logs ratelogtest.LogBuffer
@@ -122,6 +121,24 @@ func TestBundleFallbackReasons(t *testing.T) {
 	var logs ratelogtest.LogBuffer
 	assert.Nil(t, New(Options{Logger: logs.Logger()}).openBundle("", t.TempDir()), "no bundlePath")
 	assert.Empty(t, logs.Lines("bundle"), "nothing to say without a bundle")
+}
+
+// TestBundleWithoutStateHasAThrowawayLayer: a helper that keeps no state
+// (cowork-vmm run) boots the bundle with a layer in a temporary directory,
+// gone when the guest stops; the image is not written.
+func TestBundleWithoutStateHasAThrowawayLayer(t *testing.T) {
+	bundleDir := t.TempDir()
+	img := writeBareExt4(t, bundleDir, "rootfs.img", "cloudimg-rootfs", 1<<20)
+	before := fileSum(t, img)
+	var logs ratelogtest.LogBuffer
+	bd, err := openBundleDisks(bundleDir, "", logs.Logger())
+	require.NoError(t, err)
+	require.NotEmpty(t, bd.throwaway)
+	assert.FileExists(t, filepath.Join(bd.throwaway, RootImageSerial+".cow"))
+	require.NoError(t, bd.disks[0].disk.WriteV([][]byte{[]byte(strings.Repeat("w", 512))}, 8192))
+	require.NoError(t, bd.close())
+	assert.NoDirExists(t, bd.throwaway)
+	assert.Equal(t, before, fileSum(t, img))
 }
 
 // TestBundleOtherImagesGetDisksByLabel: another ext4 image of the bundle
