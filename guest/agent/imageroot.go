@@ -210,6 +210,10 @@ func unescapeFstab(s string) string {
 	return b.String()
 }
 
+// isExtType: an fstab type the ext4 driver mounts ("auto": the images
+// handed over are ext4 by construction).
+func isExtType(t string) bool { return t == "ext4" || t == "ext3" || t == "ext2" || t == "auto" }
+
 func isOctal(c byte) bool { return c >= '0' && c <= '7' }
 
 // mountFstabImages mounts each of images where the image's fstab names
@@ -228,6 +232,10 @@ func (m *mounter) mountFstabImages(images []protocol.ImageDisk) {
 		m.log.Info("an fstab entry of the bundle image is not mounted", "entry", s)
 	}
 	for _, e := range entries {
+		if !isExtType(e.fsType) {
+			m.log.Info("an fstab entry of the bundle image is not mounted: only ext2/3/4 images are", "label", e.label, "at", e.target, "type", e.fsType)
+			continue
+		}
 		i := slices.IndexFunc(images, func(d protocol.ImageDisk) bool { return d.Label == e.label })
 		if i < 0 {
 			m.log.Warn("an fstab entry of the bundle image is not mounted: no image of the bundle has its label", "label", e.label, "at", e.target)
@@ -242,7 +250,7 @@ func (m *mounter) mountFstabImages(images []protocol.ImageDisk) {
 // mountImageAt mounts the disk serial names (ext4) at e.target beneath the
 // image's root, its directories made as needed, no symlink followed.
 func (m *mounter) mountImageAt(serial string, e fstabEntry) error {
-	if e.fsType != "ext4" && e.fsType != "ext3" && e.fsType != "ext2" && e.fsType != "auto" {
+	if !isExtType(e.fsType) {
 		return fmt.Errorf("file system type %q: only ext2/3/4 images are mounted", e.fsType)
 	}
 	dev, err := findDisk(serial)

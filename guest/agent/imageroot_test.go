@@ -148,3 +148,9 @@ func TestReadImageFileFollowsNoSymlink(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, "LABEL=a /a ext4", string(got))
 }
+
+func TestIsExtType(t *testing.T) {
+	for fs, want := range map[string]bool{"ext4": true, "ext3": true, "ext2": true, "auto": true, "vfat": false, "xfs": false, "": false} {
+		assert.Equal(t, want, isExtType(fs), fs)
+	}
+}

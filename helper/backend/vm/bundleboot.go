@@ -37,6 +37,12 @@ const (
 	imageSerialPrefix = "cwimg-"
 	// maxBundleImages bounds the other images attached (each a device).
 	maxBundleImages = 8
+	// BundleSourceFile, in a profile's layer directory, holds the bundle
+	// directory the client last passed (startVM's bundlePath), so that
+	// doctor can tell which userland the profile's guest will use.
+	BundleSourceFile = "source"
+	// MaxBundleSource bounds BundleSourceFile (a path).
+	MaxBundleSource = 4096
 )
 
 // imageDisk is one image volume served to the guest: the image open
@@ -71,6 +77,9 @@ func (b *Backend) openBundle(dir, profileDir string) *bundleDisks {
 	if dir == "" {
 		return nil
 	}
+	if err := recordBundleSource(dir, profileDir); err != nil {
+		b.log.Debug("doctor will not know the profile's bundle", "err", err)
+	}
 	bd, err := openBundleDisks(dir, profileDir, b.log)
 	if err != nil {
 		b.log.Warn("the client's VM bundle is not booted: the guest uses the host's system directories", "bundlePath", dir, "reason", err)
@@ -80,6 +89,42 @@ func (b *Backend) openBundle(dir, profileDir string) *bundleDisks {
 	b.log.Info("booting the client's VM bundle: the guest's userland is its root image", "bundlePath", dir,
 		"root", root.base.Name(), "images", len(bd.disks)-1)
 	return bd
+}
+
+// recordBundleSource writes dir as the profile's BundleSourceFile (whole,
+// by rename); nothing for a helper that keeps no state.
+func recordBundleSource(dir, profileDir string) error {
+	if profileDir == "" || len(dir) > MaxBundleSource {
+		return nil
+	}
+	layers := filepath.Join(profileDir, BundleLayersDir)
+	if err := os.MkdirAll(layers, 0o700); err != nil {
+		return err
+	}
+	tmp := filepath.Join(layers, BundleSourceFile+".new")
+	if err := os.WriteFile(tmp, []byte(dir), 0o600); err != nil {
+		return err
+	}
+	return os.Rename(tmp, filepath.Join(layers, BundleSourceFile))
+}
+
+// DescribeBundle says whether the bundle at dir can be booted, and why
+// (doctor): its root image's root volume and the reason it was chosen,
+// or why the guest uses the host's directories instead. It reads as the
+// backend does, without opening any layer.
+func DescribeBundle(dir string) (bool, string) {
+	b, err := bundle.Read(dir)
+	if err != nil {
+		return false, err.Error()
+	}
+	why := fmt.Sprintf("%s, %s (label %q): %s", b.Root.Image, b.Root.Volume.Describe(), b.Root.Volume.FS.Label, b.Root.Reason)
+	if b.Root.Volume.FS.NeedsRecovery {
+		why += "; its journal needs recovery, which the guest replays into the profile's layer"
+	}
+	if n := len(b.Others); n > 0 {
+		why += fmt.Sprintf("; %d other image(s)", n)
+	}
+	return true, why
 }
 
 // openBundleDisks opens the root volume of dir's root image and each other

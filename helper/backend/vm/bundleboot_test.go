@@ -187,3 +187,17 @@ func TestBundleLayerInUseFallsBack(t *testing.T) {
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "in use")
 }
+
+// TestOpenBundleRecordsTheSource: the bundle the client passed is kept in
+// the profile's layer directory for doctor, also when it cannot be booted.
+func TestOpenBundleRecordsTheSource(t *testing.T) {
+	profile, missing := t.TempDir(), filepath.Join(t.TempDir(), "gone")
+	var logs ratelogtest.LogBuffer
+	assert.Nil(t, New(Options{Logger: logs.Logger()}).openBundle(missing, profile))
+	got, err := os.ReadFile(filepath.Join(profile, BundleLayersDir, BundleSourceFile))
+	require.NoError(t, err)
+	assert.Equal(t, missing, string(got))
+	ok, why := DescribeBundle(missing)
+	assert.False(t, ok)
+	assert.Contains(t, why, "no rootfs.img")
+}
