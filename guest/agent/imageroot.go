@@ -228,23 +228,43 @@ func (m *mounter) mountFstabImages(images []protocol.ImageDisk) {
 		return
 	}
 	entries, skipped := parseFstab(bytes.NewReader(raw))
-	for _, s := range skipped {
+	plan, unmatched := planFstabMounts(entries, images)
+	for _, s := range append(skipped, unmatched...) {
 		m.log.Info("an fstab entry of the bundle image is not mounted", "entry", s)
 	}
-	for _, e := range entries {
-		if !isExtType(e.fsType) {
-			m.log.Info("an fstab entry of the bundle image is not mounted: only ext2/3/4 images are", "label", e.label, "at", e.target, "type", e.fsType)
-			continue
-		}
-		i := slices.IndexFunc(images, func(d protocol.ImageDisk) bool { return d.Label == e.label })
-		if i < 0 {
-			m.log.Warn("an fstab entry of the bundle image is not mounted: no image of the bundle has its label", "label", e.label, "at", e.target)
-			continue
-		}
-		if err := m.mountImageAt(images[i].Serial, e); err != nil {
-			m.log.Warn("an image of the bundle is not mounted", "label", e.label, "at", e.target, "err", err)
+	for _, p := range plan {
+		if err := m.mountImageAt(p.serial, p.entry); err != nil {
+			m.log.Warn("an image of the bundle is not mounted", "label", p.entry.label, "at", p.entry.target, "err", err)
 		}
 	}
+}
+
+// fstabMount is an fstab entry matched to the disk of an image.
+type fstabMount struct {
+	serial string
+	entry  fstabEntry
+}
+
+// planFstabMounts matches fstab entries to images by label: each image at
+// the first ext2/3/4 entry naming its label (a disk is one file system,
+// mounted once). The other entries are returned as skipped, with why.
+func planFstabMounts(entries []fstabEntry, images []protocol.ImageDisk) (plan []fstabMount, skipped []string) {
+	mounted := make(map[string]bool)
+	for _, e := range entries {
+		i := slices.IndexFunc(images, func(d protocol.ImageDisk) bool { return d.Label == e.label })
+		switch {
+		case !isExtType(e.fsType):
+			skipped = append(skipped, fmt.Sprintf("LABEL=%s at %s: type %q, only ext2/3/4 images are mounted", e.label, e.target, e.fsType))
+		case i < 0:
+			skipped = append(skipped, fmt.Sprintf("LABEL=%s at %s: no image of the bundle has that label", e.label, e.target))
+		case mounted[images[i].Serial]:
+			skipped = append(skipped, fmt.Sprintf("LABEL=%s at %s: that image is mounted already", e.label, e.target))
+		default:
+			mounted[images[i].Serial] = true
+			plan = append(plan, fstabMount{serial: images[i].Serial, entry: e})
+		}
+	}
+	return plan, skipped
 }
 
 // mountImageAt mounts the disk serial names (ext4) at e.target beneath the

@@ -154,3 +154,23 @@ func TestIsExtType(t *testing.T) {
 		assert.Equal(t, want, isExtType(fs), fs)
 	}
 }
+
+// TestPlanFstabMounts: each image is mounted once, at the first ext
+// entry naming its label; other types, unknown labels and repeats are
+// skipped with why.
+func TestPlanFstabMounts(t *testing.T) {
+	images := []protocol.ImageDisk{{Serial: "cwimg-data", Label: "cowork-data"}, {Serial: "cwimg-conda", Label: "conda"}}
+	entries := []fstabEntry{
+		{label: "UEFI", target: "/boot/efi", fsType: "vfat"},
+		{label: "cowork-data", target: "/opt/cowork-data", fsType: "ext4"},
+		{label: "cowork-data", target: "/srv/again", fsType: "ext4"},
+		{label: "nobody", target: "/x", fsType: "ext4"},
+		{label: "conda", target: "/opt/conda", fsType: "auto", readOnly: true},
+	}
+	plan, skipped := planFstabMounts(entries, images)
+	assert.Equal(t, []fstabMount{{serial: "cwimg-data", entry: entries[1]}, {serial: "cwimg-conda", entry: entries[4]}}, plan)
+	require.Len(t, skipped, 3)
+	assert.Contains(t, skipped[0], `type "vfat"`)
+	assert.Contains(t, skipped[1], "mounted already")
+	assert.Contains(t, skipped[2], "no image of the bundle has that label")
+}
