@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -23,8 +24,9 @@ import (
 // image (issue #41): a session runs the image's own tool and reads its
 // marker (the host has neither), and sees the data image where the
 // image's fstab mounts it; a file written to /usr/local as root (sudo)
-// is there after stopVM and startVM, kept in the profile's layer; a
-// second profile does not see it; the image's bytes are unchanged.
+// and a local .deb installed with sudo apt-get (where the image has apt)
+// are there after stopVM and startVM, kept in the profile's layer; a
+// second profile sees neither; the image's bytes are unchanged.
 // TestNestedKVMBundle runs it where this KVM cannot boot Linux.
 func TestKVMBundleUserland(t *testing.T) {
 	backend := kvmBackend(t, "TestNestedKVMBundle")
@@ -54,6 +56,11 @@ func TestKVMBundleUserland(t *testing.T) {
 cat ` + bundle.MarkerPath + `
 cat ` + bundle.DataMountPoint + bundle.DataMarkerPath + `
 echo written-by-a | sudo tee /usr/local/share/cowork-bundle-written >/dev/null
+if command -v apt-get >/dev/null && command -v dpkg-deb >/dev/null; then
+cd /sessions/w
+` + makeDeb + `
+DEBIAN_FRONTEND=noninteractive sudo apt-get install -y ./coworkdeb_1.0_all.deb > apt.log 2>&1 && echo apt-installed || { echo apt-failed; tail -n 30 apt.log >&2; }
+else echo apt-absent; fi
 echo done`)}, nil)
 	exit, err := evA.tryWait("exit of look", 4*time.Minute, func(ev protocol.Event) bool { return ev.Type == protocol.EventExit && ev.ID == "look" })
 	require.NoError(t, err)
@@ -62,25 +69,35 @@ echo done`)}, nil)
 	assert.Contains(t, out, bundle.ToolOutput, "the image's own tool ran")
 	assert.Contains(t, out, bundle.Marker+"\n", "the image's /etc")
 	assert.Contains(t, out, bundle.DataMarker, "the data image, mounted where the image's fstab says")
+	require.NotContains(t, out, "apt-failed", "sudo apt-get install of a local .deb; stderr %q", evA.output("stderr", "look"))
+	withApt := strings.Contains(out, "apt-installed")
+	if !withApt {
+		t.Log("no apt-get or dpkg-deb in the bundle's image: the .deb part is not checked")
+	}
 
 	a.call("stopVM", nil, nil)
 	started = time.Now()
 	a.call("startVM", map[string]any{"bundlePath": b.Dir, "memoryGB": 1.0, "cpuCount": 1}, nil)
 	waitConnected(t, a)
 	t.Logf("bundle: startVM to connected, again: %v", time.Since(started))
-	a.call("spawn", map[string]any{"id": "after", "name": "other", "command": "/bin/sh",
-		"args": sh(`cat /usr/local/share/cowork-bundle-written`)}, nil)
+	check, want := `cat /usr/local/share/cowork-bundle-written`, "written-by-a\n"
+	if withApt {
+		check += `; dpkg-query -W -f='${Status}\n' coworkdeb; cat /opt/coworkdeb/hello`
+		want += "install ok installed\nfrom-deb\n"
+	}
+	a.call("spawn", map[string]any{"id": "after", "name": "other", "command": "/bin/sh", "args": sh(check)}, nil)
 	evA.exit("after")
-	assert.Equal(t, "written-by-a\n", evA.output("stdout", "after"), "kept across stopVM/startVM; stderr %q", evA.output("stderr", "after"))
+	assert.Equal(t, want, evA.output("stdout", "after"), "kept across stopVM/startVM; stderr %q", evA.output("stderr", "after"))
 	a.call("stopVM", nil, nil)
 
 	c := profilePipe(t, h.socket, "bundle-B")
 	evB := subscribeProfile(t, h.socket, "bundle-B")
 	bootBundle(t, c, "bundle-B", b.Dir)
 	c.call("spawn", map[string]any{"id": "other", "name": "w", "command": "/bin/sh",
-		"args": sh(`cat ` + bundle.MarkerPath + `; test -e /usr/local/share/cowork-bundle-written && echo seen || echo absent`)}, nil)
+		"args": sh(`cat ` + bundle.MarkerPath + `; test -e /usr/local/share/cowork-bundle-written && echo seen || echo absent
+dpkg-query -W coworkdeb >/dev/null 2>&1 && echo seen || echo absent`)}, nil)
 	evB.exit("other")
-	assert.Equal(t, bundle.Marker+"\nabsent\n", evB.output("stdout", "other"), "another profile's layer is its own")
+	assert.Equal(t, bundle.Marker+"\nabsent\nabsent\n", evB.output("stdout", "other"), "another profile's layer is its own")
 	c.call("stopVM", nil, nil)
 
 	if !readOnly {
