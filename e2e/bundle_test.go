@@ -26,7 +26,8 @@ import (
 // image's fstab mounts it; a file written to /usr/local as root (sudo)
 // and a local .deb installed with sudo apt-get (where the image has apt)
 // are there after stopVM and startVM, kept in the profile's layer; a
-// second profile sees neither; the image's bytes are unchanged.
+// second profile sees neither; a session's /tmp is on the image's disk;
+// the image's bytes are unchanged.
 // TestNestedKVMBundle runs it where this KVM cannot boot Linux.
 func TestKVMBundleUserland(t *testing.T) {
 	backend := kvmBackend(t, "TestNestedKVMBundle")
@@ -75,6 +76,7 @@ echo done`)}, nil)
 		t.Log("no apt-get or dpkg-deb in the bundle's image: the .deb part is not checked")
 	}
 
+	checkSessionTmpOnDisk(t, a, evA)
 	a.call("stopVM", nil, nil)
 	started = time.Now()
 	a.call("startVM", map[string]any{"bundlePath": b.Dir, "memoryGB": 1.0, "cpuCount": 1}, nil)

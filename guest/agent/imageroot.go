@@ -42,6 +42,10 @@ const (
 	maxImages = 16
 	// maxLabelBytes is an ext4 label's size (s_volume_name).
 	maxLabelBytes = 16
+	// imageAgentDir is the agent's own directory in the image's root, out
+	// of the spawns' sight (only imageSystemDirs are bound): the sessions'
+	// /tmp lives there (sessiontmp.go), as on the root disk.
+	imageAgentDir = imageDir + "/.cowork-vmm"
 )
 
 // imageSystemDirs are the image's top-level entries that become the
@@ -111,6 +115,15 @@ func (m *mounter) stageImage(r protocol.ImageRoot, timer *stepTimer) ([]protocol
 	m.mountFstabImages(r.Images)
 	timer.done("image.fstab")
 	return imageSystemMounts(imageDir)
+}
+
+// startImageSessionTmp puts the sessions' /tmp on the image's disk (its
+// writes in the profile's layer), in imageAgentDir.
+func (m *mounter) startImageSessionTmp() error {
+	if err := os.MkdirAll(imageAgentDir, 0o700); err != nil {
+		return err
+	}
+	return m.startSessionTmp(imageAgentDir)
 }
 
 // imageSystemMounts lists the system mounts of the image mounted at dir:
