@@ -4,7 +4,9 @@
 // It owns the checks (KVM device, access, API and capabilities, whether this
 // KVM can boot Linux at all, the guest kernel and its version, the socket's
 // runtime directory, user namespaces and the spawns' seccomp filter for the
-// process backend, free disk for sessions, the profiles' root disks, an
+// process backend, free disk for sessions, the profiles' root disks and
+// which userland each profile's guest uses (the client's bundle image or
+// the host's directories, userland.go), an
 // optional trial boot), the separate
 // view of what Claude Desktop's support gate checks before it starts any
 // helper, the verdict (which backends work, exit status) and the two

@@ -50,6 +50,7 @@ func Run(ctx context.Context, opts Options) Report {
 	seccompOK := r.seccompCheck()
 	r.diskCheck()
 	r.rootDiskCheck()
+	r.userlandCheck()
 	kvmReady := kvmFacts.works() && kernelOK && fileSharingOK
 	kvmBooted, processBooted := r.bootChecks(kvmReady, usernsOK && seccompOK)
 	gatePasses, gate := r.clientChecks()

@@ -30,7 +30,7 @@ func TestHealthyHostPasses(t *testing.T) {
 		t.Errorf("verdict %+v, exit %d; want everything working, exit 0", r.Verdict, r.ExitCode())
 	}
 	k := wantStatus(t, r, CheckKernel, StatusOK)
-	wantContains(t, "kernel detail", k.Detail, "6.1.99-cowork", "/home/u/.cache/k/vmlinux", "VM bundle, its rootfs.img, is not booted")
+	wantContains(t, "kernel detail", k.Detail, "6.1.99-cowork", "/home/u/.cache/k/vmlinux", "VM bundle image (its rootfs.img", "else over the host's system directories")
 	caps := wantStatus(t, r, CheckKVMCaps, StatusOK)
 	wantContains(t, "capabilities detail", caps.Detail, "KVM_CAP_IRQCHIP", "KVM_CAP_IMMEDIATE_EXIT")
 	if len(h.boots) != 0 {

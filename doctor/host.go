@@ -51,6 +51,9 @@ type Host struct {
 	// RootDisks lists the profiles' root disks in the data directory
 	// dataDir, each with whether a VM uses it now (ListRootDisks).
 	RootDisks func(dataDir string) ([]RootDisk, error)
+	// Userlands says which userland each profile's kvm guest will use
+	// (ListUserlands).
+	Userlands func(dataDir string) ([]Userland, error)
 	// KernelCache is the path of the latest `make kernel` guest vmlinux
 	// (kernel.Find(kernel.Guest)); its error says how to build one.
 	KernelCache func() (string, error)
@@ -102,6 +105,7 @@ func RealHost() Host {
 		Executable:     os.Executable,
 		DataDir:        helper.DefaultDataDir,
 		RootDisks:      ListRootDisks,
+		Userlands:      ListUserlands,
 		KernelCache:    func() (string, error) { return kernel.Find(kernel.Guest) },
 		EmbeddedKernel: embedded.Kernel,
 		ProbeKVM:       kvm.ProbeHost,
@@ -160,6 +164,9 @@ func (h Host) withDefaults() Host {
 	}
 	if h.RootDisks == nil {
 		h.RootDisks = r.RootDisks
+	}
+	if h.Userlands == nil {
+		h.Userlands = r.Userlands
 	}
 	if h.KernelCache == nil {
 		h.KernelCache = r.KernelCache

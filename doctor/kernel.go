@@ -15,10 +15,11 @@ const kernelFix = "build it: `make kernel` in the cowork-vmm repository (needs a
 
 // kernelCheck locates the guest kernel as the kvm backend does
 // (kernel.Locate, on this Host) and reads its version.
-// builtInGuest says what the kvm backend boots instead of the client's VM
-// bundle (its bundlePath).
-const builtInGuest = "; the guest is this kernel over the host's system directories, each profile's changes on its root disk " +
-	"(the client's VM bundle, its rootfs.img, is not booted: booting a bundle's image is not supported)"
+// builtInGuest says what the kvm backend boots: this kernel, over the
+// client's VM bundle image or the host's directories (the guest-userland
+// check says which, per profile).
+const builtInGuest = "; the guest is this kernel over the client's VM bundle image (its rootfs.img, with each profile's changes " +
+	"in a copy-on-write layer) when it can be booted, else over the host's system directories with each profile's changes on its root disk"
 
 func (r *runner) kernelCheck() bool {
 	h := r.h

@@ -36,6 +36,7 @@ const (
 	CheckSeccomp        = "sandbox-seccomp"
 	CheckDisk           = "disk-space"
 	CheckRootDisks      = "root-disks"
+	CheckUserland       = "guest-userland"
 	CheckBootKVM        = "boot-kvm"
 	CheckBootProcess    = "boot-process"
 	CheckClientHelper   = "client-helper"

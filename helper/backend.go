@@ -20,6 +20,15 @@ type GuestConfig struct {
 	// guest's changes to its root on; "" for none. Backends without
 	// disks ignore it.
 	RootDisk string
+	// Bundle is the client's VM bundle directory (startVM's bundlePath;
+	// "" for none). A backend that boots bundles (BundleBooter) makes the
+	// bundle's root image the guest's userland when it can, and says why
+	// not when it cannot; others ignore it.
+	Bundle string
+	// ProfileDir is the profile's directory in the helper's data
+	// directory, where a backend keeps the profile's writable layer over
+	// the bundle's images; "" when the helper keeps no state.
+	ProfileDir string
 }
 
 // Backend starts guests. The helper never knows whether a guest is a VM or a
@@ -112,6 +121,22 @@ type ProgressReporter interface {
 // none.
 type RootDiskAttacher interface {
 	AttachesRootDisk() bool
+}
+
+// BundleBooter may be implemented by a Backend that boots the client's VM
+// bundle (GuestConfig.Bundle) as its guests' userland: the kvm backend.
+// For other backends the helper logs that the bundle is not booted.
+type BundleBooter interface {
+	BootsBundles() bool
+}
+
+// ImageUserland may be implemented by a Guest whose userland is the
+// client's bundle image rather than the host's directories: when it says
+// true, the helper shares none of the host's system directories (nor its
+// dpkg database) and the guest's AdjustSetup names the image
+// (protocol.SetupParams.ImageRoot).
+type ImageUserland interface {
+	BootsImage() bool
 }
 
 // Restorable may be implemented by a Guest that can start from a snapshot

@@ -135,17 +135,18 @@ func (s *Service) startVM(ctx context.Context, p protocol.StartVMParams) (empty,
 		return nil, err
 	}
 
-	if noteBundle {
-		s.log.Info("the client's VM bundle is not booted: the guest is cowork-vmm's own (its kernel over the host's "+
-			"system directories, with the profile's root disk for changes); booting a bundle's rootfs image is not supported",
-			"bundlePath", p.BundlePath, "rootfs", bundleRootfs(p.BundlePath))
-	}
 	backend, err := factory()
 	if err != nil {
 		return fail(fmt.Errorf("the %s backend is unavailable: %w%s", s.opts.Backend, err, s.fallbackHint(err)))
 	}
+	if bb, ok := backend.(BundleBooter); noteBundle && (!ok || !bb.BootsBundles()) {
+		s.log.Info("the client's VM bundle is not booted: the guest is cowork-vmm's own (its kernel over the host's "+
+			"system directories, with the profile's root disk for changes); booting a bundle's rootfs image is not supported",
+			"bundlePath", p.BundlePath, "rootfs", bundleRootfs(p.BundlePath))
+	}
 	inst.backend = backend
-	inst.config = GuestConfig{MemoryMiB: mem, CPUCount: cpus, StepFunc: s.step, RootDisk: s.rootDiskFor(backend)}
+	inst.config = GuestConfig{MemoryMiB: mem, CPUCount: cpus, StepFunc: s.step, RootDisk: s.rootDiskFor(backend),
+		Bundle: p.BundlePath, ProfileDir: s.profileDir()}
 	s.log.Info("starting guest", "backend", backend.Name(), "memoryMB", mem, "cpus", cpus)
 	if err := inst.launch(); err != nil {
 		return fail(err)
@@ -393,8 +394,12 @@ func (inst *guestInstance) setUpRoot() error {
 	if ss, ok := inst.guest.(SystemSharer); ok {
 		shareSystem = ss.ShareSystem
 	}
-	for _, dir := range s.opts.SystemDirs {
-		if link, ok := systemLink(dir, s.opts.SystemDirs); ok {
+	systemDirs := s.opts.SystemDirs
+	if iu, ok := inst.guest.(ImageUserland); ok && iu.BootsImage() {
+		systemDirs = nil // the image is the userland: nothing of the host's
+	}
+	for _, dir := range systemDirs {
+		if link, ok := systemLink(dir, systemDirs); ok {
 			setup.System = append(setup.System, protocol.Mount{Source: protocol.MountSource{Kind: protocol.MountKindSymlink, Path: link}, Target: dir, ReadOnly: true})
 			continue
 		}
@@ -410,7 +415,7 @@ func (inst *guestInstance) setUpRoot() error {
 	if a, ok := inst.guest.(SetupAdjuster); ok {
 		a.AdjustSetup(&setup)
 	}
-	if setup.RootDisk != nil {
+	if setup.RootDisk != nil && len(systemDirs) > 0 {
 		setup.RootDisk.PackageDB = sharePackageDB(shareSystem, s.log)
 	}
 	shared := time.Now()

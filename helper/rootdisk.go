@@ -54,6 +54,16 @@ func (s *Service) rootDiskPath() string {
 	return filepath.Join(s.opts.DataDir, profilesDirName, profileID(s.key), RootDiskFile)
 }
 
+// profileDir returns the profile's directory in the data directory, where
+// its root disk and a backend's layers over the client's bundle live; ""
+// when the helper keeps no state.
+func (s *Service) profileDir() string {
+	if s.opts.Stateless || s.opts.DataDir == "" {
+		return ""
+	}
+	return filepath.Join(s.opts.DataDir, profilesDirName, profileID(s.key))
+}
+
 // OpenRootDisk opens the root disk at path for a VM, for reading and
 // writing, locked (LockRootDisk) for as long as the file stays open. A
 // symlink is not followed; what is not a regular file is refused.

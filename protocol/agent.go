@@ -174,6 +174,29 @@ type SetupParams struct {
 	// over each system directory with its upper layer on the disk, so what
 	// sessions install there survives the VM.
 	RootDisk *RootDisk `json:"rootDisk,omitempty"`
+	// ImageRoot, when set, makes the client's bundle image the guest's
+	// userland (the VM booting the bundle): System is then empty, and the
+	// agent mounts the image's root volume read-write (its writes go to
+	// the profile's copy-on-write layer on the host; the image is never
+	// written) and makes its top-level directories the guest's system
+	// directories, then mounts the other images where the image's
+	// /etc/fstab says, by label. RootDisk is not sent with it.
+	ImageRoot *ImageRoot `json:"imageRoot,omitempty"`
+}
+
+// ImageRoot names the disks of the client's bundle image.
+type ImageRoot struct {
+	// Serial is the virtio-blk serial of the root volume's disk.
+	Serial string `json:"serial"`
+	// Images are the bundle's other images, each a disk of its own.
+	Images []ImageDisk `json:"images,omitempty"`
+}
+
+// ImageDisk is one other image of the bundle: its disk's serial and its
+// ext4 label, which the image's fstab names it by (LABEL=).
+type ImageDisk struct {
+	Serial string `json:"serial"`
+	Label  string `json:"label"`
 }
 
 // RootDisk names the guest's writable root disk.

@@ -51,6 +51,9 @@ type clientOptions struct {
 	timeout time.Duration
 	stopVM  bool
 	command []string
+	// bundle is the client's VM bundle directory (--bundle), absolute; ""
+	// for none.
+	bundle string
 }
 
 // defaultSocketPath is where the desktop client puts its socket, so where
@@ -84,6 +87,8 @@ Flags:
   --workdir PATH           guest working directory (default /sessions/<session>)
   --timeout D              how long to wait for the guest to come up (default %s)
   --stop-vm                stop the guest after CMD exits
+  --bundle DIR             start the guest on the client's VM bundle DIR (its rootfs.img
+                           as the guest's userland, kvm backend), as Claude Desktop does
 
 Example:
   COWORK_VMM_BACKEND=process cowork-vmm -socket "$XDG_RUNTIME_DIR/claude-cowork-vm.sock" &
@@ -129,6 +134,7 @@ func parseClientArgs(args []string, stderr io.Writer, defaultSocket string) (cli
 	flags.StringVar(&o.workdir, "workdir", "", "guest working directory")
 	flags.DurationVar(&o.timeout, "timeout", bootTimeout, "how long to wait for the guest")
 	flags.BoolVar(&o.stopVM, "stop-vm", false, "stop the guest after the command")
+	flags.StringVar(&o.bundle, "bundle", "", "the client's VM bundle `dir`")
 	flags.Var(listFlag{func(s string) error {
 		name, m, err := parseClientMount(s)
 		if err != nil {
@@ -146,6 +152,13 @@ func parseClientArgs(args []string, stderr io.Writer, defaultSocket string) (cli
 		return o, err
 	}
 	o.command = flags.Args()
+	if o.bundle != "" {
+		abs, err := filepath.Abs(o.bundle)
+		if err != nil {
+			return o, fmt.Errorf("client: --bundle: %w", err)
+		}
+		o.bundle = abs
+	}
 	switch {
 	case len(o.command) == 0:
 		return o, errors.New("client: no command given (cowork-vmm client [flags] -- CMD [ARG…])")
@@ -325,7 +338,7 @@ func (r *clientSession) subscribe() error {
 func (r *clientSession) boot() error {
 	ctx, cancel := context.WithTimeout(r.ctx, r.o.timeout)
 	defer cancel()
-	if _, err := protocol.StartGuest(ctx, r.pipe, protocol.ConfigureParams{UserDataName: clientProfile}, protocol.StartVMParams{}); err != nil {
+	if _, err := protocol.StartGuest(ctx, r.pipe, protocol.ConfigureParams{UserDataName: clientProfile}, protocol.StartVMParams{BundlePath: r.o.bundle}); err != nil {
 		return fmt.Errorf("starting the guest: %w", err)
 	}
 	err := protocol.WaitGuestConnected(ctx, r.pipe, clientPollInterval)

@@ -32,6 +32,7 @@ type fakeHelper struct {
 	mu            sync.Mutex
 	calls         []string
 	configures    []protocol.ConfigureParams
+	startVMs      []protocol.StartVMParams
 	spawns        []protocol.ClientSpawnParams
 	stdin         []string
 	running       bool
@@ -80,7 +81,12 @@ func (f *fakeHelper) Handle(_ context.Context, method string, params json.RawMes
 		defer f.mu.Unlock()
 		return protocol.IsRunningResult{Running: f.running}, nil
 	case protocol.MethodStartVM:
+		var p protocol.StartVMParams
+		if err := json.Unmarshal(params, &p); err != nil {
+			return nil, err
+		}
 		f.mu.Lock()
+		f.startVMs = append(f.startVMs, p)
 		f.running = !f.diesOnBoot
 		f.mu.Unlock()
 	case protocol.MethodStopVM:
@@ -457,6 +463,23 @@ func TestClientSocketErrors(t *testing.T) {
 	code, _, stderr = clientRun(t, file, clientIO{}, "--", "true")
 	assert.Equal(t, 1, code)
 	assert.Contains(t, stderr, file+" is not a socket")
+}
+
+// TestClientBundleIsStartVMsBundlePath: --bundle DIR reaches startVM as
+// bundlePath, made absolute, as the desktop client passes its bundle.
+func TestClientBundleIsStartVMsBundlePath(t *testing.T) {
+	f := newFakeHelper()
+	f.onSpawn = exitWith("", "", 0)
+	socket := serveFake(t, f)
+	t.Chdir(t.TempDir())
+	code, _, stderr := clientRun(t, socket, clientIO{}, "--bundle", "vm_bundle", "--", "true")
+	require.Equal(t, 0, code, stderr)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	require.Len(t, f.startVMs, 1)
+	wd, err := os.Getwd()
+	require.NoError(t, err)
+	assert.Equal(t, filepath.Join(wd, "vm_bundle"), f.startVMs[0].BundlePath)
 }
 
 func TestParseClientArgs(t *testing.T) {

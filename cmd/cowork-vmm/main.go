@@ -127,6 +127,8 @@ run flags:
                             with its serial console on the terminal
   --initrd PATH             initrd for a direct --kernel boot
   --cmdline ARGS            extra kernel command line for a direct --kernel boot
+  --bundle DIR              boot the client's VM bundle DIR (its rootfs.img) as the guest's
+                            userland (kvm backend; changes last the run)
   --debug                   log debug messages to stderr
 
 Environment:

@@ -64,6 +64,15 @@ func TestParseRunArgs(t *testing.T) {
 	assert.Equal(t, []string{"ls", "-l"}, o.command)
 }
 
+func TestParseRunArgsBundle(t *testing.T) {
+	o, err := parseRunArgs([]string{"--bundle", "/b/../bundle", "--", "true"}, io.Discard)
+	require.NoError(t, err)
+	assert.Equal(t, "/bundle", o.bundle)
+	o, err = parseRunArgs([]string{"--", "true"}, io.Discard)
+	require.NoError(t, err)
+	assert.Empty(t, o.bundle)
+}
+
 func TestParseRunArgsKernelModes(t *testing.T) {
 	// --kernel with a command: the kvm backend's kernel, through the agent.
 	o, err := parseRunArgs([]string{"--kernel", "/k", "--", "true"}, io.Discard)

@@ -57,6 +57,9 @@ type runOptions struct {
 	cpus    int
 	debug   bool
 	command []string
+	// bundle is the client's VM bundle directory (--bundle), absolute; ""
+	// for none.
+	bundle string
 
 	// VM flags. kernel alone picks the guest kernel of the kvm backend;
 	// with initrd or cmdline, or without a command, run boots that kernel
@@ -123,6 +126,7 @@ func parseRunArgs(args []string, stderr io.Writer) (runOptions, error) {
 	fs.IntVar(&o.memMiB, "mem", 0, "guest memory in MiB")
 	fs.IntVar(&o.cpus, "cpus", 0, "guest vCPUs")
 	fs.BoolVar(&o.debug, "debug", false, "log debug messages")
+	fs.StringVar(&o.bundle, "bundle", "", "the client's VM bundle `dir`: boot its rootfs.img as the guest's userland (kvm backend)")
 	fs.StringVar(&o.kernel, "kernel", "", "guest kernel (vmlinux or bzImage)")
 	fs.StringVar(&o.initrd, "initrd", "", "initrd to boot the --kernel with (direct boot)")
 	fs.StringVar(&o.cmdline, "cmdline", "", "extra kernel command line (direct boot)")
@@ -131,6 +135,13 @@ func parseRunArgs(args []string, stderr io.Writer) (runOptions, error) {
 		return o, err
 	}
 	o.command = fs.Args()
+	if o.bundle != "" {
+		abs, err := filepath.Abs(o.bundle)
+		if err != nil {
+			return o, fmt.Errorf("run: --bundle: %w", err)
+		}
+		o.bundle = abs
+	}
 	if (o.initrd != "" || o.cmdline != "") && o.kernel == "" {
 		return o, errors.New("run: --initrd and --cmdline need --kernel")
 	}
@@ -270,7 +281,7 @@ func runInGuest(ctx context.Context, svc *helper.Service, o runOptions, stdin io
 	}
 	sub := svc.Events()
 	defer sub.Close()
-	if err := call(ctx, svc, protocol.MethodStartVM, map[string]any{}, nil); err != nil {
+	if err := call(ctx, svc, protocol.MethodStartVM, protocol.StartVMParams{BundlePath: o.bundle}, nil); err != nil {
 		return 1, &startError{err}
 	}
 	defer func() {

@@ -265,6 +265,17 @@ func (a *agent) setup(p protocol.SetupParams) (*protocol.SetupResult, error) {
 		}
 	}
 	result := &protocol.SetupResult{}
+	if p.ImageRoot != nil {
+		if err := writeAptSandboxConf(imageDir); err != nil {
+			a.log.Warn("apt may try to drop privileges sudo does not have", "err", err)
+		}
+		if a.mnt.isolate {
+			if err := a.mnt.startImageSessionTmp(); err != nil {
+				a.log.Warn("sessions' /tmp stays in guest RAM", "err", err)
+			}
+		}
+		result.SessionTmp = a.mnt.hasSessionTmp()
+	}
 	if p.RootDisk != nil {
 		did, err := a.setUpRootDisk(*p.RootDisk, timer)
 		if err != nil {

@@ -36,6 +36,13 @@
 // uid, with file capabilities only; with a root disk, /var and the dpkg
 // database live on it (rootvar.go), so apt-get and dpkg work through it.
 //
+// The client's bundle image (imageroot.go, SetupParams.ImageRoot: the VM
+// booting the client's VM bundle): the image's root volume, a disk found by
+// serial, mounted ext4 read-write in the staging directory (its writes
+// land in the host's copy-on-write layer), its other images mounted where
+// its /etc/fstab says by LABEL=, and its usr, etc, opt, var, home, root,
+// srv and bin/sbin/lib* made the guest's system directories.
+//
 // Cgroups (cgroup.go, Options.CgroupRoot: the VM): every spawn runs in a
 // cgroup v2 of its own below a parent limited under the guest's memory; its
 // exit reports the cgroup's oom_kill count as oomKillCount.
@@ -52,7 +59,7 @@
 // (starting a process, step by step), process.go (the process table, reaping, output, stdin, kill),
 // credit.go (output flow control: a process sends within its credit),
 // isolate.go, confine.go, mount.go, mountpoint.go, setup.go, guestrequest.go,
-// guestcall.go, sudo.go, rootdisk.go, rootvar.go, sessiontmp.go, cgroup.go, utf8chunk.go, main.go (ProcessMain, VMMain),
+// guestcall.go, sudo.go, rootdisk.go, imageroot.go, rootvar.go, sessiontmp.go, cgroup.go, utf8chunk.go, main.go (ProcessMain, VMMain),
 // vsock.go.
 //
 // Entry points: Run serves one connection; ProcessMain is the

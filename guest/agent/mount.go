@@ -135,6 +135,9 @@ type mounter struct {
 	// namespaces map root's ids, so that their capabilities reach the
 	// root-owned files there.
 	overlaid bool
+	// syncDirs are the mounts of writable disks (the root disk, the
+	// bundle's images) that shutdown syncs (syncRootDisk).
+	syncDirs []string
 	// sessionTmp holds the sessions' /tmp on the root disk (sessiontmp.go);
 	// "": each isolated spawn's /tmp is a tmpfs of its own.
 	sessionTmp string

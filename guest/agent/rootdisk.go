@@ -22,10 +22,12 @@ package agent
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"os"
 	"path"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 	"unsafe"
@@ -101,6 +103,9 @@ func (a *agent) setUpRootDisk(disk protocol.RootDisk, timer *stepTimer) (string,
 		}
 		timer.done("root_disk.grow")
 	}
+	a.mnt.mu.Lock()
+	a.mnt.syncDirs = append(a.mnt.syncDirs, rootDiskDir)
+	a.mnt.mu.Unlock()
 	if err := a.mnt.overlaySystem(rootDiskDir, timer); err != nil {
 		return did, err
 	}
@@ -259,19 +264,28 @@ func (m *mounter) overlaySystem(disk string, timer *stepTimer) error {
 	return nil
 }
 
-// syncRootDisk makes what was written to the root disk durable (syncfs:
-// the journal committed, the disk flushed), so that a shutdown loses
-// nothing: the helper stops the VM once the agent has answered. It then
-// empties the journal (checkpointJournal). Without a root disk it does
-// nothing.
+// syncRootDisk makes what was written to the root disk, or to the
+// bundle's images, durable (syncfs: the journal committed, the disk
+// flushed), so that a shutdown loses nothing: the helper stops the VM
+// once the agent has answered. It then empties each journal
+// (checkpointJournal). Without a writable disk it does nothing.
 func (m *mounter) syncRootDisk() error {
 	m.mu.Lock()
-	overlaid := m.overlaid
+	dirs := slices.Clone(m.syncDirs)
 	m.mu.Unlock()
-	if !overlaid {
-		return nil
+	var errs []error
+	for _, dir := range dirs {
+		if err := m.syncDisk(dir); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", dir, err))
+		}
 	}
-	fd, err := unix.Open(rootDiskDir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	return errors.Join(errs...)
+}
+
+// syncDisk syncs the file system mounted at dir and checkpoints its
+// journal (syncRootDisk).
+func (m *mounter) syncDisk(dir string) error {
+	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return err
 	}
@@ -280,7 +294,7 @@ func (m *mounter) syncRootDisk() error {
 		return err
 	}
 	if err := checkpointJournal(fd); err != nil {
-		m.log.Warn("the root disk's next mount replays its journal", "err", err)
+		m.log.Warn("the disk's next mount replays its journal", "disk", dir, "err", err)
 	}
 	return nil
 }

@@ -39,17 +39,26 @@ func (m *mounter) setup(p protocol.SetupParams, timer *stepTimer) error {
 	if err := m.checkNinePCaches(p.System...); err != nil {
 		return fmt.Errorf("system mounts: %w", err)
 	}
+	if p.ImageRoot != nil {
+		if err := validateImageRoot(*p.ImageRoot); err != nil {
+			return err
+		}
+		if p.NewRoot || len(p.System) > 0 || p.RootDisk != nil {
+			return errors.New("an image root comes without system mounts, a root disk or a new root")
+		}
+	}
 	var err error
+	system := p.System
 	if p.NewRoot {
 		err = m.setupNewRoot(p.System)
 		timer.done("new_root")
 	} else {
-		err = m.setupInPlace(p.System, timer)
+		system, err = m.setupInPlace(p.System, p.ImageRoot, timer)
 	}
 	if err != nil {
 		return err
 	}
-	for _, mt := range p.System {
+	for _, mt := range system {
 		m.system = append(m.system, mt.Target)
 	}
 	for _, at := range []string{protocol.GuestToolPath, SudoToolPath} {
@@ -90,23 +99,24 @@ func bindTool(at string) error {
 // whose copies are its slaves; and the staging directory gets a private
 // tmpfs, so that what is mounted there (the roots of the file-sharing
 // devices, with every export) is not shared with anything.
-func (m *mounter) setupInPlace(system []protocol.Mount, timer *stepTimer) error {
+//
+// With image, the system mounts are the bundle image's directories
+// (imageroot.go) instead of system; it returns those it mounted.
+func (m *mounter) setupInPlace(system []protocol.Mount, image *protocol.ImageRoot, timer *stepTimer) ([]protocol.Mount, error) {
 	if m.isolate {
-		if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_SHARED, ""); err != nil {
-			return fmt.Errorf("sharing the guest root's mounts: %w", err)
-		}
-		if err := os.MkdirAll(stagingDir, 0o700); err != nil {
-			return fmt.Errorf("creating the agent's staging directory: %w", err)
-		}
-		if err := unix.Mount("tmpfs", stagingDir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "mode=0700"); err != nil {
-			return fmt.Errorf("mounting the agent's staging directory: %w", err)
-		}
-		if err := unix.Mount("", stagingDir, "", unix.MS_PRIVATE, ""); err != nil {
-			return fmt.Errorf("making the agent's staging directory private: %w", err)
+		if err := prepareStaging(); err != nil {
+			return nil, err
 		}
 		timer.done("shared_root")
 	}
-	return withRoot(func(root int) error {
+	if image != nil {
+		var err error
+		if system, err = m.stageImage(*image, timer); err != nil {
+			return nil, err
+		}
+		m.overlaid = true // the image's root-owned files are writable through sudo
+	}
+	return system, withRoot(func(root int) error {
 		for _, mt := range system {
 			if err := m.mountAt(mt, root, mt.Target); err != nil {
 				return fmt.Errorf("system mount %s: %w", mt.Target, err)
@@ -123,6 +133,24 @@ func (m *mounter) setupInPlace(system []protocol.Mount, timer *stepTimer) error 
 		sessions.close()
 		return nil
 	})
+}
+
+// prepareStaging makes the root's mounts shared and gives the staging
+// directory a private tmpfs (see setupInPlace).
+func prepareStaging() error {
+	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_SHARED, ""); err != nil {
+		return fmt.Errorf("sharing the guest root's mounts: %w", err)
+	}
+	if err := os.MkdirAll(stagingDir, 0o700); err != nil {
+		return fmt.Errorf("creating the agent's staging directory: %w", err)
+	}
+	if err := unix.Mount("tmpfs", stagingDir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "mode=0700"); err != nil {
+		return fmt.Errorf("mounting the agent's staging directory: %w", err)
+	}
+	if err := unix.Mount("", stagingDir, "", unix.MS_PRIVATE, ""); err != nil {
+		return fmt.Errorf("making the agent's staging directory private: %w", err)
+	}
+	return nil
 }
 
 // setupNewRoot builds a tmpfs root, pivots into it and keeps the host root

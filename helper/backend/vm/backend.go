@@ -168,7 +168,7 @@ func (b *Backend) Start(ctx context.Context, cfg helper.GuestConfig) (helper.Gue
 		return nil, err
 	}
 	step(StepCreateVM, protocol.StepStarted)
-	g, err := b.create(memMiB, cpus, fsKind, cfg.RootDisk)
+	g, err := b.create(memMiB, cpus, fsKind, cfg)
 	if err != nil {
 		step(StepCreateVM, protocol.StepFailed)
 		return nil, err
@@ -211,13 +211,21 @@ func (b *Backend) preflight() error {
 // not yet running: restored from the backend's snapshot when it has a
 // sound one for this VM (warm), else with the initramfs built to boot
 // cold, taking the snapshot on the way when snapshots are on.
-func (b *Backend) create(memMiB, cpus int, fsKind, rootDisk string) (g *guest, err error) {
+func (b *Backend) create(memMiB, cpus int, fsKind string, gc helper.GuestConfig) (g *guest, err error) {
 	// Opened once, before the snapshot is chosen: the snapshot is of the
 	// devices the VM really gets, and a disk in use costs no warm start.
-	devs := devices{fsKind: fsKind, rootDisk: b.openRootDisk(rootDisk)}
+	// A guest booting the bundle needs no root disk: the bundle's layer
+	// keeps its changes.
+	devs := devices{fsKind: fsKind, bundle: b.openBundle(gc.Bundle, gc.ProfileDir)}
+	if devs.bundle == nil {
+		devs.rootDisk = b.openRootDisk(gc.RootDisk)
+	}
 	defer func() {
 		if err != nil && devs.rootDisk != nil {
 			devs.rootDisk.Close() // not attached: still ours
+		}
+		if err != nil && devs.bundle != nil {
+			_ = devs.bundle.close()
 		}
 	}()
 	exe := b.opts.Executable
@@ -296,6 +304,9 @@ func (b *Backend) initramfs(exe string) (loader.InitrdSource, error) {
 type devices struct {
 	fsKind   string
 	rootDisk *os.File
+	// bundle are the disks of the client's bundle when the guest boots it
+	// (bundleboot.go); never with a root disk, never snapshotted.
+	bundle *bundleDisks
 }
 
 // attach gives the new machine m its guest and devices.
@@ -303,7 +314,7 @@ func (b *Backend) attach(m *machine.Machine, con *console, devs devices) (*guest
 	g := newGuestState(con, b.log, devs.fsKind)
 	g.bootTimeout = b.opts.BootTimeout
 	g.descriptors = b.opts.Descriptors
-	if err := g.attachDevices(m, devs.rootDisk); err != nil {
+	if err := g.attachDevices(m, devs.rootDisk, devs.bundle); err != nil {
 		_ = g.Stop(context.Background())
 		return nil, fmt.Errorf("kvm backend: %w", err)
 	}

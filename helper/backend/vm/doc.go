@@ -11,7 +11,9 @@
 // COWORK_VMM_FS=9p virtio-9p, whose attach names are the exports Share
 // registers (uncached in the guest) and the read-only system directories
 // and immutable files (the SDK binary) ShareSystem registers (page-cached
-// in the guest); virtio-rng), the
+// in the guest); virtio-rng; the profile's root disk, or when the client's
+// bundle can be booted its images through copy-on-write layers, see
+// bundleboot.go), the
 // agent's vsock connection, boot progress steps, the serial console (debug
 // log plus a tail kept for error messages), and turning the VM's end into
 // Done/Err. It refuses fast, with the process-backend hint, on hosts whose

@@ -49,6 +49,9 @@ type guest struct {
 	sysFiles *ShareDevice
 	// disk is the profile's root disk (nil: none; rootdisk.go).
 	disk *rootDisk
+	// bundle are the disks of the client's bundle the guest boots as its
+	// userland (nil: the host's directories; bundleboot.go).
+	bundle *bundleDisks
 
 	// restoreFrom is the snapshot a restored machine starts from (closed
 	// once started); nil for a cold boot.
@@ -84,6 +87,7 @@ var (
 	_ helper.SetupAdjuster    = (*guest)(nil)
 	_ helper.SystemSharer     = (*guest)(nil)
 	_ helper.ProgressReporter = (*guest)(nil)
+	_ helper.ImageUserland    = (*guest)(nil)
 )
 
 func newGuestState(con *console, log *slog.Logger, fsKind string) *guest {
@@ -99,8 +103,9 @@ func newGuestState(con *console, log *slog.Logger, fsKind string) *guest {
 // file-sharing devices of kind g.fsKind, virtio-fs or virtio-9p (MountTag
 // serving the exports Share registers, SystemMountTag those ShareSystem
 // registers, cached), virtio-rng and, when rootDisk is one, the root disk
-// (virtio-blk) to m.
-func (g *guest) attachDevices(m *machine.Machine, rootDisk *os.File) (err error) {
+// (virtio-blk) to m; with bundle, the bundle's disks instead (the guest
+// owns them once attached).
+func (g *guest) attachDevices(m *machine.Machine, rootDisk *os.File, bundle *bundleDisks) (err error) {
 	g.m = m
 	vs, err := vsock.New(vsock.Config{GuestCID: GuestCID, Logger: g.log})
 	if err != nil {
@@ -128,11 +133,22 @@ func (g *guest) attachDevices(m *machine.Machine, rootDisk *os.File) (err error)
 	if _, err := m.AddVirtioMMIO(rng.New(g.log)); err != nil {
 		return fmt.Errorf("attaching the rng device: %w", err)
 	}
+	if bundle != nil {
+		if err := bundle.attach(m, g.log); err != nil {
+			return err // still the caller's, released after the machine's stop
+		}
+		g.bundle = bundle
+		return nil
+	}
 	if rootDisk != nil {
 		return g.attachRootDisk(m, rootDisk)
 	}
 	return nil
 }
+
+// BootsImage implements helper.ImageUserland: the guest boots the
+// client's bundle image.
+func (g *guest) BootsImage() bool { return g.bundle != nil }
 
 // attachShareDevice attaches one file-sharing device of kind g.fsKind with
 // this tag, serving a fresh set of exports. On error nothing is left to
@@ -422,6 +438,10 @@ func (g *guest) AdjustSetup(p *protocol.SetupParams) {
 	if g.disk != nil {
 		p.RootDisk = &protocol.RootDisk{Serial: blk.DefaultSerial}
 	}
+	if g.bundle != nil {
+		p.ImageRoot = g.bundle.imageRoot()
+		p.System = nil
+	}
 }
 
 // Egress implements helper.Guest.Egress: the listener for the guest proxy's
@@ -465,6 +485,11 @@ func (g *guest) Stop(ctx context.Context) error {
 			}
 			if g.disk != nil {
 				if err := g.disk.close(); err != nil {
+					errs = append(errs, err)
+				}
+			}
+			if g.bundle != nil {
+				if err := g.bundle.close(); err != nil {
 					errs = append(errs, err)
 				}
 			}

@@ -73,7 +73,9 @@ type snapshotPlan struct {
 // snapshotPlan returns the plan for a VM of cfg run by exe on k; nil when
 // snapshots are off or the identity cannot be made (logged).
 func (b *Backend) snapshotPlan(exe string, k kernel.Image, cfg machine.Config, devs devices) *snapshotPlan {
-	if b.opts.SnapshotDir == "" {
+	if b.opts.SnapshotDir == "" || devs.bundle != nil {
+		// A guest booting the bundle boots cold: its snapshot would
+		// have to be of the bundle's disks too.
 		return nil
 	}
 	id, err := snapshotIdentity(exe, k, cfg, devs)
