@@ -53,6 +53,9 @@ type Boot struct {
 	// Start, Timeout: as in Spec.
 	Start   func(start func() error) error
 	Timeout time.Duration
+	// OnTurn, when set, is called as each turn begins and ends: the
+	// bounds of its work, for a host that counts what each turn costs.
+	OnTurn func(turn Turn, begin bool)
 }
 
 // Run runs Turns in order and reports each one's Result: its figures, or
@@ -63,7 +66,14 @@ func (b Boot) Run(ctx context.Context, report func(fsbench.Result)) {
 			report(fsbench.Result{Workload: turn.ID, Err: ctx.Err().Error()})
 			continue
 		}
-		report(b.turn(ctx, turn))
+		if b.OnTurn != nil {
+			b.OnTurn(turn, true)
+		}
+		r := b.turn(ctx, turn)
+		if b.OnTurn != nil {
+			b.OnTurn(turn, false)
+		}
+		report(r)
 	}
 }
 

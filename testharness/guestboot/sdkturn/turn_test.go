@@ -2,6 +2,7 @@ package sdkturn
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -154,6 +155,8 @@ func TestBootRunsEveryTurnColdThenWarm(t *testing.T) {
 	drops := 0
 	b := Boot{Binary: bin, HomeDir: dir, APIURL: "http://127.0.0.1:1", Timeout: 20 * time.Second,
 		DropCaches: func() error { drops++; return nil }}
+	var bounds []string
+	b.OnTurn = func(turn Turn, begin bool) { bounds = append(bounds, fmt.Sprintf("%s %v", turn.ID, begin)) }
 	var got []fsbench.Result
 	b.Run(t.Context(), func(r fsbench.Result) { got = append(got, r) })
 	require.Len(t, got, len(Turns))
@@ -164,6 +167,8 @@ func TestBootRunsEveryTurnColdThenWarm(t *testing.T) {
 		require.GreaterOrEqual(t, r.Values[KeyExit], r.Values[KeyFirstByte], r.Workload)
 	}
 	require.Equal(t, 2, drops, "one drop before each cold turn")
+	require.Equal(t, []string{"print_cold true", "print_cold false", "print_warm true", "print_warm false",
+		"stream_cold true", "stream_cold false", "stream_warm true", "stream_warm false"}, bounds)
 	require.DirExists(t, filepath.Join(dir, "home-print"))
 	require.DirExists(t, filepath.Join(dir, "home-stream"))
 
