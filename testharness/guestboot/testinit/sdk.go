@@ -75,7 +75,13 @@ func sdkBoot(cfg sdkturn.Config) (boot sdkturn.Boot, cleanup func(), err error) 
 		return boot, nil, err
 	}
 	cleanup = func() { env.unmount(); stop() }
-	if err := env.chrootReady(sdkLoader); err != nil {
+	if err := existsInRoot(env.root, sdkLoader); err != nil {
+		cleanup()
+		return boot, nil, fmt.Errorf("the CLI cannot run chrooted in the host's root: %w", err)
+	}
+	// (chrootReady's own check, a stat from outside the root, would not
+	// follow the loader's absolute symlink of a merged-/usr system.)
+	if err := env.chrootReady("/"); err != nil {
 		cleanup()
 		return boot, nil, err
 	}
@@ -102,4 +108,20 @@ func sdkBoot(cfg sdkturn.Config) (boot sdkturn.Boot, cleanup func(), err error) 
 		Binary: filepath.Join(fsbench.GitMountPoint, cfg.Binary), Root: env.root, HomeDir: sdkHomeDir,
 		APIURL: url, DropCaches: dropCaches, Start: timerslack.WithDefault,
 	}, cleanup, nil
+}
+
+// existsInRoot checks that path exists in the tree at root as a process
+// chrooted there sees it: symlinks, absolute ones included, resolve
+// inside root.
+func existsInRoot(root, path string) error {
+	dir, err := unix.Open(root, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(dir)
+	fd, err := unix.Openat2(dir, path, &unix.OpenHow{Flags: unix.O_PATH | unix.O_CLOEXEC, Resolve: unix.RESOLVE_IN_ROOT})
+	if err != nil {
+		return fmt.Errorf("%s in %s: %w", path, root, err)
+	}
+	return unix.Close(fd)
 }
