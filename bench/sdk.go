@@ -285,10 +285,38 @@ func writeSDKMarkdown(b *strings.Builder, r *SDKReport) {
 			fmt.Fprintf(b, "- %s failed: %s\n", s.Label, f)
 		}
 	}
+	writeSDKWork(b, r.Work)
 	for _, n := range r.Notes {
 		fmt.Fprintf(b, "- %s\n", n)
 	}
 	b.WriteString("\n")
+}
+
+// writeSDKWork writes a line per guest system: the medians, over its
+// boots, of what the four turns and their set-up cost this machine (the
+// wall time, the busy CPU time, our VMM's KVM runs and exits).
+func writeSDKWork(b *strings.Builder, work []SDKBootWork) {
+	for _, system := range sdkSystems {
+		var window, busy []time.Duration
+		var runs, io, mmio []int64
+		for _, w := range work {
+			if w.System == system {
+				window, busy = append(window, fromMS(w.WindowMS)), append(busy, fromMS(w.BusyMS))
+				runs, io, mmio = append(runs, int64(w.Runs)), append(io, int64(w.IOExits)), append(mmio, int64(w.MMIOExits))
+			}
+		}
+		if len(window) == 0 {
+			continue
+		}
+		fmt.Fprintf(b, "- %s, a boot's turns and their set-up (median of %d): %s wall, this machine busy %s",
+			sdkSystemLabel(system), len(window), fmtMS(ms(Summarize(window).Median)), fmtMS(ms(Summarize(busy).Median)))
+		if _, r, _ := summarizeInt64(runs); r > 0 {
+			_, i, _ := summarizeInt64(io)
+			_, m, _ := summarizeInt64(mmio)
+			fmt.Fprintf(b, ", %d KVM runs, %d port I/O and %d MMIO exits", r, i, m)
+		}
+		b.WriteString("\n")
+	}
 }
 
 // figures are a target's two medians, for its line.

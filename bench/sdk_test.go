@@ -32,6 +32,11 @@ func sampleSDK() *sdkResults {
 	r := newSDKResults(3)
 	r.version = "2.1.337"
 	r.notes = []string{"a note"}
+	r.work = []SDKBootWork{
+		{System: guestboot.FSOursVirtioFS, Run: 1, WindowMS: 4000, BusyMS: 3000, Runs: 900, IOExits: 100, MMIOExits: 700},
+		{System: guestboot.FSOursVirtioFS, Run: 2, WindowMS: 5000, BusyMS: 3500, Runs: 1100, IOExits: 120, MMIOExits: 800},
+		{System: guestboot.FSQemuVirtiofsd, Run: 1, WindowMS: 8000, BusyMS: 7000},
+	}
 	for run, scale := range []int64{100, 105, 95} {
 		r.add(guestboot.FSOursVirtioFS, run+1, sdkBoot(scale))
 		r.add(guestboot.FSQemuVirtiofsd, run+1, sdkBoot(2*scale))
@@ -127,6 +132,8 @@ func TestSDKMarkdownRowsAndTargetLines(t *testing.T) {
 	assert.Contains(t, out, "- target: claude -p → first byte (cold): our guest ≤ 1.1× native: 1.05×, met (cowork-vmm virtio-fs 1.00 s, native (same machine, no VM) 950.0 ms)")
 	assert.Contains(t, out, "- target: stream-json turn → first byte (warm): our guest below qemu + virtiofsd: 0.50×, met")
 	assert.Contains(t, out, "- a note")
+	assert.Contains(t, out, "- cowork-vmm virtio-fs, a boot's turns and their set-up (median of 2): 4.50 s wall, this machine busy 3.25 s, 1000 KVM runs, 110 port I/O and 750 MMIO exits\n")
+	assert.Contains(t, out, "- qemu microvm vhost-user-fs + virtiofsd, a boot's turns and their set-up (median of 1): 8.00 s wall, this machine busy 7.00 s\n")
 	var back Report
 	require.NoError(t, json.Unmarshal(js.Bytes(), &back))
 	assert.Equal(t, rep.SDK, back.SDK)
