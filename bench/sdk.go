@@ -37,9 +37,10 @@ const (
 	// DefaultSDKMemMiB is the test guest's memory for the turns: the CLI
 	// wants a few hundred MiB besides the guest's page cache of it.
 	DefaultSDKMemMiB = 1024
-	// sdkBootTimeout bounds one boot's four turns; nested, a cold turn
-	// took about 10 s.
-	sdkBootTimeout = 20 * time.Minute
+	// sdkBootTimeout bounds one boot: its four turns, each bounded by
+	// sdkturn.DefaultTimeout, and the boot around them, so that a boot
+	// whose turns all time out still reports why.
+	sdkBootTimeout = 4*sdkturn.DefaultTimeout + 5*time.Minute
 )
 
 // sdkSystemLabel is a system's name for people.

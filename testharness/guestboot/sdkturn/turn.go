@@ -32,7 +32,8 @@ const (
 // fakeapi.AnswerPrefix + Prompt.
 const Prompt = "say hi"
 
-// DefaultTimeout bounds one turn: nested, a cold one took about 10 s.
+// DefaultTimeout bounds one turn: nested, on a loaded machine, a cold one
+// took 51 s natively in the outer guest.
 const DefaultTimeout = 5 * time.Minute
 
 // Args are the CLI's arguments in mode m.
