@@ -135,8 +135,10 @@ func runNested(ctx context.Context, opts bench.Options, cpus int, timeout time.D
 	}
 	defer os.RemoveAll(payload)
 	if timeout <= 0 {
-		// A file-sharing run of the four systems takes minutes nested.
-		timeout = max(10*time.Minute, time.Duration(opts.Runs)*4*time.Minute+time.Duration(opts.FSRuns)*40*time.Minute+time.Duration(opts.SDKRuns)*30*time.Minute)
+		// A file-sharing run of the four systems takes minutes nested; a run
+		// of the SDK turns (two guests and native, four turns each) took
+		// 15 to 20 minutes on a loaded machine.
+		timeout = max(10*time.Minute, time.Duration(opts.Runs)*4*time.Minute+time.Duration(opts.FSRuns)*40*time.Minute+time.Duration(opts.SDKRuns)*45*time.Minute)
 	}
 	cmd := []string{"/payload/cowork-bench", "--direct", "--binary", "/payload/cowork-vmm",
 		"--kernel", "/payload/kernel/vmlinux", "--runs", strconv.Itoa(opts.Runs),
