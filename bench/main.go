@@ -268,7 +268,7 @@ func (b *benchRun) prepareSystems() error {
 	if b.qemu, why = findQemu(b.opts.Qemu, b.kvmState, b.kvmWhy); why != "" {
 		b.note("no qemu peer: " + why)
 	}
-	if b.qemu == "" {
+	if b.qemu == "" || !b.selected(BenchBoot) { // the peers boot for the boot bench only
 		return nil
 	}
 	b.initrd = filepath.Join(b.work, "initramfs.cpio")
