@@ -22,6 +22,16 @@
 // qemu's on the same file; the "blk" section has their MB/s and the ratio
 // ours/qemu (--fs-runs, --fs-sizes; 0 runs leaves both out).
 //
+// Then it times the real Claude Code CLI (sdk.go; package sdkturn): spawn
+// → first stdout byte and spawn → exit of `claude -p` (stdin closed) and
+// of one stream-json turn, cold and warm, in the test guest on our VMM
+// (virtio-fs), on qemu microvm + virtiofsd, and natively on this machine,
+// the same binary from the same directory against a fake API on each
+// system's own loopback; the report's "sdk" section has the medians, our
+// guest over each other system, and issue #42's targets (--sdk-runs,
+// --sdk-dir; skipped with the reason when the CLI is not fetched).
+// --benches picks among the boot, fs and sdk benches.
+//
 // Run is the bench (cowork-bench, its one binary, is its command line:
 // AddFlags, Validate); the report is a Markdown table on the terminal plus
 // report.json and report.svg in the output directory.

@@ -3,6 +3,9 @@ package bench
 import (
 	"flag"
 	"fmt"
+	"slices"
+
+	"github.com/cowork-vmm/cowork-vmm/testharness/sdkcache"
 )
 
 // Usage describes the bench, for cowork-bench's -h.
@@ -14,8 +17,10 @@ the official helper's firmware), runs interleaved; then file sharing
 (sequential and random I/O, a tree walk, git status, python3's start in a
 test guest) over our virtio-fs and virtio-9p and qemu's virtio-9p and
 virtiofsd; then the block device (sequential and random I/O on a raw disk
-image) over our virtio-blk and qemu's. Writes report.md, report.json and
-report.svg to DIR.
+image) over our virtio-blk and qemu's; then the real Claude Code CLI's
+turns (claude -p and a stream-json turn, spawn → first byte and → exit)
+in our guest, in qemu + virtiofsd's and natively. Writes report.md,
+report.json and report.svg to DIR.
 `
 
 // AddFlags registers the bench's flags on fs, each setting a field of o,
@@ -33,6 +38,23 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.IntVar(&o.FSRuns, "fs-runs", DefaultFSRuns, "runs per system of the file-sharing and block-device benchmarks (0: none)")
 	fs.StringVar(&o.FSSizes, "fs-sizes", "full", `file-sharing and block-device benchmark sizes: "full" (64 MiB, 2000 random reads, 10 000 files) or "ci"`)
 	fs.StringVar(&o.FSInitrd, "fs-initrd", "", "the file-sharing test guest's initramfs (default: built with the go tool, from the source tree)")
+	fs.IntVar(&o.SDKRuns, "sdk-runs", DefaultSDKRuns, "boots per system of the real Claude Code CLI's turns (0: none)")
+	fs.StringVar(&o.SDKDir, "sdk-dir", "", "directory holding VERSION/claude, the pinned CLI (default: $"+sdkcache.DirEnv+", then the user's cache, where scripts/fetch-sdk.sh puts it)")
+	fs.IntVar(&o.SDKMemMiB, "sdk-mem", DefaultSDKMemMiB, "the test guest's memory in MiB for the CLI's turns")
+	fs.StringVar(&o.Benches, "benches", "", `benches to run, comma-separated: "boot", "fs" (file sharing and block device), "sdk" (default all)`)
+}
+
+// The benches --benches selects.
+const (
+	BenchBoot = "boot"
+	BenchFS   = "fs"
+	BenchSDK  = "sdk"
+)
+
+// selected says whether --benches leaves bench in (all are by default).
+func (b *benchRun) selected(bench string) bool {
+	list := splitList(b.opts.Benches)
+	return len(list) == 0 || slices.Contains(list, bench)
 }
 
 // Validate checks the values AddFlags set: each error names its flag.
@@ -45,6 +67,17 @@ func (o Options) Validate() error {
 	}
 	if _, err := fsSizes(o); err != nil {
 		return err
+	}
+	if o.SDKRuns < 0 || o.SDKRuns > 100 {
+		return fmt.Errorf("--sdk-runs %d: want 0 to 100", o.SDKRuns)
+	}
+	if o.SDKMemMiB != 0 && o.SDKMemMiB < 256 {
+		return fmt.Errorf("--sdk-mem %d: want at least 256 MiB (the CLI alone wants a few hundred)", o.SDKMemMiB)
+	}
+	for _, name := range splitList(o.Benches) {
+		if name != BenchBoot && name != BenchFS && name != BenchSDK {
+			return fmt.Errorf(`--benches: unknown bench %q (want "boot", "fs" or "sdk")`, name)
+		}
 	}
 	if o.MemMiB < 64 {
 		return fmt.Errorf("--mem %d: want at least 64 MiB", o.MemMiB)
@@ -60,4 +93,15 @@ func (o Options) Validate() error {
 		}
 	}
 	return nil
+}
+
+// BootSelected says whether opts run the boot bench (--benches).
+func BootSelected(opts Options) bool {
+	return (&benchRun{opts: opts}).selected(BenchBoot)
+}
+
+// SDKSelected says whether opts run the real CLI's turns (--benches,
+// --sdk-runs).
+func SDKSelected(opts Options) bool {
+	return opts.SDKRuns > 0 && (&benchRun{opts: opts}).selected(BenchSDK)
 }

@@ -44,3 +44,31 @@ func TestRunNeedsABinary(t *testing.T) {
 	_, err = Run(t.Context(), Options{Out: t.TempDir()}, io.Discard)
 	assert.ErrorContains(t, err, "no --binary")
 }
+
+func TestSDKFlags(t *testing.T) {
+	o, err := parseFlags()
+	require.NoError(t, err)
+	assert.Equal(t, DefaultSDKRuns, o.SDKRuns)
+	assert.Equal(t, DefaultSDKMemMiB, o.SDKMemMiB)
+	assert.True(t, BootSelected(o))
+	assert.True(t, SDKSelected(o))
+
+	o, err = parseFlags("--benches", "sdk", "--sdk-runs", "1", "--sdk-dir", "/x")
+	require.NoError(t, err)
+	assert.False(t, BootSelected(o))
+	assert.True(t, SDKSelected(o))
+	assert.Equal(t, "/x", o.SDKDir)
+	o, err = parseFlags("--benches", "boot, fs")
+	require.NoError(t, err)
+	assert.False(t, SDKSelected(o))
+	o, err = parseFlags("--sdk-runs", "0")
+	require.NoError(t, err)
+	assert.False(t, SDKSelected(o))
+
+	_, err = parseFlags("--benches", "sdk,net")
+	assert.ErrorContains(t, err, `unknown bench "net"`)
+	_, err = parseFlags("--sdk-runs", "-1")
+	assert.ErrorContains(t, err, "--sdk-runs -1")
+	_, err = parseFlags("--sdk-mem", "128")
+	assert.ErrorContains(t, err, "--sdk-mem 128")
+}

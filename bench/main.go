@@ -46,6 +46,15 @@ type Options struct {
 	FSRuns   int
 	FSSizes  string
 	FSInitrd string
+	// SDKRuns is the boots per system of the real CLI's turns (0: none,
+	// sdk.go), SDKDir the directory holding VERSION/claude (default:
+	// sdkcache's), SDKMemMiB the test guest's memory for them.
+	SDKRuns   int
+	SDKDir    string
+	SDKMemMiB int
+	// Benches selects the benches to run (comma-separated BenchBoot,
+	// BenchFS, BenchSDK); empty: all.
+	Benches string
 	// InHarness says the bench runs inside the nested test harness
 	// (cowork-bench sets it): the peers its emulator cannot run are left
 	// out unless Peers names them (see qemuPeers).
@@ -155,12 +164,17 @@ func Run(ctx context.Context, opts Options, progress io.Writer) (Report, error) 
 	if err := b.prepareSystems(); err != nil {
 		return Report{}, err
 	}
-	for run := 1; run <= opts.Runs; run++ {
+	for run := 1; run <= opts.Runs && b.selected(BenchBoot); run++ {
 		if err := b.measure(ctx, run); err != nil {
 			return Report{}, err
 		}
 	}
-	if err := b.measureFS(ctx); err != nil {
+	if b.selected(BenchFS) {
+		if err := b.measureFS(ctx); err != nil {
+			return Report{}, err
+		}
+	}
+	if err := b.measureSDK(ctx); err != nil {
 		return Report{}, err
 	}
 	b.show.clear()
@@ -184,6 +198,9 @@ func (o Options) withDefaults() Options {
 	if o.Backend == "" {
 		o.Backend = "auto"
 	}
+	if o.SDKMemMiB <= 0 {
+		o.SDKMemMiB = DefaultSDKMemMiB
+	}
 	return o
 }
 
@@ -205,6 +222,8 @@ type benchRun struct {
 
 	// fs: the file-sharing runs (nil when not run).
 	fs *fsResults
+	// sdk: the real CLI's turns (nil when not run).
+	sdk *sdkResults
 }
 
 // note records a note for the report and shows it.
@@ -249,7 +268,7 @@ func (b *benchRun) prepareSystems() error {
 	if b.qemu, why = findQemu(b.opts.Qemu, b.kvmState, b.kvmWhy); why != "" {
 		b.note("no qemu peer: " + why)
 	}
-	if b.qemu == "" {
+	if b.qemu == "" || !b.selected(BenchBoot) { // the peers boot for the boot bench only
 		return nil
 	}
 	b.initrd = filepath.Join(b.work, "initramfs.cpio")
@@ -365,8 +384,14 @@ func (b *benchRun) writeReport() (Report, error) {
 		meta.BinaryBytes = info.Size()
 	}
 	rep := b.results.Report(meta)
+	if !b.selected(BenchBoot) {
+		rep.Runs, rep.Systems, rep.Ratios, rep.BootTargets = 0, nil, nil, nil
+	}
 	if b.fs != nil {
 		rep.FS, rep.Blk = b.fs.report(guestboot.FSSuiteFS), b.fs.report(guestboot.FSSuiteBlk)
+	}
+	if b.sdk != nil {
+		rep.SDK = b.sdk.report()
 	}
 	if err := writeReports(b.opts.Out, rep); err != nil {
 		return rep, err

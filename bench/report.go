@@ -112,6 +112,8 @@ type Report struct {
 	// one, when they ran.
 	FS  *FSReport `json:"fs,omitempty"`
 	Blk *FSReport `json:"blk,omitempty"`
+	// SDK is the real Claude Code CLI's turns (sdk.go), when they ran.
+	SDK *SDKReport `json:"sdk,omitempty"`
 }
 
 // ioSections are the report's file-sharing and block-device sections
@@ -319,8 +321,10 @@ func WriteMarkdown(w io.Writer, rep Report) error {
 		fmt.Fprintf(&b, "**Warning: measured on a coarse clock (clocksource %s): every time is a multiple of the timer tick (4 ms at HZ=250); differences below a few ticks mean nothing.**\n\n", rep.Host.Clocksource)
 	}
 	fmt.Fprintf(&b, "Host: %s, %d CPUs, KVM %s%s, clocksource %s. Times are median (min–max).\n\n", rep.Host.Kernel, rep.Host.CPUs, rep.Host.KVM, map[bool]string{true: " (nested)", false: ""}[rep.Host.Nested], cmp.Or(rep.Host.Clocksource, "unknown"))
-	writePhases(&b, rep)
-	b.WriteString("\n")
+	if len(rep.Systems) > 0 { // none when --benches left the boot bench out
+		writePhases(&b, rep)
+		b.WriteString("\n")
+	}
 	writeBootTargets(&b, rep.BootTargets)
 	writeSetupSteps(&b, rep)
 	writeMemory(&b, rep)
@@ -330,6 +334,7 @@ func WriteMarkdown(w io.Writer, rep Report) error {
 	for _, s := range rep.ioSections() {
 		writeFSMarkdown(&b, s)
 	}
+	writeSDKMarkdown(&b, rep.SDK)
 	for _, s := range rep.Systems {
 		for _, f := range s.Failures {
 			fmt.Fprintf(&b, "- %s failed a run: %s\n", s.Label, f)

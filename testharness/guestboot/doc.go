@@ -10,7 +10,10 @@
 // runs git status and starts python3 over our virtio-fs and virtio-9p
 // devices and over qemu's virtio-9p and vhost-user-fs with virtiofsd, all
 // sharing the same directory and the same host root (fsrun's TestFSBench;
-// package bench reports the same runs in `make bench`).
+// package bench reports the same runs in `make bench`). In its SDK mode
+// (package sdkturn) testinit runs the real Claude Code CLI, from the
+// shared directory, chrooted in the shared host root, against a fake API
+// on its own loopback (fsrun's Boot boots it; package bench times it).
 //
 // Its tests run inside the nested guest (see testharness/nested's
 // TestNestedBootGuestKernel); elsewhere they skip.

@@ -98,6 +98,9 @@ func runHere(ctx context.Context, opts bench.Options, stdout, stderr io.Writer) 
 		return 1
 	}
 	fmt.Fprintf(stderr, "cowork-bench: results in %s (report.md, report.json, report.svg)\n", opts.Out)
+	if !bench.BootSelected(opts) {
+		return 0
+	}
 	for _, s := range rep.Systems {
 		if !s.Peer && len(s.Phases) == 0 {
 			return 1
@@ -132,21 +135,23 @@ func runNested(ctx context.Context, opts bench.Options, cpus int, timeout time.D
 	}
 	defer os.RemoveAll(payload)
 	if timeout <= 0 {
-		// A file-sharing run of the four systems takes minutes nested.
-		timeout = max(10*time.Minute, time.Duration(opts.Runs)*4*time.Minute+time.Duration(opts.FSRuns)*40*time.Minute)
+		// A file-sharing run of the four systems takes minutes nested; a run
+		// of the SDK turns (two guests and native, four turns each) took
+		// 15 to 20 minutes on a loaded machine.
+		timeout = max(10*time.Minute, time.Duration(opts.Runs)*4*time.Minute+time.Duration(opts.FSRuns)*40*time.Minute+time.Duration(opts.SDKRuns)*45*time.Minute)
 	}
 	cmd := []string{"/payload/cowork-bench", "--direct", "--binary", "/payload/cowork-vmm",
 		"--kernel", "/payload/kernel/vmlinux", "--runs", strconv.Itoa(opts.Runs),
 		"--mem", strconv.Itoa(opts.MemMiB), "--out", "/payload/out",
 		"--fs-runs", strconv.Itoa(opts.FSRuns), "--fs-sizes", opts.FSSizes, "--in-nested-harness"}
-	if opts.FSRuns > 0 {
+	if opts.FSRuns > 0 || opts.SDKRuns > 0 {
 		// The test guest's /init is built here: the outer guest has the go
 		// tool but no build cache, and compiling under the emulator is slow.
 		initrd := opts.FSInitrd
 		if initrd == "" {
 			initrd = filepath.Join(payload, "fs-initrd.cpio.gz")
 			if err := guestboot.BuildInitramfs(ctx, initrd); err != nil {
-				return fmt.Errorf("the file-sharing test guest (give --fs-runs 0 to skip it): %w", err)
+				return fmt.Errorf("the file-sharing and SDK test guest (give --fs-runs 0 --sdk-runs 0 to skip it): %w", err)
 			}
 		} else {
 			files["fs-initrd.cpio.gz"] = initrd
@@ -156,9 +161,15 @@ func runNested(ctx context.Context, opts bench.Options, cpus int, timeout time.D
 	if opts.Peers != "" {
 		cmd = append(cmd, "--peers", opts.Peers)
 	}
+	if opts.Benches != "" {
+		cmd = append(cmd, "--benches", opts.Benches)
+	}
+	outerMiB := max(nested.DefaultMemMiB, 2*opts.MemMiB+512)
+	sdkArgs, shares, sdkMiB := sdkInHarness(opts)
+	cmd = append(cmd, sdkArgs...)
 	res, err := nested.RunThroughFreezes(ctx, nested.Options{
-		PayloadDir: payload, Files: files, Cmd: cmd, CPUs: cpus,
-		MemMiB: max(nested.DefaultMemMiB, 2*opts.MemMiB+512), Timeout: timeout, Stdout: console,
+		PayloadDir: payload, Files: files, Cmd: cmd, CPUs: cpus, Shares: shares,
+		MemMiB: outerMiB + sdkMiB, Timeout: timeout, Stdout: console,
 	}, func(retry, of int, froze error) {
 		fmt.Fprintf(stderr, "cowork-bench: nested harness: %v; running the bench again (%d of %d)\n", strings.SplitN(froze.Error(), "\n", 2)[0], retry, of)
 	})

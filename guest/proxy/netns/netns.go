@@ -52,7 +52,7 @@ func (ns *Namespace) run(ready chan<- error) {
 		ready <- fmt.Errorf("netns: creating a network namespace for the process (unshare CLONE_NEWNET; needs CAP_SYS_ADMIN): %w", err)
 		return
 	}
-	if err := loopbackUp(); err != nil {
+	if err := LoopbackUp(); err != nil {
 		ready <- err
 		return
 	}
@@ -67,8 +67,9 @@ func (ns *Namespace) run(ready chan<- error) {
 	}
 }
 
-// loopbackUp sets IFF_UP on "lo" of the current thread's namespace.
-func loopbackUp() error {
+// LoopbackUp sets IFF_UP on "lo" of the current thread's namespace (the
+// test guest's init brings up its own with it).
+func LoopbackUp() error {
 	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return fmt.Errorf("netns: socket for configuring loopback: %w", err)

@@ -9,7 +9,8 @@
 // on qemu's. TestFSBench (run nested by testharness/nested's
 // TestNestedFSBench) and package bench (`make bench`) both measure through
 // it. It is a package of its own because it boots our VMM (package
-// machine), whose tests use guestboot.
+// machine), whose tests use guestboot. Boot (mode.go) boots the same
+// systems for the test guest's other modes (the SDK turns).
 package fsrun
 
 import (
@@ -311,18 +312,7 @@ func (b *FSBench) Run(ctx context.Context, system string, run int) (FSRun, error
 		}
 	}
 	window := &busyWindow{end: fsbench.EndMarker}
-	var console string
-	var err error
-	switch system {
-	case guestboot.FSOursVirtioFS, guestboot.FSOursNineP, guestboot.FSOursBlk:
-		if prev := runtime.GOMAXPROCS(0); b.GoMaxProcs > prev {
-			runtime.GOMAXPROCS(b.GoMaxProcs)
-			defer runtime.GOMAXPROCS(prev)
-		}
-		console, err = b.runOurs(ctx, system, cfg, window)
-	default:
-		console, err = b.runQemu(ctx, system, cfg, window)
-	}
+	console, err := b.boot(ctx, system, cfg.Cmdline(), window)
 	res := FSRun{System: system, Run: run}
 	res.Window, res.Busy = window.result()
 	res.Exits = window.exits()
@@ -344,6 +334,20 @@ func (b *FSBench) Run(ctx context.Context, system string, run int) (FSRun, error
 	return res, nil
 }
 
+// boot boots the test guest once on system with these kernel command
+// line words and returns its console.
+func (b *FSBench) boot(ctx context.Context, system, cmdline string, window *busyWindow) (string, error) {
+	switch system {
+	case guestboot.FSOursVirtioFS, guestboot.FSOursNineP, guestboot.FSOursBlk:
+		if prev := runtime.GOMAXPROCS(0); b.GoMaxProcs > prev {
+			runtime.GOMAXPROCS(b.GoMaxProcs)
+			defer runtime.GOMAXPROCS(prev)
+		}
+		return b.runOurs(ctx, system, cmdline, window)
+	}
+	return b.runQemu(ctx, system, cmdline, window)
+}
+
 // makeImage creates path afresh as a sparse file of mib MiB.
 func makeImage(path string, mib int) error {
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o644)
@@ -361,8 +365,9 @@ func makeImage(path string, mib int) error {
 }
 
 // runOurs boots the test guest on our VMM with the data and root devices
-// of system, or its disk, and returns its console.
-func (b *FSBench) runOurs(ctx context.Context, system string, cfg fsbench.Config, window *busyWindow) (string, error) {
+// of system, or its disk, and the kernel command line words cmdline, and
+// returns its console.
+func (b *FSBench) runOurs(ctx context.Context, system, cmdline string, window *busyWindow) (string, error) {
 	var devices []virtio.Device
 	if system == guestboot.FSOursBlk {
 		f, err := os.OpenFile(filepath.Join(b.Dir, fsbench.FileName), os.O_RDWR, 0)
@@ -418,7 +423,7 @@ func (b *FSBench) runOurs(ctx context.Context, system string, cfg fsbench.Config
 	}
 	m, err := machine.New(machine.Config{
 		Kernel: b.Kernel, Initrd: b.Initrd, CPUs: 1, MemMiB: b.MemMiB,
-		Console: io.MultiWriter(sinks...), Logger: b.Logger, Cmdline: cfg.Cmdline(),
+		Console: io.MultiWriter(sinks...), Logger: b.Logger, Cmdline: cmdline,
 	})
 	if err != nil {
 		return "", err
@@ -450,10 +455,10 @@ func (b *FSBench) runOurs(ctx context.Context, system string, cfg fsbench.Config
 
 // runQemu boots the test guest on qemu microvm with system's devices and
 // returns its console.
-func (b *FSBench) runQemu(ctx context.Context, system string, cfg fsbench.Config, window *busyWindow) (string, error) {
+func (b *FSBench) runQemu(ctx context.Context, system, cmdline string, window *busyWindow) (string, error) {
 	o := guestboot.QemuOptions{
 		Machine: guestboot.QemuNineMachine, Kernel: b.Kernel, Initrd: b.Initrd, CPUs: 1, MemMiB: b.MemMiB,
-		Append: cfg.Cmdline(), Qemu: b.Qemu,
+		Append: cmdline, Qemu: b.Qemu,
 	}
 	shares := [][2]string{{fsDataTag, b.Dir}}
 	if b.Root != "" {

@@ -16,6 +16,12 @@
 // the shared directory and the host's root, runs each workload, prints a
 // "TESTINIT FS" line for each and "TESTINIT FS END".
 //
+// With guestboot.sdk=PATH it runs the real Claude Code CLI's turns (sdk.go;
+// package sdkturn is the contract): it serves a fake Messages API on its
+// own loopback, mounts the CLI's directory and the host's root, runs the
+// CLI at PATH in the first chrooted in the second, prints a "TESTINIT SDK"
+// line for each turn and "TESTINIT SDK END".
+//
 // Built static (CGO_ENABLED=0) and packed as /init by package guestboot.
 package main
 
@@ -45,6 +51,7 @@ func main() {
 	cmdline := readTrimmed("/proc/cmdline")
 	ticks(cmdline)
 	fsMode(cmdline, os.Stdout)
+	sdkMode(cmdline, os.Stdout)
 	if err := writeBootTimer(); err != nil {
 		fmt.Println("testinit: boot timer:", err)
 	}
