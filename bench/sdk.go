@@ -434,7 +434,7 @@ func (b *benchRun) measureSDK(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("SDK bench: %w", err)
 	}
-	fb := &fsrun.FSBench{Kernel: b.vmlinux, Initrd: initrd, Dir: dir, Root: "/", MemMiB: b.opts.SDKMemMiB,
+	fb := &fsrun.FSBench{Kernel: b.vmlinux, Initrd: initrd, Dir: dir, DataImmutable: true, Root: "/", MemMiB: b.opts.SDKMemMiB,
 		Qemu: b.qemu, NoQemu: b.qemu == "", RunTimeout: sdkBootTimeout}
 	b.sdk.notes = sdkNotes(b.opts.SDKMemMiB)
 	for _, s := range sdkSystems {
@@ -523,7 +523,7 @@ func (b *benchRun) sdkNative(ctx context.Context, binary string, run int) ([]fsb
 // sdkNotes say how the section was measured.
 func sdkNotes(memMiB int) []string {
 	return []string{
-		"every system runs one copy of the CLI, in one directory of this machine: our VMM shares it over virtio-fs uncached (the helper's session mounts, through which it shares the SDK today) and the host's root cached (the CLI's C library; the CLI runs chrooted in it), qemu's virtiofsd with cache=auto and cache=always; natively the CLI runs from that directory",
+		"every system runs one copy of the CLI, in one directory of this machine: our VMM shares it read-only over its cached virtio-fs device, as the helper shares the installed SDK and the host's root cached (the CLI's C library; the CLI runs chrooted in it), qemu's virtiofsd with cache=auto and cache=always; natively the CLI runs from that directory",
 		"the fake Messages API runs on each system's own loopback (in a guest, served by its init): the turns time starting and running the CLI, its binary read through the file share, not the egress path",
 		"cold: the guest's page cache dropped and a fresh HOME; warm: the next run, same HOME. Natively, cold is only a fresh HOME: the CLI's file stays in this machine's page cache, as it does for the file servers",
 		fmt.Sprintf("test guest: 1 vCPU, %d MiB", memMiB),

@@ -65,8 +65,12 @@ type FSBench struct {
 	Dir string
 	// Root is shared read-only for the git and python workloads (the
 	// host's root, "/"); empty: they are left out.
-	Root  string
-	Sizes guestboot.FSSizes
+	Root string
+	// DataImmutable shares Dir on our VMM as the helper shares the SDK:
+	// read-only, through the cached device (its pages stay in the guest
+	// across opens), instead of as a session mount (uncached, writable).
+	DataImmutable bool
+	Sizes         guestboot.FSSizes
 	// Workloads to run (default every one); Prepare leaves out those that
 	// cannot run here.
 	Workloads []string
@@ -389,7 +393,7 @@ func (b *FSBench) runOurs(ctx context.Context, system, cmdline string, window *b
 	}
 	var shares []share
 	if !guestboot.IsBlk(system) {
-		shares = append(shares, share{fsDataExport, b.Dir, false, fsDataTag, false})
+		shares = append(shares, share{fsDataExport, b.Dir, b.DataImmutable, fsDataTag, b.DataImmutable})
 		if b.Root != "" {
 			shares = append(shares, share{fsRootExport, b.Root, true, fsRootTag, true})
 		}
