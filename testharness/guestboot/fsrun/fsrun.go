@@ -91,6 +91,21 @@ type FSBench struct {
 	RunTimeout time.Duration
 	// Console, when set, also receives every guest's serial console.
 	Console io.Writer
+	// OnMark, when set, is told each time the guest marks the beginning
+	// or the end of a metric's timed work (fsbench.MarkLine), with the
+	// pids of the host processes that serve the guest: this one for our
+	// VMM (it runs in-process), qemu's and virtiofsd's. It is called from
+	// the console's writer, so the guest's next console byte waits for it
+	// (on our VMM; qemu's console is a pipe).
+	OnMark func(m Mark)
+}
+
+// Mark is the guest's mark of the beginning or the end of a metric's timed
+// work on System, and the pids of the processes that serve the guest.
+type Mark struct {
+	System, Metric string
+	Begin          bool
+	PIDs           []int
 }
 
 // FSRun is one boot's results.
@@ -416,6 +431,11 @@ func (b *FSBench) runOurs(ctx context.Context, system string, cfg fsbench.Config
 	if b.Console != nil {
 		sinks = append(sinks, b.Console)
 	}
+	if b.OnMark != nil {
+		marks := &markSink{system: system, onMark: b.OnMark}
+		marks.setPIDs(os.Getpid())
+		sinks = append(sinks, marks)
+	}
 	m, err := machine.New(machine.Config{
 		Kernel: b.Kernel, Initrd: b.Initrd, CPUs: 1, MemMiB: b.MemMiB,
 		Console: io.MultiWriter(sinks...), Logger: b.Logger, Cmdline: cfg.Cmdline(),
@@ -507,6 +527,17 @@ func (b *FSBench) runQemu(ctx context.Context, system string, cfg fsbench.Config
 	sinks := []io.Writer{console, window}
 	if b.Console != nil {
 		sinks = append(sinks, b.Console)
+	}
+	if b.OnMark != nil {
+		marks := &markSink{system: system, onMark: b.OnMark}
+		o.OnStart = func(pid int) {
+			pids := []int{pid}
+			for _, d := range daemons {
+				pids = append(pids, d.cmd.Process.Pid)
+			}
+			marks.setPIDs(pids...)
+		}
+		sinks = append(sinks, marks)
 	}
 	o.Console = io.MultiWriter(sinks...)
 	_, err := guestboot.QemuMicrovmWith(ctx, o)
@@ -602,6 +633,42 @@ func (d *virtiofsd) stop() {
 	}
 	_ = d.cmd.Process.Kill()
 	<-d.done
+}
+
+// markSink is a console sink that calls onMark for each of the guest's
+// mark lines.
+type markSink struct {
+	system string
+	onMark func(Mark)
+
+	mu   sync.Mutex
+	line []byte
+	pids []int
+}
+
+func (s *markSink) setPIDs(pids ...int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.pids = pids
+}
+
+func (s *markSink) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, c := range p {
+		if c != '\n' {
+			if len(s.line) < 4096 {
+				s.line = append(s.line, c)
+			}
+			continue
+		}
+		metric, begin, ok := fsbench.ParseMark(string(s.line))
+		s.line = s.line[:0]
+		if ok && len(s.pids) > 0 {
+			s.onMark(Mark{System: s.system, Metric: metric, Begin: begin, PIDs: slices.Clone(s.pids)})
+		}
+	}
+	return len(p), nil
 }
 
 // busyWindow is a console sink that notes the wall time and this

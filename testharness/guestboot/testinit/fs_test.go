@@ -23,7 +23,7 @@ func noDropCaches(t *testing.T) {
 func TestSeqAndRandWorkloads(t *testing.T) {
 	noDropCaches(t)
 	path := filepath.Join(t.TempDir(), fsbench.FileName)
-	v, err := seqWorkload(path, 3)
+	v, err := seqWorkload(path, 3, nil)
 	require.NoError(t, err)
 	require.Equal(t, int64(3*fsbench.BlockSize), v["bytes"])
 	require.Positive(t, v["write_ns"])
@@ -38,7 +38,7 @@ func TestSeqAndRandWorkloads(t *testing.T) {
 	fsbench.StampBlock(want, 2)
 	require.Equal(t, want, data[2*fsbench.BlockSize:], "the last block is stamped with its number")
 
-	v, err = randWorkload(path, 3, 50)
+	v, err = randWorkload(path, 3, 50, nil)
 	require.NoError(t, err)
 	require.Equal(t, int64(50), v["reads"])
 	require.Positive(t, v["ns"])
@@ -47,13 +47,13 @@ func TestSeqAndRandWorkloads(t *testing.T) {
 		data[i] ^= 0x55
 	}
 	require.NoError(t, os.WriteFile(path, data, 0o644))
-	_, err = randWorkload(path, 3, 50)
+	_, err = randWorkload(path, 3, 50, nil)
 	require.ErrorContains(t, err, "differs")
 }
 
 func TestSeqWorkloadFailsWhereItCannotWrite(t *testing.T) {
 	noDropCaches(t)
-	_, err := seqWorkload(filepath.Join(t.TempDir(), "missing", fsbench.FileName), 1)
+	_, err := seqWorkload(filepath.Join(t.TempDir(), "missing", fsbench.FileName), 1, nil)
 	require.Error(t, err)
 }
 
@@ -68,13 +68,13 @@ func TestWalkWorkload(t *testing.T) {
 		}
 	}
 	require.NoError(t, os.MkdirAll(filepath.Join(tree, ".git", "objects"), 0o755), "not walked")
-	v, err := walkWorkload(tree, 3, 4)
+	v, err := walkWorkload(tree, 3, 4, nil)
 	require.NoError(t, err)
 	require.Equal(t, int64(12), v["files"])
 	require.Positive(t, v["cold_ns"])
 	require.Positive(t, v["warm_ns"])
 
-	_, err = walkWorkload(tree, 3, 5)
+	_, err = walkWorkload(tree, 3, 5, nil)
 	require.ErrorContains(t, err, "holds 3 directories and 12 files")
 }
 
