@@ -268,7 +268,12 @@ func fsSizes(opts Options) (guestboot.FSSizes, error) {
 	case "ci":
 		s = guestboot.FSSizesCI
 	default:
-		return s, fmt.Errorf(`--fs-sizes %q: want "full" or "ci"`, opts.FSSizes)
+		// Sizes of one's own: "mib=32,rand=1000,tree=20x50" (the rest
+		// from the ci sizes; --fs-runs gives the runs).
+		var err error
+		if s, err = guestboot.ParseFSSizes(opts.FSSizes); err != nil || strings.Contains(opts.FSSizes, "runs=") {
+			return s, fmt.Errorf(`--fs-sizes %q: want "full", "ci" or mib=N,rand=N,tree=DIRSxFILES (any of them; --fs-runs gives the runs)`, opts.FSSizes)
+		}
 	}
 	s.Runs = opts.FSRuns
 	return s, nil
@@ -305,6 +310,11 @@ func (b *benchRun) measureFS(ctx context.Context) error {
 	}
 	b.fs = newFSResults(sizes)
 	fb := &fsrun.FSBench{Kernel: b.vmlinux, Initrd: initrd, Dir: dir, Root: "/", Sizes: sizes, MemMiB: b.opts.MemMiB, Qemu: b.qemu, NoQemu: b.qemu == ""}
+	var work *fsWork
+	if b.meter != nil {
+		work = newFSWork(*b.meter)
+		fb.OnMark = work.onMark
+	}
 	b.show.status("file sharing: making the tree of %d files", sizes.Dirs*sizes.FilesPerDir)
 	notes, err := fb.Prepare(ctx)
 	if err != nil {
@@ -329,6 +339,11 @@ func (b *benchRun) measureFS(ctx context.Context) error {
 			b.show.status("run %d/%d guest I/O, %s: workloads", run, sizes.Runs, system)
 			start := time.Now()
 			res, err := fb.Run(ctx, system, run)
+			if work != nil {
+				if took := work.take(); err == nil {
+					b.addFSWork(system, took, res.Results)
+				}
+			}
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}

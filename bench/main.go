@@ -144,7 +144,7 @@ func Run(ctx context.Context, opts Options, progress io.Writer) (Report, error) 
 	}
 	defer os.RemoveAll(work)
 
-	b := &benchRun{opts: opts, work: work, binary: binary, show: newProgress(progress), results: NewResults()}
+	b := &benchRun{opts: opts, work: work, binary: binary, show: newProgress(progress), results: NewResults(), accounts: NewWorkResults()}
 	defer b.show.clear()
 	b.kvmState, b.kvmWhy = hostKVM()
 	b.chooseBackend()
@@ -155,6 +155,7 @@ func Run(ctx context.Context, opts Options, progress io.Writer) (Report, error) 
 	if err := b.prepareSystems(); err != nil {
 		return Report{}, err
 	}
+	b.prepareWork()
 	for run := 1; run <= opts.Runs; run++ {
 		if err := b.measure(ctx, run); err != nil {
 			return Report{}, err
@@ -205,6 +206,10 @@ type benchRun struct {
 
 	// fs: the file-sharing runs (nil when not run).
 	fs *fsResults
+	// meter samples the VMMs' work (nil: not measured, on the process
+	// backend); accounts is what it measured.
+	meter    *WorkMeter
+	accounts *WorkResults
 }
 
 // note records a note for the report and shows it.
@@ -306,6 +311,7 @@ func (b *benchRun) measureOurs(ctx context.Context, run int, system string) {
 		Dir:      filepath.Join(b.work, fmt.Sprintf("%s-%d", system, run)),
 		DataDir:  filepath.Join(b.work, system+"-data"),
 		Progress: func(step string) { b.status(run, system, step) },
+		Meter:    b.meter,
 	}
 	if b.backend == "kvm" {
 		h.Kernel = b.vmlinux
@@ -326,6 +332,7 @@ func (b *benchRun) measureOurs(ctx context.Context, run int, system string) {
 		b.results.AddSetupSteps(system, parseSetupSteps(steps))
 	}
 	b.results.AddRun(system, res.Phases, res.Memory)
+	b.addBootWork(system, res.Work)
 	if err != nil {
 		b.results.AddFailure(system, firstLine(err.Error()))
 		b.show.line("run %d %s failed: %v", run, system, err)
@@ -344,9 +351,10 @@ func (b *benchRun) measurePeer(ctx context.Context, run int, p qemuPeer) error {
 	args, err := p.args(dir)
 	if err == nil {
 		var res runResult
-		res, err = qemuBoot{Qemu: b.qemu, Args: args, Initrd: b.initrd, MemMiB: b.opts.MemMiB, Dir: dir, Timeout: b.opts.Timeout}.run(ctx)
+		res, err = qemuBoot{Qemu: b.qemu, Args: args, Initrd: b.initrd, MemMiB: b.opts.MemMiB, Dir: dir, Timeout: b.opts.Timeout, Meter: b.meter}.run(ctx)
 		if err == nil {
 			b.results.AddRun(p.ID, res.Phases, res.Memory)
+			b.addBootWork(p.ID, res.Work)
 			return nil
 		}
 	}
@@ -368,6 +376,7 @@ func (b *benchRun) writeReport() (Report, error) {
 	if b.fs != nil {
 		rep.FS, rep.Blk = b.fs.report(guestboot.FSSuiteFS), b.fs.report(guestboot.FSSuiteBlk)
 	}
+	rep.Work = b.accounts.Report()
 	if err := writeReports(b.opts.Out, rep); err != nil {
 		return rep, err
 	}
