@@ -339,31 +339,39 @@ func (b *benchRun) measureFS(ctx context.Context) error {
 			b.show.status("run %d/%d guest I/O, %s: workloads", run, sizes.Runs, system)
 			start := time.Now()
 			res, err := fb.Run(ctx, system, run)
-			if work != nil {
-				if took := work.take(); err == nil {
-					b.addFSWork(system, took, res.Results)
-				}
-			}
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
-			switch {
-			case err != nil && fsrun.IsUnavailable(err):
-				b.fs.skipped[system] = firstLine(err.Error())
-				continue
-			case err != nil:
-				b.fs.failures[system] = append(b.fs.failures[system], fmt.Sprintf("run %d: %s", run, firstLine(err.Error())))
-				b.show.line("run %d guest I/O %s failed: %v", run, system, err)
-				continue
+			b.recordFSRun(system, run, res, err, work)
+			if err == nil {
+				b.show.line("run %d guest I/O %s: %v", run, system, time.Since(start).Round(time.Second))
 			}
-			for _, f := range res.Figures() {
-				b.fs.figures = append(b.fs.figures, f)
-				if f.Result.Err != "" {
-					b.fs.failures[system] = append(b.fs.failures[system], fmt.Sprintf("run %d, %s: %s", run, f.Result.Workload, f.Result.Err))
-				}
-			}
-			b.show.line("run %d guest I/O %s: %v", run, system, time.Since(start).Round(time.Second))
 		}
 	}
 	return nil
+}
+
+// recordFSRun records one run of system: its figures and its work, those
+// of the workloads it finished when it failed (a guest that did not end in
+// time), with the failure.
+func (b *benchRun) recordFSRun(system string, run int, res fsrun.FSRun, err error, work *fsWork) {
+	var took map[string]Work
+	if work != nil {
+		took = work.take()
+	}
+	switch {
+	case err != nil && fsrun.IsUnavailable(err):
+		b.fs.skipped[system] = firstLine(err.Error())
+		return
+	case err != nil:
+		b.fs.failures[system] = append(b.fs.failures[system], fmt.Sprintf("run %d: %s", run, firstLine(err.Error())))
+		b.show.line("run %d guest I/O %s failed: %v", run, system, err)
+	}
+	for _, f := range res.Figures() {
+		b.fs.figures = append(b.fs.figures, f)
+		if f.Result.Err != "" {
+			b.fs.failures[system] = append(b.fs.failures[system], fmt.Sprintf("run %d, %s: %s", run, f.Result.Workload, f.Result.Err))
+		}
+	}
+	b.addFSWork(system, took, res.Results)
 }

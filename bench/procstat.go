@@ -3,6 +3,7 @@ package bench
 import (
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -17,10 +18,24 @@ type ProcStat struct {
 	// UTime and STime are the process's own user and system time (every
 	// thread's); CUTime and CSTime its reaped children's.
 	UTime, STime, CUTime, CSTime time.Duration
+	// GuestTime and CGuestTime are the part of UTime and CUTime a vCPU
+	// spent running a guest (fields 43 and 44; 0 on kernels without
+	// them).
+	GuestTime, CGuestTime time.Duration
 }
 
 // CPU is the process's CPU time, its reaped children's included.
 func (s ProcStat) CPU() time.Duration { return s.UTime + s.STime + s.CUTime + s.CSTime }
+
+// Guest is the part of CPU spent running a guest.
+func (s ProcStat) Guest() time.Duration { return s.GuestTime + s.CGuestTime }
+
+// tick is the duration of a clock tick, and maxTicks bounds a CPU time in
+// ticks: four of them (CPU's sum) fit a time.Duration (73 years each).
+const (
+	tick     = time.Second / clockTicks
+	maxTicks = math.MaxInt64 / 4 / int64(tick)
+)
 
 // maxProcStat bounds /proc/PID/stat (a few hundred bytes; comm is at most
 // 16 bytes, but a hostile process's name is no reason to read without
@@ -47,7 +62,7 @@ func ParseProcStat(text []byte) (ProcStat, error) {
 	}
 	num := func(field int) (int64, error) {
 		v, err := strconv.ParseInt(rest[field-3], 10, 64)
-		if err != nil || v < 0 {
+		if err != nil || v < 0 || v > maxTicks {
 			return 0, fmt.Errorf("/proc stat of %d: field %d is %q, want a count", pid, field, rest[field-3])
 		}
 		return v, nil
@@ -63,7 +78,16 @@ func ParseProcStat(text []byte) (ProcStat, error) {
 		if err != nil {
 			return ProcStat{}, err
 		}
-		*dst = time.Duration(ticks) * time.Second / clockTicks
+		*dst = time.Duration(ticks) * tick
+	}
+	if len(rest) >= 44-2 {
+		for i, dst := range []*time.Duration{&st.GuestTime, &st.CGuestTime} {
+			ticks, err := num(43 + i)
+			if err != nil {
+				return ProcStat{}, err
+			}
+			*dst = time.Duration(ticks) * tick
+		}
 	}
 	return st, nil
 }
@@ -84,23 +108,23 @@ func readProcStat(proc string, pid int) (ProcStat, error) {
 	return ParseProcStat(b)
 }
 
-// cpu is the CPU time of pids and of their live descendants (found by
+// cpu is the CPU time (and its guest part) of pids and of their live
+// descendants (found by
 // their parent pids: /proc/PID/task/*/children needs CONFIG_PROC_CHILDREN);
 // a reaped child's time is in its parent's cutime and cstime. A process
 // that no longer exists counts nothing.
-func (m WorkMeter) cpu(pids []int) (time.Duration, error) {
+func (m WorkMeter) cpu(pids []int) (total, guest time.Duration, err error) {
 	if len(pids) == 0 {
-		return 0, nil
+		return 0, 0, nil
 	}
 	all, err := m.processes()
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	children := map[int][]int{}
 	for _, st := range all {
 		children[st.PPID] = append(children[st.PPID], st.PID)
 	}
-	var total time.Duration
 	seen := map[int]bool{}
 	pending := append([]int(nil), pids...)
 	for len(pending) > 0 {
@@ -112,10 +136,11 @@ func (m WorkMeter) cpu(pids []int) (time.Duration, error) {
 		seen[pid] = true
 		if st, ok := all[pid]; ok {
 			total += st.CPU()
+			guest += st.Guest()
 		}
 		pending = append(pending, children[pid]...)
 	}
-	return total, nil
+	return total, guest, nil
 }
 
 // processes reads the stat of every process in proc. A process that ends

@@ -97,8 +97,12 @@ type WorkTargetReport struct {
 	Why      string `json:"why,omitempty"`
 }
 
-// figureCPU is WorkTargetReport.Figure for the VMM's CPU time.
-const figureCPU = "cpu_ms"
+// Figures of WorkTargetReport for the VMM's CPU time: all of it (user +
+// system), and without the part its vCPUs ran the guest.
+const (
+	figureCPU    = "cpu_ms"
+	figureVMMCPU = "vmm_cpu_ms"
+)
 
 // workTargets are issue #42's targets on the work per operation.
 var workTargets = []WorkTargetReport{
@@ -107,6 +111,10 @@ var workTargets = []WorkTargetReport{
 	{Label: "I/O-driven exits (io+mmio) per boot to /init ≤ 0.5× qemu microvm's", Op: WorkBoot, Figure: IOExitsKey,
 		System: SystemOurs, Versus: SystemQemuMicro, MaxRatio: 0.5},
 	{Label: "VMM CPU-ms per MiB read ≤ qemu + virtiofsd's (both processes)", Op: "seq_read", Figure: figureCPU,
+		System: "ours-virtiofs", Versus: "qemu-virtiofsd", MaxRatio: 1},
+	// The same without the time the vCPU threads ran the guest (which
+	// both count as user time): the VMMs' own work.
+	{Label: "VMM CPU-ms per MiB read, less the guest's own, ≤ qemu + virtiofsd's", Op: "seq_read", Figure: figureVMMCPU,
 		System: "ours-virtiofs", Versus: "qemu-virtiofsd", MaxRatio: 1},
 }
 
@@ -121,10 +129,11 @@ func workTargetReports(systems []WorkSystemReport) []WorkTargetReport {
 			return 0, system + " did not run"
 		case o == nil:
 			return 0, system + " has no " + op
-		case fig == figureCPU && o.CPUNotMeasured != "":
+		case (fig == figureCPU || fig == figureVMMCPU) && o.CPUNotMeasured != "":
 			return 0, system + "'s CPU time " + notMeasured(o.CPUNotMeasured)
-		case fig == figureCPU:
-			return o.CPUMSPerOp, ""
+		case fig == figureCPU || fig == figureVMMCPU:
+			v, _ := o.cpuOf(fig)
+			return v, ""
 		}
 		if v, ok := o.exits(fig); ok {
 			return v, ""
@@ -157,7 +166,7 @@ func writeWorkTargets(b *strings.Builder, targets []WorkTargetReport) {
 			continue
 		}
 		unit := "exits"
-		if t.Figure == figureCPU {
+		if t.Figure == figureCPU || t.Figure == figureVMMCPU {
 			unit = "CPU-ms"
 		}
 		fmt.Fprintf(b, "- target: %s: %s %s %s vs %s %s per %s: %s\n", t.Label, t.System, fmtCount(t.Ours), unit,

@@ -105,10 +105,12 @@ type WorkSample struct {
 	VMs      int
 	ExitsErr string
 	// CPU is the processes' user + system time, their live descendants'
-	// and their reaped children's (cutime, cstime). CPUErr says why it is
-	// not measured.
-	CPU    time.Duration
-	CPUErr string
+	// and their reaped children's (cutime, cstime). GuestCPU is the part
+	// of it their vCPU threads spent running the guest (guest_time: Linux
+	// counts it as user time too). CPUErr says why they are not measured.
+	CPU      time.Duration
+	GuestCPU time.Duration
+	CPUErr   string
 }
 
 // Work is what a set of processes did between two samples.
@@ -119,6 +121,7 @@ type Work struct {
 	Exits    map[string]int64
 	ExitsErr string
 	CPU      time.Duration
+	GuestCPU time.Duration // the part of CPU spent running the guest
 	CPUErr   string
 }
 
@@ -131,12 +134,16 @@ func (m WorkMeter) debugfs() string { return cmp.Or(m.Debugfs, DebugfsRoot) }
 func (m WorkMeter) Sample(pids ...int) WorkSample {
 	s := WorkSample{At: time.Now()}
 	s.Exits, s.VMs, s.ExitsErr = m.exits(pids)
-	cpu, err := m.cpu(pids)
+	s.readCPU(m, pids)
+	return s
+}
+
+func (s *WorkSample) readCPU(m WorkMeter, pids []int) {
+	cpu, guest, err := m.cpu(pids)
 	if err != nil {
 		s.CPUErr = err.Error()
 	}
-	s.CPU = cpu
-	return s
+	s.CPU, s.GuestCPU = cpu, guest
 }
 
 // SampleCPUFirst is Sample reading the CPU times before the exits: the
@@ -144,11 +151,7 @@ func (m WorkMeter) Sample(pids ...int) WorkSample {
 // window's start reads the CPU times last, with Sample).
 func (m WorkMeter) SampleCPUFirst(pids ...int) WorkSample {
 	s := WorkSample{At: time.Now()}
-	cpu, err := m.cpu(pids)
-	if err != nil {
-		s.CPUErr = err.Error()
-	}
-	s.CPU = cpu
+	s.readCPU(m, pids)
 	s.Exits, s.VMs, s.ExitsErr = m.exits(pids)
 	return s
 }
@@ -157,13 +160,16 @@ func (m WorkMeter) SampleCPUFirst(pids ...int) WorkSample {
 // either sample lacks them, when s found no VM, or when a counter went
 // backwards (a VM ended between the two).
 func (s WorkSample) Sub(earlier WorkSample) Work {
-	w := Work{Wall: s.At.Sub(earlier.At), CPU: s.CPU - earlier.CPU, CPUErr: cmp.Or(s.CPUErr, earlier.CPUErr)}
-	if w.CPUErr == "" && w.CPU < 0 {
-		w.CPU, w.CPUErr = 0, "the processes' CPU time went backwards (a process ended in the window)"
+	w := Work{Wall: s.At.Sub(earlier.At), CPU: s.CPU - earlier.CPU, GuestCPU: s.GuestCPU - earlier.GuestCPU, CPUErr: cmp.Or(s.CPUErr, earlier.CPUErr)}
+	if w.CPUErr == "" && (w.CPU < 0 || w.GuestCPU < 0) {
+		w.CPUErr = "the processes' CPU time went backwards (a process ended in the window)"
 	}
 	if w.CPUErr != "" {
-		w.CPU = 0
+		w.CPU, w.GuestCPU = 0, 0
 	}
+	// Both are read in ticks, a moment apart: the guest's part is at most
+	// the whole.
+	w.GuestCPU = min(w.GuestCPU, w.CPU)
 	w.ExitsErr = cmp.Or(s.ExitsErr, earlier.ExitsErr)
 	if w.ExitsErr == "" && s.VMs == 0 {
 		w.ExitsErr = "no KVM VM of the process in debugfs"
@@ -205,8 +211,13 @@ func (m WorkMeter) exits(pids []int) (map[string]uint64, int, string) {
 	}
 	sum := map[string]uint64{}
 	vms := 0
+	seen := map[string]bool{}
 	for _, pid := range pids {
 		for _, vm := range m.vmDirs(pid, names) {
+			if seen[vm] {
+				continue
+			}
+			seen[vm] = true
 			counters, err := ReadKVMCounters(filepath.Join(dir, vm))
 			if err != nil {
 				if errors.Is(err, os.ErrNotExist) {
@@ -350,7 +361,7 @@ func (w Work) String() string {
 	if w.CPUErr != "" {
 		fmt.Fprintf(&b, "CPU %s", notMeasured(w.CPUErr))
 	} else {
-		fmt.Fprintf(&b, "CPU %v", w.CPU)
+		fmt.Fprintf(&b, "CPU %v (guest %v)", w.CPU, w.GuestCPU)
 	}
 	if w.Exits == nil {
 		fmt.Fprintf(&b, ", exits %s", notMeasured(w.ExitsErr))

@@ -133,21 +133,30 @@ type WorkOpReport struct {
 	// ExitsNotMeasured saying why, when no run measured them.
 	ExitsPerOp       map[string]float64 `json:"exits_per_op,omitempty"`
 	ExitsNotMeasured string             `json:"exits_not_measured,omitempty"`
-	CPUMSPerOp       float64            `json:"cpu_ms_per_op"`
-	CPUNotMeasured   string             `json:"cpu_not_measured,omitempty"`
-	WallMSPerOp      float64            `json:"wall_ms_per_op"`
+	// CPUMSPerOp is the VMM's processes' user + system time,
+	// GuestCPUMSPerOp the part of it their vCPUs ran the guest, and
+	// VMMCPUMSPerOp the rest: the VMM's own work.
+	CPUMSPerOp      float64 `json:"cpu_ms_per_op"`
+	GuestCPUMSPerOp float64 `json:"guest_cpu_ms_per_op"`
+	VMMCPUMSPerOp   float64 `json:"vmm_cpu_ms_per_op"`
+	CPUNotMeasured  string  `json:"cpu_not_measured,omitempty"`
+	WallMSPerOp     float64 `json:"wall_ms_per_op"`
+	// Net says the work of the system's empty window (its marks' own
+	// cost, fsbench.MarkEmpty) was taken off every run before dividing.
+	Net bool `json:"net_of_marks,omitempty"`
 	// Samples are the runs' per-op figures.
 	Samples []WorkSampleReport `json:"samples"`
 }
 
 // WorkSampleReport is one run's work per op.
 type WorkSampleReport struct {
-	Units      float64            `json:"units"`
-	ExitsPerOp map[string]float64 `json:"exits_per_op,omitempty"`
-	ExitsErr   string             `json:"exits_err,omitempty"`
-	CPUMSPerOp float64            `json:"cpu_ms_per_op"`
-	CPUErr     string             `json:"cpu_err,omitempty"`
-	WallMS     float64            `json:"wall_ms"`
+	Units           float64            `json:"units"`
+	ExitsPerOp      map[string]float64 `json:"exits_per_op,omitempty"`
+	ExitsErr        string             `json:"exits_err,omitempty"`
+	CPUMSPerOp      float64            `json:"cpu_ms_per_op"`
+	GuestCPUMSPerOp float64            `json:"guest_cpu_ms_per_op"`
+	CPUErr          string             `json:"cpu_err,omitempty"`
+	WallMS          float64            `json:"wall_ms"`
 }
 
 // WorkRatioReport is ours over a peer for one operation (below 1: ours
@@ -159,19 +168,29 @@ type WorkRatioReport struct {
 	Exits   float64 `json:"exits,omitempty"`
 	IOExits float64 `json:"io_exits,omitempty"`
 	CPU     float64 `json:"cpu,omitempty"`
+	VMMCPU  float64 `json:"vmm_cpu,omitempty"`
 }
 
-// perOp is one run's work divided by its units.
-func (w WorkRun) perOp() WorkSampleReport {
+// perOp is one run's work, less base (nil: nothing), divided by its
+// units; a count below base's is 0.
+func (w WorkRun) perOp(base *Work) WorkSampleReport {
 	s := WorkSampleReport{Units: w.Units, ExitsErr: w.Work.ExitsErr, CPUErr: w.Work.CPUErr, WallMS: ms(w.Work.Wall)}
+	var b Work
+	if base != nil {
+		b = *base
+	}
 	if w.Work.Exits != nil {
 		s.ExitsPerOp = make(map[string]float64, len(w.Work.Exits))
 		for k, v := range w.Work.Exits {
-			s.ExitsPerOp[k] = roundSig(float64(v) / w.Units)
+			s.ExitsPerOp[k] = roundSig(float64(max(0, v-b.Exits[k])) / w.Units)
 		}
 	}
 	if w.Work.CPUErr == "" {
-		s.CPUMSPerOp = roundSig(float64(w.Work.CPU) / float64(time.Millisecond) / w.Units)
+		perOp := func(d time.Duration) float64 {
+			return roundSig(float64(max(0, d)) / float64(time.Millisecond) / w.Units)
+		}
+		s.CPUMSPerOp = perOp(w.Work.CPU - b.CPU)
+		s.GuestCPUMSPerOp = min(s.CPUMSPerOp, perOp(w.Work.GuestCPU-b.GuestCPU))
 	}
 	return s
 }
@@ -200,19 +219,20 @@ func medianFloat(v []float64) float64 {
 	return (s[n/2-1] + s[n/2]) / 2
 }
 
-// opReport summarises one system's runs of op.
-func opReport(op string, runs []WorkRun) WorkOpReport {
+// opReport summarises one system's runs of op, each less base (nil:
+// nothing).
+func opReport(op string, runs []WorkRun, base *Work) WorkOpReport {
 	info := workOp(op)
-	r := WorkOpReport{ID: op, Label: info.Label, Unit: info.Unit, Runs: len(runs)}
-	var units, cpu, wall []float64
+	r := WorkOpReport{ID: op, Label: info.Label, Unit: info.Unit, Runs: len(runs), Net: base != nil}
+	var units, cpu, guest, vmm, wall []float64
 	exits := map[string][]float64{}
 	for _, run := range runs {
-		s := run.perOp()
+		s := run.perOp(base)
 		r.Samples = append(r.Samples, s)
 		units = append(units, s.Units)
 		wall = append(wall, s.WallMS/s.Units)
 		if s.CPUErr == "" {
-			cpu = append(cpu, s.CPUMSPerOp)
+			cpu, guest, vmm = append(cpu, s.CPUMSPerOp), append(guest, s.GuestCPUMSPerOp), append(vmm, s.CPUMSPerOp-s.GuestCPUMSPerOp)
 		} else {
 			r.CPUNotMeasured = s.CPUErr
 		}
@@ -227,6 +247,7 @@ func opReport(op string, runs []WorkRun) WorkOpReport {
 	r.WallMSPerOp = roundSig(medianFloat(wall))
 	if len(cpu) > 0 {
 		r.CPUMSPerOp, r.CPUNotMeasured = roundSig(medianFloat(cpu)), ""
+		r.GuestCPUMSPerOp, r.VMMCPUMSPerOp = roundSig(medianFloat(guest)), roundSig(medianFloat(vmm))
 	}
 	if len(exits) > 0 {
 		r.ExitsPerOp, r.ExitsNotMeasured = map[string]float64{}, ""
@@ -237,6 +258,34 @@ func opReport(op string, runs []WorkRun) WorkOpReport {
 	return r
 }
 
+// marksBaseline is the median work of a system's empty windows (the
+// guest's marks' own cost: their console output, our in-process VMM's
+// sampling), or nil when it has none.
+func marksBaseline(runs map[string][]WorkRun) *Work {
+	empty := runs[fsbench.MarkEmpty]
+	if len(empty) == 0 {
+		return nil
+	}
+	var cpu, guest []float64
+	exits := map[string][]float64{}
+	for _, r := range empty {
+		if r.Work.CPUErr == "" {
+			cpu, guest = append(cpu, float64(r.Work.CPU)), append(guest, float64(r.Work.GuestCPU))
+		}
+		for k, v := range r.Work.Exits {
+			exits[k] = append(exits[k], float64(v))
+		}
+	}
+	base := &Work{Exits: map[string]int64{}}
+	if len(cpu) > 0 {
+		base.CPU, base.GuestCPU = time.Duration(medianFloat(cpu)), time.Duration(medianFloat(guest))
+	}
+	for k, v := range exits {
+		base.Exits[k] = int64(medianFloat(v))
+	}
+	return base
+}
+
 // Report summarises the work results; nil when nothing was recorded.
 func (r *WorkResults) Report() *WorkReport {
 	if r == nil || len(r.order) == 0 {
@@ -245,8 +294,13 @@ func (r *WorkResults) Report() *WorkReport {
 	rep := &WorkReport{Counters: ExitCounters, Notes: r.notes}
 	for _, id := range r.order {
 		sr := WorkSystemReport{ID: id, Label: r.labels[id]}
+		base := marksBaseline(r.runs[id])
 		for _, op := range opOrder(r.runs[id]) {
-			sr.Ops = append(sr.Ops, opReport(op, r.runs[id][op]))
+			if op == fsbench.MarkEmpty {
+				sr.Ops = append(sr.Ops, opReport(op, r.runs[id][op], nil))
+			} else {
+				sr.Ops = append(sr.Ops, opReport(op, r.runs[id][op], base))
+			}
 		}
 		rep.Systems = append(rep.Systems, sr)
 	}
@@ -309,7 +363,7 @@ func workRatios(systems []WorkSystemReport) []WorkRatioReport {
 			}
 			rr := WorkRatioReport{Op: o.ID, System: ours.ID, Versus: peer.ID,
 				Exits: ratioOf(o.exits, p.exits, "exits"), IOExits: ratioOf(o.exits, p.exits, IOExitsKey),
-				CPU: ratioOf(func(string) (float64, bool) { return o.cpu() }, func(string) (float64, bool) { return p.cpu() }, "")}
+				CPU: ratioOf(o.cpuOf, p.cpuOf, figureCPU), VMMCPU: ratioOf(o.cpuOf, p.cpuOf, figureVMMCPU)}
 			if rr.Exits != 0 || rr.IOExits != 0 || rr.CPU != 0 {
 				out = append(out, rr)
 			}
@@ -327,9 +381,16 @@ func (o *WorkOpReport) exits(counter string) (float64, bool) {
 	return v, ok
 }
 
-func (o *WorkOpReport) cpu() (float64, bool) {
+func (o *WorkOpReport) cpu() (float64, bool) { return o.cpuOf(figureCPU) }
+
+// cpuOf is op's per-op median CPU time (figureCPU: all of it;
+// figureVMMCPU: without the guest's), ok false when not measured.
+func (o *WorkOpReport) cpuOf(figure string) (float64, bool) {
 	if o == nil || o.CPUNotMeasured != "" || o.Runs == 0 {
 		return 0, false
+	}
+	if figure == figureVMMCPU {
+		return o.VMMCPUMSPerOp, true
 	}
 	return o.CPUMSPerOp, true
 }
@@ -369,9 +430,11 @@ func writeWorkMarkdown(b *strings.Builder, r *WorkReport) {
 		return
 	}
 	b.WriteString("### Work per operation: KVM exits by reason and the VMM's CPU time\n\n")
-	b.WriteString("What a real host pays, nearly independent of the emulator's speed: KVM's counters for the VMM's VMs (debugfs, summed over vCPUs) and the CPU time (user + system, /proc/PID/stat, 10 ms ticks) of the VMM's processes (qemu + virtiofsd both counted), per op: medians over the runs of each run's count over its ops.\n\n")
+	b.WriteString("What a real host pays, nearly independent of the emulator's speed: KVM's counters for the VMM's VMs (debugfs, summed over vCPUs) and the CPU time (user + system, /proc/PID/stat, 10 ms ticks) of the VMM's processes (qemu + virtiofsd both counted; ours in the file-sharing rows is the bench process, which runs our VMM in-process), per op: medians over the runs of each run's count over its ops. " +
+		"The CPU time includes the guest's: Linux counts a vCPU thread's time in the guest as the VMM's user time; \"guest\" is that part, \"VMM own\" the rest. " +
+		"File-sharing rows are net of the system's empty window (the guest's marks around each workload cost a few dozen port-I/O exits of console output; that row is shown as it was measured).\n\n")
 	header := append([]string{"operation", "system", "runs"}, workColumns...)
-	header = append(header, "VMM CPU ms", "wall ms")
+	header = append(header, "CPU ms", "guest CPU ms", "VMM own CPU ms", "wall ms")
 	writeRow(b, header)
 	writeRow(b, append([]string{"---", "---"}, slices.Repeat([]string{"---:"}, len(header)-2)...))
 	for _, op := range allOps(r) {
@@ -388,11 +451,12 @@ func writeWorkMarkdown(b *strings.Builder, r *WorkReport) {
 					row = append(row, "—")
 				}
 			}
-			cpu := "—"
-			if v, ok := o.cpu(); ok {
-				cpu = fmtCount(v)
+			if _, ok := o.cpu(); ok {
+				row = append(row, fmtCount(o.CPUMSPerOp), fmtCount(o.GuestCPUMSPerOp), fmtCount(o.VMMCPUMSPerOp))
+			} else {
+				row = append(row, "—", "—", "—")
 			}
-			row = append(row, cpu, fmtCount(o.WallMSPerOp))
+			row = append(row, fmtCount(o.WallMSPerOp))
 			writeRow(b, row)
 		}
 	}
@@ -440,15 +504,15 @@ func writeWorkRatios(b *strings.Builder, r *WorkReport) {
 	if len(r.Ratios) == 0 {
 		return
 	}
-	writeRow(b, []string{"operation", "ours / peer", "exits", IOExitsKey + " exits", "VMM CPU"})
-	writeRow(b, []string{"---", "---", "---:", "---:", "---:"})
+	writeRow(b, []string{"operation", "ours / peer", "exits", IOExitsKey + " exits", "CPU", "VMM own CPU"})
+	writeRow(b, []string{"---", "---", "---:", "---:", "---:", "---:"})
 	for _, op := range allOps(r) {
 		for _, rr := range r.Ratios {
 			if rr.Op != op {
 				continue
 			}
 			writeRow(b, []string{workOp(op).Label, rr.System + " / " + rr.Versus,
-				fmtRatio(rr.Exits, rr.Exits > 0), fmtRatio(rr.IOExits, rr.IOExits > 0), fmtRatio(rr.CPU, rr.CPU > 0)})
+				fmtRatio(rr.Exits, rr.Exits > 0), fmtRatio(rr.IOExits, rr.IOExits > 0), fmtRatio(rr.CPU, rr.CPU > 0), fmtRatio(rr.VMMCPU, rr.VMMCPU > 0)})
 		}
 	}
 	b.WriteString("\n")

@@ -306,8 +306,9 @@ func (b *FSBench) config(system string) fsbench.Config {
 }
 
 // Run boots the test guest once on system, lets it run the workloads and
-// returns what it reported. An error means no results (the guest did not
-// boot or finish); a workload that failed is a Result with Err. It checks
+// returns what it reported. An error means the guest did not boot or
+// finish: the results are those of the workloads it finished (none, or
+// some); a workload that failed is a Result with Err. It checks
 // the seq file the guest wrote and removes it; for a block-device system
 // that file is the disk image, made here, sparse, of the seq file's size.
 func (b *FSBench) Run(ctx context.Context, system string, run int) (FSRun, error) {
@@ -346,6 +347,9 @@ func (b *FSBench) Run(ctx context.Context, system string, run int) (FSRun, error
 		if err == nil {
 			err = parseErr
 		}
+		// What the guest finished before it failed (a guest that did not
+		// end in time) is still measured.
+		res.Results = results
 		return res, fmt.Errorf("%s: %w; console:\n%s", system, err, guestboot.TailLines(console, 40))
 	}
 	res.Results = results

@@ -20,11 +20,19 @@ func noDropCaches(t *testing.T) {
 	t.Cleanup(func() { dropCaches = old })
 }
 
+// marks records the workloads' marks.
+type marks []string
+
+func (m *marks) mark(metric string, begin bool) { *m = append(*m, fsbench.MarkLine(metric, begin)) }
+
 func TestSeqAndRandWorkloads(t *testing.T) {
 	noDropCaches(t)
 	path := filepath.Join(t.TempDir(), fsbench.FileName)
-	v, err := seqWorkload(path, 3, nil)
+	var seen marks
+	v, err := seqWorkload(path, 3, seen.mark)
 	require.NoError(t, err)
+	require.Equal(t, marks{fsbench.MarkLine("seq_write", true), fsbench.MarkLine("seq_write", false),
+		fsbench.MarkLine("seq_read", true), fsbench.MarkLine("seq_read", false)}, seen, "each timed part is marked, in order")
 	require.Equal(t, int64(3*fsbench.BlockSize), v["bytes"])
 	require.Positive(t, v["write_ns"])
 	require.Positive(t, v["read_ns"])
@@ -38,7 +46,9 @@ func TestSeqAndRandWorkloads(t *testing.T) {
 	fsbench.StampBlock(want, 2)
 	require.Equal(t, want, data[2*fsbench.BlockSize:], "the last block is stamped with its number")
 
-	v, err = randWorkload(path, 3, 50, nil)
+	seen = nil
+	v, err = randWorkload(path, 3, 50, seen.mark)
+	require.Equal(t, marks{fsbench.MarkLine("rand_read", true), fsbench.MarkLine("rand_read", false)}, seen)
 	require.NoError(t, err)
 	require.Equal(t, int64(50), v["reads"])
 	require.Positive(t, v["ns"])
@@ -68,7 +78,10 @@ func TestWalkWorkload(t *testing.T) {
 		}
 	}
 	require.NoError(t, os.MkdirAll(filepath.Join(tree, ".git", "objects"), 0o755), "not walked")
-	v, err := walkWorkload(tree, 3, 4, nil)
+	var seen marks
+	v, err := walkWorkload(tree, 3, 4, seen.mark)
+	require.Equal(t, marks{fsbench.MarkLine("walk_cold", true), fsbench.MarkLine("walk_cold", false),
+		fsbench.MarkLine("walk_warm", true), fsbench.MarkLine("walk_warm", false)}, seen)
 	require.NoError(t, err)
 	require.Equal(t, int64(12), v["files"])
 	require.Positive(t, v["cold_ns"])
