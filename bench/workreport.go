@@ -432,7 +432,8 @@ func writeWorkMarkdown(b *strings.Builder, r *WorkReport) {
 	b.WriteString("### Work per operation: KVM exits by reason and the VMM's CPU time\n\n")
 	b.WriteString("What a real host pays, nearly independent of the emulator's speed: KVM's counters for the VMM's VMs (debugfs, summed over vCPUs) and the CPU time (user + system, /proc/PID/stat, 10 ms ticks) of the VMM's processes (qemu + virtiofsd both counted; ours in the file-sharing rows is the bench process, which runs our VMM in-process), per op: medians over the runs of each run's count over its ops. " +
 		"The CPU time includes the guest's: Linux counts a vCPU thread's time in the guest as the VMM's user time; \"guest\" is that part, \"VMM own\" the rest. " +
-		"File-sharing rows are net of the system's empty window (the guest's marks around each workload cost a few dozen port-I/O exits of console output; that row is shown as it was measured).\n\n")
+		"File-sharing rows are net of the system's empty window (the guest's marks around each workload cost a few dozen port-I/O exits of console output; that row is shown as it was measured). " +
+		"Where a window starts and ends: a boot at startVM (qemu: its exec) and at the boot timer's byte; the file-sharing workloads at the guest's marks, which our in-process VMM sees as the guest writes them and qemu's console pipe delivers a little later, so a qemu window may hold a few ms of what the guest does next.\n\n")
 	header := append([]string{"operation", "system", "runs"}, workColumns...)
 	header = append(header, "CPU ms", "guest CPU ms", "VMM own CPU ms", "wall ms")
 	writeRow(b, header)
