@@ -172,7 +172,8 @@ type WorkRatioReport struct {
 }
 
 // perOp is one run's work, less base (nil: nothing), divided by its
-// units; a count below base's is 0.
+// units; a count below base's is 0, and IOExitsKey is the sum of the net
+// I/O-driven counters.
 func (w WorkRun) perOp(base *Work) WorkSampleReport {
 	s := WorkSampleReport{Units: w.Units, ExitsErr: w.Work.ExitsErr, CPUErr: w.Work.CPUErr, WallMS: ms(w.Work.Wall)}
 	var b Work
@@ -181,9 +182,19 @@ func (w WorkRun) perOp(base *Work) WorkSampleReport {
 	}
 	if w.Work.Exits != nil {
 		s.ExitsPerOp = make(map[string]float64, len(w.Work.Exits))
-		for k, v := range w.Work.Exits {
-			s.ExitsPerOp[k] = roundSig(float64(max(0, v-b.Exits[k])) / w.Units)
+		var io int64
+		for _, c := range ExitCounters {
+			v, ok := w.Work.Exits[c.Name]
+			if !ok {
+				continue
+			}
+			net := max(0, v-b.Exits[c.Name])
+			s.ExitsPerOp[c.Name] = roundSig(float64(net) / w.Units)
+			if c.IODriven {
+				io += net
+			}
 		}
+		s.ExitsPerOp[IOExitsKey] = roundSig(float64(io) / w.Units)
 	}
 	if w.Work.CPUErr == "" {
 		perOp := func(d time.Duration) float64 {

@@ -77,6 +77,13 @@ const (
 	// MarkEmpty is the metric of an empty window, opened and closed at
 	// once: what the marks themselves cost (their console output).
 	MarkEmpty = "marks"
+	// MarkPause is how long the guest idles after each mark, untimed, so
+	// that the host samples while it does nothing: qemu's console reaches
+	// the host through a pipe, a moment after the guest wrote it, and a
+	// guest that went on at once would have its next steps (the next
+	// mark's console output, the next workload's first requests) counted
+	// in the window just ended.
+	MarkPause = 50 * time.Millisecond
 )
 
 // MarkFunc is told when a metric's timed work begins and ends (nil: no

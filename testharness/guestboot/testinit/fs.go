@@ -57,7 +57,10 @@ func fsMode(cmdline string, out io.Writer) bool {
 		return true
 	}
 	defer env.unmount()
-	env.mark = func(metric string, begin bool) { fmt.Fprintln(out, fsbench.MarkLine(metric, begin)) }
+	env.mark = func(metric string, begin bool) {
+		fmt.Fprintln(out, fsbench.MarkLine(metric, begin))
+		time.Sleep(fsbench.MarkPause) // the host samples meanwhile
+	}
 	env.mark.Mark(fsbench.MarkEmpty, true)
 	env.mark.Mark(fsbench.MarkEmpty, false)
 	for _, w := range fsbench.AllWorkloads {
