@@ -168,6 +168,9 @@ func (b *benchRun) prepareWork() {
 		return
 	}
 	b.meter = &WorkMeter{}
+	if len(b.peers) > 0 {
+		b.accounts.Note("the qemu peers have no agent: they boot to /init and no further, so they have no connect or spawn rows")
+	}
 	if why := ensureDebugfs(DebugfsRoot); why != "" {
 		b.accounts.Note("KVM exits not measured: " + why)
 		b.note("work accounting: KVM exits not measured: " + why)
