@@ -23,23 +23,27 @@ func newFSWork(meter WorkMeter) *fsWork {
 	return &fsWork{meter: meter, begun: map[string]WorkSample{}, done: map[string]Work{}}
 }
 
-// onMark samples the marking system's processes: a begin reads the CPU
-// times last and an end first, so that reading debugfs costs the window
-// nothing.
-func (f *fsWork) onMark(m fsrun.Mark) {
-	if m.Begin {
-		s := f.meter.Sample(m.PIDs...)
+// onMark samples the marking system's processes (mark).
+func (f *fsWork) onMark(m fsrun.Mark) { f.mark(m.Metric, m.Begin, m.PIDs) }
+
+// mark samples pids at the beginning or the end of op's window: a begin
+// reads the CPU times last and an end first, so that reading debugfs
+// costs the window nothing. Any guest mode that marks its operations
+// (the SDK turns) can record through it.
+func (f *fsWork) mark(op string, begin bool, pids []int) {
+	if begin {
+		s := f.meter.Sample(pids...)
 		f.mu.Lock()
-		f.begun[m.Metric] = s
+		f.begun[op] = s
 		f.mu.Unlock()
 		return
 	}
-	end := f.meter.SampleCPUFirst(m.PIDs...)
+	end := f.meter.SampleCPUFirst(pids...)
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if begin, ok := f.begun[m.Metric]; ok {
-		f.done[m.Metric] = end.Sub(begin)
-		delete(f.begun, m.Metric)
+	if begin, ok := f.begun[op]; ok {
+		f.done[op] = end.Sub(begin)
+		delete(f.begun, op)
 	}
 }
 

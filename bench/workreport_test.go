@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/cowork-vmm/cowork-vmm/testharness/guestboot/fsbench"
+	"github.com/cowork-vmm/cowork-vmm/testharness/guestboot/fsrun"
 )
 
 // work is a Work with exits (io_exits, mmio_exits, halt_exits, as
@@ -239,4 +240,18 @@ func TestBootWorkOps(t *testing.T) {
 	var none *bootWork
 	none.mark(MarkInit, true) // not metered: nothing, no panic
 	assert.Nil(t, none.ops())
+}
+
+func TestFSWorkPairsMarks(t *testing.T) {
+	proc := fakeProc(t, fakeProcess{pid: 100, ppid: 1, utime: 10, fds: map[int]string{5: kvmVMLink}})
+	f := newFSWork(WorkMeter{Proc: proc, Debugfs: fakeDebugfs(t, map[string][2]int{"100-5": {7, 3}})})
+	f.mark("walk_cold", false, []int{100}) // an end without a begin: nothing
+	f.onMark(fsrun.Mark{Metric: "seq_read", Begin: true, PIDs: []int{100}})
+	f.onMark(fsrun.Mark{Metric: "seq_read", Begin: false, PIDs: []int{100}})
+	got := f.take()
+	require.Len(t, got, 1)
+	w := got["seq_read"]
+	assert.Empty(t, w.ExitsErr)
+	assert.Equal(t, int64(0), w.Exits["exits"], "no exits between the two samples")
+	assert.Empty(t, f.take(), "take forgets")
 }
