@@ -68,13 +68,15 @@ BENCH_FS_RUNS ?= 3
 # Boots per system of the real Claude Code CLI's turns in `make bench` (0:
 # none; skipped with the reason when scripts/fetch-sdk.sh has not run).
 BENCH_SDK_RUNS ?= 3
+# Their sizes: full, ci, or mib=N,rand=N,tree=DIRSxFILES.
+BENCH_FS_SIZES ?= full
 
 # Go micro-benchmarks, then the boot benchmark: directly on a host whose KVM
 # boots Linux, otherwise inside the nested harness (needs qemu-system-x86).
 bench: build kernel kernel-outer
 	$(GO) test -run '^$$' -bench . -benchmem ./bench/ ./protocol/ ./devices/vsock/ ./devices/p9/ ./devices/virtio/ ./guest/agent/ ./vmm/ ./helper/backend/vm/
 	CGO_ENABLED=0 $(GO) build -trimpath -o bin/cowork-bench ./bench/cmd/cowork-bench
-	KERNEL_CACHE='$(KERNEL_CACHE)' ./bin/cowork-bench --binary $(BIN) --runs $(BENCH_RUNS) --fs-runs $(BENCH_FS_RUNS) --sdk-runs $(BENCH_SDK_RUNS) --out $(BENCH_OUT)
+	KERNEL_CACHE='$(KERNEL_CACHE)' ./bin/cowork-bench --binary $(BIN) --runs $(BENCH_RUNS) --fs-runs $(BENCH_FS_RUNS) --fs-sizes '$(BENCH_FS_SIZES)' --sdk-runs $(BENCH_SDK_RUNS) --out $(BENCH_OUT)
 	@echo "bench: results in $(BENCH_OUT)/report.md, report.json, report.svg"
 
 # The file-sharing benchmark alone, full sizes (64 MiB, 2000 random reads,

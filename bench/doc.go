@@ -32,6 +32,18 @@
 // --sdk-dir; skipped with the reason when the CLI is not fetched).
 // --benches picks among the boot, fs and sdk benches.
 //
+// Every system is also measured in units that barely depend on the host's
+// speed (work.go, workreport.go): KVM's exit counters by reason for the
+// VMM's VMs, from the kernel's debugfs (the same for our VMM and qemu),
+// and the CPU time of the VMM's processes (qemu and virtiofsd both
+// counted), each sampled at the instants of an operation and reported
+// per op: a boot to /init, an agent connect, a spawn, a MiB read or
+// written, a random read, a tree walk, a git status, a python start. The
+// report's work section has them with ratios ours/peer and issue #42's
+// work targets; where debugfs cannot be read it says why instead of
+// counting zero. WorkMeter.Sample and WorkSample.Sub are the API for any
+// other operation.
+//
 // Run is the bench (cowork-bench, its one binary, is its command line:
 // AddFlags, Validate); the report is a Markdown table on the terminal plus
 // report.json and report.svg in the output directory.

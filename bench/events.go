@@ -26,6 +26,9 @@ type eventLog struct {
 	events  []timedEvent
 	changed chan struct{} // closed and replaced on every append
 	err     error         // why the stream ended
+	// onEvent, when set before read starts, is called with each event as
+	// it arrives (the work accounting samples at the boot timer's).
+	onEvent func(protocol.Event)
 }
 
 func newEventLog() *eventLog { return &eventLog{changed: make(chan struct{})} }
@@ -57,6 +60,9 @@ func (l *eventLog) read(stream *protocol.EventStream) {
 			return
 		}
 		l.add(ev, time.Now())
+		if l.onEvent != nil {
+			l.onEvent(ev)
+		}
 	}
 }
 

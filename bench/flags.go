@@ -36,7 +36,7 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.Peers, "peers", "", `peers to run, comma-separated: "microvm", "q35" (SeaBIOS), "ovmf" (q35 + OVMF) (default all)`)
 	fs.DurationVar(&o.Timeout, "timeout", defaultTimeout, "bound on one boot")
 	fs.IntVar(&o.FSRuns, "fs-runs", DefaultFSRuns, "runs per system of the file-sharing and block-device benchmarks (0: none)")
-	fs.StringVar(&o.FSSizes, "fs-sizes", "full", `file-sharing and block-device benchmark sizes: "full" (64 MiB, 2000 random reads, 10 000 files) or "ci"`)
+	fs.StringVar(&o.FSSizes, "fs-sizes", "full", `file-sharing and block-device benchmark sizes: "full" (64 MiB, 2000 random reads, 10 000 files), "ci", or mib=N,rand=N,tree=DIRSxFILES (the rest from ci)`)
 	fs.StringVar(&o.FSInitrd, "fs-initrd", "", "the file-sharing test guest's initramfs (default: built with the go tool, from the source tree)")
 	fs.IntVar(&o.SDKRuns, "sdk-runs", DefaultSDKRuns, "boots per system of the real Claude Code CLI's turns (0: none)")
 	fs.StringVar(&o.SDKDir, "sdk-dir", "", "directory holding VERSION/claude, the pinned CLI (default: $"+sdkcache.DirEnv+", then the user's cache, where scripts/fetch-sdk.sh puts it)")

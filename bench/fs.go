@@ -268,7 +268,12 @@ func fsSizes(opts Options) (guestboot.FSSizes, error) {
 	case "ci":
 		s = guestboot.FSSizesCI
 	default:
-		return s, fmt.Errorf(`--fs-sizes %q: want "full" or "ci"`, opts.FSSizes)
+		// Sizes of one's own: "mib=32,rand=1000,tree=20x50" (the rest
+		// from the ci sizes; --fs-runs gives the runs).
+		var err error
+		if s, err = guestboot.ParseFSSizes(opts.FSSizes); err != nil || strings.Contains(opts.FSSizes, "runs=") {
+			return s, fmt.Errorf(`--fs-sizes %q: want "full", "ci" or mib=N,rand=N,tree=DIRSxFILES (any of them; --fs-runs gives the runs)`, opts.FSSizes)
+		}
 	}
 	s.Runs = opts.FSRuns
 	return s, nil
@@ -305,6 +310,11 @@ func (b *benchRun) measureFS(ctx context.Context) error {
 	}
 	b.fs = newFSResults(sizes)
 	fb := &fsrun.FSBench{Kernel: b.vmlinux, Initrd: initrd, Dir: dir, Root: "/", Sizes: sizes, MemMiB: b.opts.MemMiB, Qemu: b.qemu, NoQemu: b.qemu == ""}
+	var work *fsWork
+	if b.meter != nil {
+		work = newFSWork(*b.meter)
+		fb.OnMark = work.onMark
+	}
 	b.show.status("file sharing: making the tree of %d files", sizes.Dirs*sizes.FilesPerDir)
 	notes, err := fb.Prepare(ctx)
 	if err != nil {
@@ -332,23 +342,36 @@ func (b *benchRun) measureFS(ctx context.Context) error {
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
-			switch {
-			case err != nil && fsrun.IsUnavailable(err):
-				b.fs.skipped[system] = firstLine(err.Error())
-				continue
-			case err != nil:
-				b.fs.failures[system] = append(b.fs.failures[system], fmt.Sprintf("run %d: %s", run, firstLine(err.Error())))
-				b.show.line("run %d guest I/O %s failed: %v", run, system, err)
-				continue
+			b.recordFSRun(system, run, res, err, work)
+			if err == nil {
+				b.show.line("run %d guest I/O %s: %v", run, system, time.Since(start).Round(time.Second))
 			}
-			for _, f := range res.Figures() {
-				b.fs.figures = append(b.fs.figures, f)
-				if f.Result.Err != "" {
-					b.fs.failures[system] = append(b.fs.failures[system], fmt.Sprintf("run %d, %s: %s", run, f.Result.Workload, f.Result.Err))
-				}
-			}
-			b.show.line("run %d guest I/O %s: %v", run, system, time.Since(start).Round(time.Second))
 		}
 	}
 	return nil
+}
+
+// recordFSRun records one run of system: its figures and its work, those
+// of the workloads it finished when it failed (a guest that did not end in
+// time), with the failure.
+func (b *benchRun) recordFSRun(system string, run int, res fsrun.FSRun, err error, work *fsWork) {
+	var took map[string]Work
+	if work != nil {
+		took = work.take()
+	}
+	switch {
+	case err != nil && fsrun.IsUnavailable(err):
+		b.fs.skipped[system] = firstLine(err.Error())
+		return
+	case err != nil:
+		b.fs.failures[system] = append(b.fs.failures[system], fmt.Sprintf("run %d: %s", run, firstLine(err.Error())))
+		b.show.line("run %d guest I/O %s failed: %v", run, system, err)
+	}
+	for _, f := range res.Figures() {
+		b.fs.figures = append(b.fs.figures, f)
+		if f.Result.Err != "" {
+			b.fs.failures[system] = append(b.fs.failures[system], fmt.Sprintf("run %d, %s: %s", run, f.Result.Workload, f.Result.Err))
+		}
+	}
+	b.addFSWork(system, took, res.Results)
 }

@@ -9,7 +9,7 @@ import (
 // FuzzProcParsers feeds arbitrary text to the /proc parsers: they must
 // never panic, and what they return must be consistent.
 func FuzzProcParsers(f *testing.F) {
-	for _, name := range []string{"smaps", "smaps_rollup", "status"} {
+	for _, name := range []string{"smaps", "smaps_rollup", "status", "procstat/qemu", "procstat/comm-with-parens"} {
 		b, err := os.ReadFile(filepath.Join("testdata", name))
 		if err != nil {
 			f.Fatal(err)
@@ -22,6 +22,9 @@ func FuzzProcParsers(f *testing.F) {
 			t.Fatalf("negative memory %+v", m)
 		}
 		_, _ = ParseSmapsRollup(text)
+		if st, err := ParseProcStat(text); err == nil && (st.PID <= 0 || st.CPU() < 0) {
+			t.Fatalf("inconsistent /proc stat %+v", st)
+		}
 		maps, err := ParseSmaps(text)
 		if err != nil {
 			return

@@ -54,12 +54,18 @@ type helperRun struct {
 	SnapshotCache string
 	// Progress, when set, is told what the run is doing.
 	Progress func(step string)
+	// Meter, when set, samples the helper's work at the instants of the
+	// start (runResult.Work).
+	Meter *WorkMeter
 }
 
 // runResult is what one helper run measured.
 type runResult struct {
 	Phases map[string]time.Duration
 	Memory *Memory
+	// Work is the VMM's work per boot operation (WorkBoot …), when
+	// metered.
+	Work map[string]Work
 }
 
 // run starts the helper, boots a guest, runs /bin/true and echo, stops
@@ -117,6 +123,7 @@ type helperProcess struct {
 	logFile *os.File
 	logPath string
 	tl      *Timeline
+	work    *bootWork // nil: not metered
 	// Set by connect.
 	events *eventLog
 	stream *protocol.EventStream
@@ -163,6 +170,9 @@ func (h helperRun) start() (*helperProcess, error) {
 		return nil, fmt.Errorf("starting the helper %s: %w", h.Binary, err)
 	}
 	p.cmd = cmd
+	if h.Meter != nil {
+		p.work = newBootWork(*h.Meter, cmd.Process.Pid)
+	}
 	p.exited = make(chan error, 1)
 	go func() { p.exited <- cmd.Wait() }()
 	return p, nil
@@ -215,7 +225,7 @@ func (p *helperProcess) recordEvents() {
 func (p *helperProcess) fail(err error) (runResult, error) {
 	_ = p.stop()
 	p.recordEvents()
-	return runResult{Phases: p.tl.Durations()}, fmt.Errorf("%w%s", err, logTail(p.logPath))
+	return runResult{Phases: p.tl.Durations(), Work: p.work.ops()}, fmt.Errorf("%w%s", err, logTail(p.logPath))
 }
 
 // finish closes the client's connections, stops the helper and returns the
@@ -227,7 +237,7 @@ func (p *helperProcess) finish(mem Memory, memErr error) (runResult, error) {
 	if err := p.stop(); err != nil {
 		return runResult{}, fmt.Errorf("stopping the helper: %w%s", err, logTail(p.logPath))
 	}
-	res := runResult{Phases: p.tl.Durations()}
+	res := runResult{Phases: p.tl.Durations(), Work: p.work.ops()}
 	if memErr == nil {
 		res.Memory = &mem
 	}
@@ -249,6 +259,11 @@ func (p *helperProcess) connect(ctx context.Context) error {
 	}
 	p.stream = stream
 	p.events = newEventLog()
+	p.events.onEvent = func(ev protocol.Event) {
+		if ev.Type == protocol.EventStartupStep && ev.Step == stepGuestBoot && ev.Status == protocol.StepCompleted {
+			p.work.mark(MarkInit, true)
+		}
+	}
 	go p.events.read(stream)
 	pipe, err := protocol.DialPipe(ctx, p.sock)
 	if err != nil {
@@ -280,6 +295,7 @@ func (p *helperProcess) call(ctx context.Context, method string, params, result 
 // is connected (for a VM, first until the agent has dialed).
 func (p *helperProcess) boot(ctx context.Context, memMiB int, vm bool) error {
 	memGB := float64(memMiB) / 1024
+	p.work.mark(MarkStartSent, false)
 	p.tl.Mark(MarkStartSent, time.Now())
 	if err := p.call(ctx, protocol.MethodStartVM, protocol.StartVMParams{MemoryGB: &memGB}, nil); err != nil {
 		return err
@@ -304,6 +320,7 @@ func (p *helperProcess) boot(ctx context.Context, memMiB int, vm bool) error {
 		return err
 	}
 	p.tl.Mark(MarkConnected, time.Now())
+	p.work.mark(MarkConnected, true)
 	return nil
 }
 
@@ -311,6 +328,7 @@ func (p *helperProcess) boot(ctx context.Context, memMiB int, vm bool) error {
 // bench session.
 func (p *helperProcess) spawnTrueAndEcho(ctx context.Context, progress func(string)) error {
 	progress("spawning /bin/true")
+	p.work.mark(MarkSpawnSent, false)
 	p.tl.Mark(MarkSpawnSent, time.Now())
 	if err := p.call(ctx, protocol.MethodSpawn, protocol.ClientSpawnParams{ID: trueID, Name: benchSession, Command: "/bin/true", Args: []string{}}, nil); err != nil {
 		return err
@@ -318,6 +336,7 @@ func (p *helperProcess) spawnTrueAndEcho(ctx context.Context, progress func(stri
 	if _, err := p.events.wait(ctx, "the exit of /bin/true", exitOf(trueID)); err != nil {
 		return err
 	}
+	p.work.mark(MarkExit, true)
 	progress("spawning echo")
 	p.tl.Mark(MarkEchoSent, time.Now())
 	if err := p.call(ctx, protocol.MethodSpawn, protocol.ClientSpawnParams{ID: echoID, Name: benchSession, Command: "/bin/echo", Args: []string{echoText}}, nil); err != nil {

@@ -153,7 +153,7 @@ func Run(ctx context.Context, opts Options, progress io.Writer) (Report, error) 
 	}
 	defer os.RemoveAll(work)
 
-	b := &benchRun{opts: opts, work: work, binary: binary, show: newProgress(progress), results: NewResults()}
+	b := &benchRun{opts: opts, work: work, binary: binary, show: newProgress(progress), results: NewResults(), accounts: NewWorkResults()}
 	defer b.show.clear()
 	b.kvmState, b.kvmWhy = hostKVM()
 	b.chooseBackend()
@@ -164,6 +164,7 @@ func Run(ctx context.Context, opts Options, progress io.Writer) (Report, error) 
 	if err := b.prepareSystems(); err != nil {
 		return Report{}, err
 	}
+	b.prepareWork()
 	for run := 1; run <= opts.Runs && b.selected(BenchBoot); run++ {
 		if err := b.measure(ctx, run); err != nil {
 			return Report{}, err
@@ -224,6 +225,10 @@ type benchRun struct {
 	fs *fsResults
 	// sdk: the real CLI's turns (nil when not run).
 	sdk *sdkResults
+	// meter samples the VMMs' work (nil: not measured, on the process
+	// backend); accounts is what it measured.
+	meter    *WorkMeter
+	accounts *WorkResults
 }
 
 // note records a note for the report and shows it.
@@ -325,6 +330,7 @@ func (b *benchRun) measureOurs(ctx context.Context, run int, system string) {
 		Dir:      filepath.Join(b.work, fmt.Sprintf("%s-%d", system, run)),
 		DataDir:  filepath.Join(b.work, system+"-data"),
 		Progress: func(step string) { b.status(run, system, step) },
+		Meter:    b.meter,
 	}
 	if b.backend == "kvm" {
 		h.Kernel = b.vmlinux
@@ -345,6 +351,7 @@ func (b *benchRun) measureOurs(ctx context.Context, run int, system string) {
 		b.results.AddSetupSteps(system, parseSetupSteps(steps))
 	}
 	b.results.AddRun(system, res.Phases, res.Memory)
+	b.addBootWork(system, res.Work)
 	if err != nil {
 		b.results.AddFailure(system, firstLine(err.Error()))
 		b.show.line("run %d %s failed: %v", run, system, err)
@@ -363,9 +370,10 @@ func (b *benchRun) measurePeer(ctx context.Context, run int, p qemuPeer) error {
 	args, err := p.args(dir)
 	if err == nil {
 		var res runResult
-		res, err = qemuBoot{Qemu: b.qemu, Args: args, Initrd: b.initrd, MemMiB: b.opts.MemMiB, Dir: dir, Timeout: b.opts.Timeout}.run(ctx)
+		res, err = qemuBoot{Qemu: b.qemu, Args: args, Initrd: b.initrd, MemMiB: b.opts.MemMiB, Dir: dir, Timeout: b.opts.Timeout, Meter: b.meter}.run(ctx)
 		if err == nil {
 			b.results.AddRun(p.ID, res.Phases, res.Memory)
+			b.addBootWork(p.ID, res.Work)
 			return nil
 		}
 	}
@@ -393,6 +401,7 @@ func (b *benchRun) writeReport() (Report, error) {
 	if b.sdk != nil {
 		rep.SDK = b.sdk.report()
 	}
+	rep.Work = b.accounts.Report()
 	if err := writeReports(b.opts.Out, rep); err != nil {
 		return rep, err
 	}

@@ -67,6 +67,9 @@ type qemuBoot struct {
 	// Accel is "kvm" (the default: what the peers are) or "tcg" (qemu's
 	// emulator; tests of the peer machinery on hosts without KVM).
 	Accel string
+	// Meter, when set, samples qemu's work at the boot timer's byte
+	// (runResult.Work[WorkBoot], from qemu's exec: no process, no work).
+	Meter *WorkMeter
 }
 
 // run boots qemu, waits for the boot-timer byte, samples qemu's memory and
@@ -110,9 +113,15 @@ func (q qemuBoot) run(ctx context.Context) (runResult, error) {
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 
 	tl := NewTimeline()
-	tl.Mark(MarkStartSent, time.Now())
+	started := time.Now()
+	tl.Mark(MarkStartSent, started)
 	if err := cmd.Start(); err != nil {
 		return runResult{}, fmt.Errorf("starting %s: %w", q.Qemu, err)
+	}
+	var work *bootWork
+	if q.Meter != nil {
+		work = newBootWork(*q.Meter, cmd.Process.Pid)
+		work.set(MarkStartSent, ZeroSample(started))
 	}
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
@@ -123,7 +132,7 @@ func (q qemuBoot) run(ctx context.Context) (runResult, error) {
 
 	boot := make(chan error, 1)
 	var bootAt time.Time
-	go func() { boot <- readBootTimer(ln, &bootAt) }()
+	go func() { boot <- readBootTimer(ln, &bootAt, func() { work.mark(MarkInit, true) }) }()
 	timer := time.NewTimer(q.Timeout)
 	defer timer.Stop()
 	select {
@@ -140,7 +149,7 @@ func (q qemuBoot) run(ctx context.Context) (runResult, error) {
 		return runResult{}, ctx.Err()
 	}
 	tl.Mark(MarkInit, bootAt)
-	res := runResult{Phases: tl.Durations()}
+	res := runResult{Phases: tl.Durations(), Work: work.ops()}
 	if mem, err := ReadMemory(cmd.Process.Pid, int64(q.MemMiB)<<20); err == nil {
 		res.Memory = &mem
 	}
@@ -148,8 +157,8 @@ func (q qemuBoot) run(ctx context.Context) (runResult, error) {
 }
 
 // readBootTimer accepts qemu's debugcon connection and returns when the
-// boot-timer byte arrives, with its time in *at.
-func readBootTimer(ln net.Listener, at *time.Time) error {
+// boot-timer byte arrives, with its time in *at, after calling arrived.
+func readBootTimer(ln net.Listener, at *time.Time, arrived func()) error {
 	conn, err := ln.Accept()
 	if err != nil {
 		return err
@@ -162,6 +171,7 @@ func readBootTimer(ln net.Listener, at *time.Time) error {
 		for _, b := range buf[:n] {
 			if b == guesthost.BootTimerMagic {
 				*at = now
+				arrived()
 				return nil
 			}
 		}

@@ -114,6 +114,9 @@ type Report struct {
 	Blk *FSReport `json:"blk,omitempty"`
 	// SDK is the real Claude Code CLI's turns (sdk.go), when they ran.
 	SDK *SDKReport `json:"sdk,omitempty"`
+	// Work is the work accounting (workreport.go): KVM exits by reason and
+	// the VMMs' CPU time per operation, when measured.
+	Work *WorkReport `json:"work,omitempty"`
 }
 
 // ioSections are the report's file-sharing and block-device sections
@@ -335,6 +338,7 @@ func WriteMarkdown(w io.Writer, rep Report) error {
 		writeFSMarkdown(&b, s)
 	}
 	writeSDKMarkdown(&b, rep.SDK)
+	writeWorkMarkdown(&b, rep.Work)
 	for _, s := range rep.Systems {
 		for _, f := range s.Failures {
 			fmt.Fprintf(&b, "- %s failed a run: %s\n", s.Label, f)
@@ -552,4 +556,12 @@ func fmtRatio(v float64, ok bool) string {
 func fmtKiB(s KiBStats) string {
 	f := func(k int64) string { return fmt.Sprintf("%.1f", float64(k)/kibPerMiB) }
 	return fmt.Sprintf("%s MiB (%s–%s)", f(s.Median), f(s.Min), f(s.Max))
+}
+
+// label is system's label, or its id when it was never added.
+func (r *Results) label(id string) string {
+	if s := r.systems[id]; s != nil {
+		return s.label
+	}
+	return id
 }

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"strconv"
 	"text/template"
 )
 
@@ -87,7 +88,7 @@ var svgTemplate = template.Must(template.New("svg").Funcs(template.FuncMap{
 <line x1="{{$.PlotLeft}}" y1="{{.AxisY}}" x2="{{$.PlotRight}}" y2="{{.AxisY}}" stroke="#000000"/>{{range .Ticks}}
 <line x1="{{printf "%.1f" .X}}" y1="{{$p.AxisY}}" x2="{{printf "%.1f" .X}}" y2="{{printf "%d" (add $p.AxisY 5)}}" stroke="#000000"/>
 <text x="{{printf "%.1f" .X}}" y="{{printf "%d" (add $p.AxisY 18)}}" text-anchor="middle">{{html .Label}}</text>{{end}}
-<text x="{{$.AxisLabelX}}" y="{{.AxisLabelY}}" text-anchor="middle">time, log scale (bar: median; line: min–max)</text>
+<text x="{{$.AxisLabelX}}" y="{{.AxisLabelY}}" text-anchor="middle">{{html .AxisLabel}}</text>
 </g>
 </g>{{end}}
 </svg>
@@ -101,6 +102,7 @@ type svgPanel struct {
 	PlotTop    int
 	AxisY      int
 	AxisLabelY int
+	AxisLabel  string
 	Legend     []svgLegend
 	Groups     []svgGroup
 	Ticks      []svgTick
@@ -120,19 +122,26 @@ type svgValue struct {
 	Text             string
 }
 
-// addPanel draws rows below y (a heading first, when given) and returns
-// the y below it.
+// addPanel draws rows below y (a heading first, when given) on a log
+// time axis and returns the y below it.
 func (c *svgChart) addPanel(y int, heading string, legend []svgLegend, rows []svgRow) int {
-	p := svgPanel{Heading: heading}
+	return c.addPanelAxis(y, heading, legend, rows, "time, log scale (bar: median; line: min–max)", fmtTick)
+}
+
+// addPanelAxis is addPanel with the axis's label and its ticks' format.
+func (c *svgChart) addPanelAxis(y int, heading string, legend []svgLegend, rows []svgRow, axis string, tick func(float64) string) int {
+	p := svgPanel{Heading: heading, AxisLabel: axis}
 	if heading != "" {
 		p.HeadingY = y + 16
 		y += 26
 	}
+	legendHeight := 0
 	for _, l := range legend {
+		legendHeight = max(legendHeight, l.Y)
 		l.Y += y
 		p.Legend = append(p.Legend, l)
 	}
-	y += 22
+	y += 22 + legendHeight
 	p.PlotTop = y
 	lo, hi := math.Inf(1), math.Inf(-1)
 	for _, r := range rows {
@@ -156,7 +165,7 @@ func (c *svgChart) addPanel(y int, heading string, legend []svgLegend, rows []sv
 		return float64(c.PlotLeft) + (math.Log10(v)-loDecade)/(hiDecade-loDecade)*plotW
 	}
 	for d := loDecade; d <= hiDecade; d++ {
-		p.Ticks = append(p.Ticks, svgTick{X: scale(math.Pow(10, d)), Label: fmtTick(math.Pow(10, d))})
+		p.Ticks = append(p.Ticks, svgTick{X: scale(math.Pow(10, d)), Label: tick(math.Pow(10, d))})
 	}
 	y += 10
 	for _, r := range rows {
@@ -185,14 +194,21 @@ func (c *svgChart) addPanel(y int, heading string, legend []svgLegend, rows []sv
 	return y + svgAxisHeight
 }
 
-// legendRow lays out a legend entry per label, left to right, at y 0 of
-// its panel.
+// svgLegendLine is the height of a line of the legend.
+const svgLegendLine = 18
+
+// legendRow lays out a legend entry per label, left to right from y 0 of
+// its panel, wrapping at the chart's width.
 func legendRow(labels, colours []string) []svgLegend {
 	var out []svgLegend
-	x := 10
+	x, y := 10, 0
 	for i, l := range labels {
-		out = append(out, svgLegend{X: x, Y: 0, Colour: colours[i], Label: l})
-		x += 30 + 8*len([]rune(l))
+		w := 30 + 8*len([]rune(l))
+		if x > 10 && x+w > svgWidth {
+			x, y = 10, y+svgLegendLine // wrap
+		}
+		out = append(out, svgLegend{X: x, Y: y, Colour: colours[i], Label: l})
+		x += w
 	}
 	return out
 }
@@ -230,6 +246,7 @@ func WriteSVG(w io.Writer, rep Report) error {
 	for _, s := range rep.ioSections() {
 		y = c.addFSPanel(y, s)
 	}
+	y = c.addWorkPanels(y, rep.Work)
 	c.Height = y
 	if err := svgTemplate.Execute(w, c); err != nil {
 		return fmt.Errorf("writing the SVG chart: %w", err)
@@ -276,3 +293,62 @@ func fmtTick(v float64) string {
 		return fmt.Sprintf("%gµs", v*1000)
 	}
 }
+
+// workFigures are the work section's charts: each a per-op figure of
+// every system (median; line: min–max over the runs).
+var workFigures = []struct {
+	heading, axis string
+	value         func(WorkSampleReport) (float64, bool)
+	median        func(*WorkOpReport) (float64, bool)
+}{
+	{"Work: KVM exits per operation (all reasons)", "KVM exits per op, log scale (bar: median; line: min–max)",
+		func(s WorkSampleReport) (float64, bool) { v, ok := s.ExitsPerOp["exits"]; return v, ok },
+		func(o *WorkOpReport) (float64, bool) { return o.exits("exits") }},
+	{"Work: I/O-driven exits (io+mmio) per operation", "io+mmio exits per op, log scale (bar: median; line: min–max)",
+		func(s WorkSampleReport) (float64, bool) { v, ok := s.ExitsPerOp[IOExitsKey]; return v, ok },
+		func(o *WorkOpReport) (float64, bool) { return o.exits(IOExitsKey) }},
+	{"Work: the VMM's CPU time per operation (qemu + virtiofsd both counted)", "CPU ms per op, log scale (bar: median; line: min–max)",
+		func(s WorkSampleReport) (float64, bool) { return s.CPUMSPerOp, s.CPUErr == "" },
+		func(o *WorkOpReport) (float64, bool) { return o.cpu() }},
+}
+
+// addWorkPanels draws the work section's charts below y.
+func (c *svgChart) addWorkPanels(y int, r *WorkReport) int {
+	if r == nil {
+		return y
+	}
+	var labels, colours []string
+	colour := map[string]string{}
+	for i, s := range r.Systems {
+		colour[s.ID] = svgColours[i%len(svgColours)]
+		labels, colours = append(labels, s.Label), append(colours, colour[s.ID])
+	}
+	for _, f := range workFigures {
+		var rows []svgRow
+		for _, op := range allOps(r) {
+			row := svgRow{ID: op, Label: workOp(op).Label + " (per " + workOp(op).Unit + ")"}
+			for _, s := range r.Systems {
+				o := s.op(op)
+				if o == nil {
+					continue
+				}
+				med, ok := f.median(o)
+				if !ok || med <= 0 {
+					continue
+				}
+				lo, hi := med, med
+				for _, smp := range o.Samples {
+					if v, ok := f.value(smp); ok && v > 0 {
+						lo, hi = math.Min(lo, v), math.Max(hi, v)
+					}
+				}
+				row.Bars = append(row.Bars, svgValue{System: s.ID, Colour: colour[s.ID], Min: lo, Median: med, Max: hi, Text: fmtCount(med)})
+			}
+			rows = append(rows, row)
+		}
+		y = c.addPanelAxis(y, f.heading, legendRow(labels, colours), rows, f.axis, fmtCountTick)
+	}
+	return y
+}
+
+func fmtCountTick(v float64) string { return strconv.FormatFloat(v, 'g', -1, 64) }

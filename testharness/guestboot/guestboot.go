@@ -235,6 +235,9 @@ type QemuOptions struct {
 	Args []string
 	// Console, when set, also receives the serial console.
 	Console io.Writer
+	// OnStart, when set, is told qemu's pid once it has started (the
+	// bench's work accounting samples the process).
+	OnStart func(pid int)
 }
 
 // QemuMicrovmWith is QemuMicrovm with extra kernel arguments and devices.
@@ -263,7 +266,13 @@ func QemuMicrovmWith(ctx context.Context, o QemuOptions) (Boot, error) {
 		sink = io.MultiWriter(watch, o.Console)
 	}
 	cmd.Stdout, cmd.Stderr = sink, sink
-	err := cmd.Run()
+	err := cmd.Start()
+	if err == nil {
+		if o.OnStart != nil {
+			o.OnStart(cmd.Process.Pid)
+		}
+		err = cmd.Wait()
+	}
 	b := Boot{VMM: "qemu-microvm", CPUs: o.CPUs, Exit: time.Since(start)}
 	var ok bool
 	b.Ready, b.GuestUptime, b.GuestCPUs, ok = watch.Ready()

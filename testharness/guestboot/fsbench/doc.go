@@ -22,7 +22,11 @@
 //   - python: `python3 -c 'import json'` chrooted in the host's root,
 //     cold (page cache dropped) and warm (median of three).
 //
-// Each workload prints one Result line; the last line is EndMarker.
+// Each workload prints one Result line; the last line is EndMarker. Around
+// the timed part of each metric the guest prints a MarkLine (begin, end),
+// and first an empty pair (MarkEmpty, the marks' own cost), so that the
+// host can count what the VMM did for each metric (KVM exits, its CPU
+// time: package bench's work accounting).
 //
 // The data device may also be a raw virtio-blk disk (TypeBlock): then seq
 // and rand run on the device itself (/dev/vda), with no file system, and

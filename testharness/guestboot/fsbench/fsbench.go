@@ -71,7 +71,54 @@ const (
 	// line after the last one.
 	Marker    = "TESTINIT FS"
 	EndMarker = "TESTINIT FS END"
+	// MarkMarker starts the lines that bracket each metric's timed work
+	// (MarkLine), so that the host can count what the VMM did for it.
+	MarkMarker = "TESTINIT FSMARK"
+	// MarkEmpty is the metric of an empty window, opened and closed at
+	// once: what the marks themselves cost (their console output).
+	MarkEmpty = "marks"
+	// MarkPause is how long the guest idles after each mark, untimed, so
+	// that the host samples while it does nothing: qemu's console reaches
+	// the host through a pipe, a moment after the guest wrote it, and a
+	// guest that went on at once would have its next steps (the next
+	// mark's console output, the next workload's first requests) counted
+	// in the window just ended.
+	MarkPause = 50 * time.Millisecond
 )
+
+// MarkFunc is told when a metric's timed work begins and ends (nil: no
+// marks).
+type MarkFunc func(metric string, begin bool)
+
+// Mark calls m, when set.
+func (m MarkFunc) Mark(metric string, begin bool) {
+	if m != nil {
+		m(metric, begin)
+	}
+}
+
+// MarkLine is the console line that says metric's work begins or ends.
+func MarkLine(metric string, begin bool) string {
+	edge := "end"
+	if begin {
+		edge = "begin"
+	}
+	return MarkMarker + " " + metric + " " + edge
+}
+
+// ParseMark parses a MarkLine anywhere in line (a console may prefix it),
+// ok false for any other line.
+func ParseMark(line string) (metric string, begin, ok bool) {
+	i := strings.Index(line, MarkMarker+" ")
+	if i < 0 {
+		return "", false, false
+	}
+	fields := strings.Fields(line[i+len(MarkMarker):])
+	if len(fields) != 2 || !isKey(fields[0]) || (fields[1] != "begin" && fields[1] != "end") {
+		return "", false, false
+	}
+	return fields[0], fields[1] == "begin", true
+}
 
 // Bounds of the sizes.
 const (

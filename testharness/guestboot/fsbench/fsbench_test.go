@@ -182,3 +182,28 @@ func TestExpectedAtMatchesStampedBlocks(t *testing.T) {
 	require.Equal(t, uint64(2), BlockStamp(file[2*BlockSize:]))
 	require.NotEqual(t, file[8:16], file[16:24], "neighbouring chunks differ")
 }
+
+func TestMarkLineRoundTrip(t *testing.T) {
+	for _, begin := range []bool{true, false} {
+		line := MarkLine("seq_read", begin)
+		metric, gotBegin, ok := ParseMark("[   12.3] " + line + "\r")
+		require.True(t, ok, line)
+		require.Equal(t, "seq_read", metric)
+		require.Equal(t, begin, gotBegin)
+		_, ok, err := ParseLine(line)
+		require.False(t, ok, "a mark is no result line")
+		require.NoError(t, err)
+		require.NotContains(t, line, EndMarker, "a mark does not end the benchmark")
+	}
+	for _, bad := range []string{
+		"", MarkMarker, MarkMarker + " seq_read", MarkMarker + " seq_read start", MarkMarker + " seq read begin",
+		MarkMarker + " seq_read begin extra", "TESTINIT FS workload=seq", MarkMarker + "seq_read begin",
+	} {
+		_, _, ok := ParseMark(bad)
+		require.False(t, ok, "%q", bad)
+	}
+	var seen []string
+	MarkFunc(func(m string, b bool) { seen = append(seen, MarkLine(m, b)) }).Mark("walk_cold", true)
+	require.Equal(t, []string{MarkMarker + " walk_cold begin"}, seen)
+	MarkFunc(nil).Mark("walk_cold", true) // no marks: nothing, no panic
+}

@@ -96,6 +96,21 @@ type FSBench struct {
 	RunTimeout time.Duration
 	// Console, when set, also receives every guest's serial console.
 	Console io.Writer
+	// OnMark, when set, is told each time the guest marks the beginning
+	// or the end of a metric's timed work (fsbench.MarkLine), with the
+	// pids of the host processes that serve the guest: this one for our
+	// VMM (it runs in-process), qemu's and virtiofsd's. It is called from
+	// the console's writer, so the guest's next console byte waits for it
+	// (on our VMM; qemu's console is a pipe).
+	OnMark func(m Mark)
+}
+
+// Mark is the guest's mark of the beginning or the end of a metric's timed
+// work on System, and the pids of the processes that serve the guest.
+type Mark struct {
+	System, Metric string
+	Begin          bool
+	PIDs           []int
 }
 
 // FSRun is one boot's results.
@@ -296,8 +311,9 @@ func (b *FSBench) config(system string) fsbench.Config {
 }
 
 // Run boots the test guest once on system, lets it run the workloads and
-// returns what it reported. An error means no results (the guest did not
-// boot or finish); a workload that failed is a Result with Err. It checks
+// returns what it reported. An error means the guest did not boot or
+// finish: the results are those of the workloads it finished (none, or
+// some); a workload that failed is a Result with Err. It checks
 // the seq file the guest wrote and removes it; for a block-device system
 // that file is the disk image, made here, sparse, of the seq file's size.
 func (b *FSBench) Run(ctx context.Context, system string, run int) (FSRun, error) {
@@ -325,6 +341,9 @@ func (b *FSBench) Run(ctx context.Context, system string, run int) (FSRun, error
 		if err == nil {
 			err = parseErr
 		}
+		// What the guest finished before it failed (a guest that did not
+		// end in time) is still measured.
+		res.Results = results
 		return res, fmt.Errorf("%s: %w; console:\n%s", system, err, guestboot.TailLines(console, 40))
 	}
 	res.Results = results
@@ -425,6 +444,11 @@ func (b *FSBench) runOurs(ctx context.Context, system, cmdline string, window *b
 	if b.Console != nil {
 		sinks = append(sinks, b.Console)
 	}
+	if b.OnMark != nil {
+		marks := &markSink{system: system, onMark: b.OnMark}
+		marks.setPIDs(os.Getpid())
+		sinks = append(sinks, marks)
+	}
 	m, err := machine.New(machine.Config{
 		Kernel: b.Kernel, Initrd: b.Initrd, CPUs: 1, MemMiB: b.MemMiB,
 		Console: io.MultiWriter(sinks...), Logger: b.Logger, Cmdline: cmdline,
@@ -516,6 +540,17 @@ func (b *FSBench) runQemu(ctx context.Context, system, cmdline string, window *b
 	sinks := []io.Writer{console, window}
 	if b.Console != nil {
 		sinks = append(sinks, b.Console)
+	}
+	if b.OnMark != nil {
+		marks := &markSink{system: system, onMark: b.OnMark}
+		o.OnStart = func(pid int) {
+			pids := []int{pid}
+			for _, d := range daemons {
+				pids = append(pids, d.cmd.Process.Pid)
+			}
+			marks.setPIDs(pids...)
+		}
+		sinks = append(sinks, marks)
 	}
 	o.Console = io.MultiWriter(sinks...)
 	_, err := guestboot.QemuMicrovmWith(ctx, o)
@@ -611,6 +646,42 @@ func (d *virtiofsd) stop() {
 	}
 	_ = d.cmd.Process.Kill()
 	<-d.done
+}
+
+// markSink is a console sink that calls onMark for each of the guest's
+// mark lines.
+type markSink struct {
+	system string
+	onMark func(Mark)
+
+	mu   sync.Mutex
+	line []byte
+	pids []int
+}
+
+func (s *markSink) setPIDs(pids ...int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.pids = pids
+}
+
+func (s *markSink) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, c := range p {
+		if c != '\n' {
+			if len(s.line) < 4096 {
+				s.line = append(s.line, c)
+			}
+			continue
+		}
+		metric, begin, ok := fsbench.ParseMark(string(s.line))
+		s.line = s.line[:0]
+		if ok && len(s.pids) > 0 {
+			s.onMark(Mark{System: s.system, Metric: metric, Begin: begin, PIDs: slices.Clone(s.pids)})
+		}
+	}
+	return len(p), nil
 }
 
 // busyWindow is a console sink that notes the wall time and this

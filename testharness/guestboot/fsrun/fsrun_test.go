@@ -142,6 +142,23 @@ func TestBusyWindow(t *testing.T) {
 // inside the nested harness and reports the medians and speed-ups. It
 // fails when a guest reports an error, except qemu + virtiofsd's (the
 // reference daemon may not run everywhere: its row is then left out).
+func TestMarkSink(t *testing.T) {
+	var got []Mark
+	s := &markSink{system: guestboot.FSQemuVirtiofsd, onMark: func(m Mark) { got = append(got, m) }}
+	begin, end := fsbench.MarkLine("seq_read", true)+"\r\n", fsbench.MarkLine("seq_read", false)+"\r\n"
+	_, _ = s.Write([]byte(begin)) // before qemu's pid is known: no mark
+	require.Empty(t, got)
+	s.setPIDs(10, 11)
+	_, _ = s.Write([]byte("boot noise\n" + begin[:7]))
+	_, _ = s.Write([]byte(begin[7:] + "TESTINIT FS workload=seq bytes=1\n" + end))
+	require.Equal(t, []Mark{
+		{System: guestboot.FSQemuVirtiofsd, Metric: "seq_read", Begin: true, PIDs: []int{10, 11}},
+		{System: guestboot.FSQemuVirtiofsd, Metric: "seq_read", Begin: false, PIDs: []int{10, 11}},
+	}, got, "a mark split across writes is one mark; other lines are none")
+	_, _ = s.Write([]byte(strings.Repeat("x", 10000) + "\n")) // a long line is bounded, and no mark
+	require.Len(t, got, 2)
+}
+
 func TestFSBench(t *testing.T) {
 	kernel, initrd := guestFiles(t)
 	if _, err := exec.LookPath("qemu-system-x86_64"); err != nil {

@@ -57,6 +57,12 @@ func fsMode(cmdline string, out io.Writer) bool {
 		return true
 	}
 	defer env.unmount()
+	env.mark = func(metric string, begin bool) {
+		fmt.Fprintln(out, fsbench.MarkLine(metric, begin))
+		time.Sleep(fsbench.MarkPause) // the host samples meanwhile
+	}
+	env.mark.Mark(fsbench.MarkEmpty, true)
+	env.mark.Mark(fsbench.MarkEmpty, false)
 	for _, w := range fsbench.AllWorkloads {
 		if cfg.Has(w) {
 			fmt.Fprintln(out, env.run(w).Line())
@@ -77,6 +83,8 @@ type fsEnv struct {
 	seqFile string
 	// seqOK says the seq file was written and checked (rand reads it).
 	seqOK bool
+	// mark brackets each metric's timed work on the console.
+	mark fsbench.MarkFunc
 }
 
 func mountShares(cfg fsbench.Config) (*fsEnv, error) {
@@ -157,15 +165,15 @@ func (e *fsEnv) run(w string) fsbench.Result {
 	var err error
 	switch w {
 	case fsbench.WorkloadSeq:
-		values, err = seqWorkload(e.seqFile, e.cfg.MiB)
+		values, err = seqWorkload(e.seqFile, e.cfg.MiB, e.mark)
 		e.seqOK = err == nil
 	case fsbench.WorkloadRand:
 		if !e.seqOK {
 			return fsbench.Result{Workload: w, Skip: "the seq workload did not write its file"}
 		}
-		values, err = randWorkload(e.seqFile, e.cfg.MiB, e.cfg.RandReads)
+		values, err = randWorkload(e.seqFile, e.cfg.MiB, e.cfg.RandReads, e.mark)
 	case fsbench.WorkloadWalk:
-		values, err = walkWorkload(filepath.Join(e.data, fsbench.TreeDir), e.cfg.Dirs, e.cfg.FilesPerDir)
+		values, err = walkWorkload(filepath.Join(e.data, fsbench.TreeDir), e.cfg.Dirs, e.cfg.FilesPerDir, e.mark)
 	case fsbench.WorkloadGit:
 		values, err = e.gitWorkload()
 	case fsbench.WorkloadPython:
@@ -204,13 +212,14 @@ var dropCaches = func() error {
 // descriptor (one read() a block) and checks every block, and that the
 // file ends there. Only the I/O is timed. The file may be a raw disk of
 // mib MiB (O_TRUNC leaves a device alone; its fsync is a cache flush).
-func seqWorkload(path string, mib int) (map[string]int64, error) {
+func seqWorkload(path string, mib int, mark fsbench.MarkFunc) (map[string]int64, error) {
 	block := make([]byte, fsbench.BlockSize)
 	fsbench.FillPattern(block)
 	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
 	if err != nil {
 		return nil, err
 	}
+	mark.Mark("seq_write", true)
 	start := time.Now()
 	for i := range mib {
 		fsbench.StampBlock(block, i)
@@ -227,6 +236,7 @@ func seqWorkload(path string, mib int) (map[string]int64, error) {
 		return nil, fmt.Errorf("close after writing: %w", err)
 	}
 	write := time.Since(start)
+	mark.Mark("seq_write", false)
 	if err := dropCaches(); err != nil {
 		return nil, err
 	}
@@ -238,6 +248,7 @@ func seqWorkload(path string, mib int) (map[string]int64, error) {
 	defer f.Close()
 	got := make([]byte, fsbench.BlockSize)
 	var read time.Duration
+	mark.Mark("seq_read", true)
 	for i := range mib {
 		t := time.Now()
 		_, err := io.ReadFull(f, got)
@@ -253,6 +264,7 @@ func seqWorkload(path string, mib int) (map[string]int64, error) {
 	if n, err := f.Read(got[:1]); n != 0 || !errors.Is(err, io.EOF) {
 		return nil, fmt.Errorf("the file is longer than the %d MiB written (read %d, %v)", mib, n, err)
 	}
+	mark.Mark("seq_read", false)
 	ram, err := ramReadTime(mib)
 	if err != nil {
 		return nil, fmt.Errorf("the read from guest RAM: %w", err)
@@ -297,7 +309,7 @@ func ramReadTime(mib int) (time.Duration, error) {
 // randWorkload drops the page cache and makes n reads of RandReadSize at
 // aligned offsets of the seq file drawn from a fixed seed, each checked.
 // Only the reads are timed.
-func randWorkload(path string, mib, n int) (map[string]int64, error) {
+func randWorkload(path string, mib, n int, mark fsbench.MarkFunc) (map[string]int64, error) {
 	if err := dropCaches(); err != nil {
 		return nil, err
 	}
@@ -311,6 +323,7 @@ func randWorkload(path string, mib, n int) (map[string]int64, error) {
 	got := make([]byte, fsbench.RandReadSize)
 	want := make([]byte, fsbench.RandReadSize)
 	var total time.Duration
+	mark.Mark("rand_read", true)
 	for i := range n {
 		off := rng.Int64N(slots) * fsbench.RandReadSize
 		t := time.Now()
@@ -324,20 +337,23 @@ func randWorkload(path string, mib, n int) (map[string]int64, error) {
 			return nil, fmt.Errorf("read %d at %d differs from what was written", i, off)
 		}
 	}
+	mark.Mark("rand_read", false)
 	return map[string]int64{"reads": int64(n), "size": fsbench.RandReadSize, "ns": total.Nanoseconds()}, nil
 }
 
 // walkWorkload drops the page cache, walks the tree cold, then again warm,
 // and checks it holds dirs directories of files each.
-func walkWorkload(tree string, dirs, files int) (map[string]int64, error) {
+func walkWorkload(tree string, dirs, files int, mark fsbench.MarkFunc) (map[string]int64, error) {
 	if err := dropCaches(); err != nil {
 		return nil, err
 	}
 	var times [2]time.Duration
-	for i := range times {
+	for i, metric := range []string{"walk_cold", "walk_warm"} {
+		mark.Mark(metric, true)
 		start := time.Now()
 		gotDirs, gotFiles, err := walkTree(tree)
 		times[i] = time.Since(start)
+		mark.Mark(metric, false)
 		if err != nil {
 			return nil, err
 		}
@@ -404,7 +420,10 @@ func (e *fsEnv) gitWorkload() (map[string]int64, error) {
 	}
 	values := map[string]int64{"files": int64(e.cfg.Dirs * e.cfg.FilesPerDir)}
 	for _, key := range []string{"cold_ns", "warm_ns"} {
+		metric := "git_" + strings.TrimSuffix(key, "_ns")
+		e.mark.Mark(metric, true)
 		d, out, err := e.chrooted(dir, fsbench.GitEnv, fsbench.GitPath, fsbench.GitArgs...)
+		e.mark.Mark(metric, false)
 		if err != nil {
 			return nil, err
 		}
@@ -425,16 +444,20 @@ func (e *fsEnv) pythonWorkload() (map[string]int64, error) {
 		return nil, err
 	}
 	env := []string{"PATH=/usr/bin:/bin", "HOME=/", "LC_ALL=C"}
+	e.mark.Mark("python_cold", true)
 	cold, _, err := e.chrooted("/", env, fsbench.PythonPath, fsbench.PythonArgs...)
+	e.mark.Mark("python_cold", false)
 	if err != nil {
 		return nil, err
 	}
 	warm := make([]time.Duration, fsbench.PythonWarmRuns)
+	e.mark.Mark("python_warm", true) // every warm run: the host divides by warm_runs
 	for i := range warm {
 		if warm[i], _, err = e.chrooted("/", env, fsbench.PythonPath, fsbench.PythonArgs...); err != nil {
 			return nil, err
 		}
 	}
+	e.mark.Mark("python_warm", false)
 	slices.Sort(warm)
 	return map[string]int64{"cold_ns": cold.Nanoseconds(), "warm_ns": warm[len(warm)/2].Nanoseconds(), "warm_runs": int64(len(warm))}, nil
 }

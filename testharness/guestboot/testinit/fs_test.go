@@ -20,11 +20,19 @@ func noDropCaches(t *testing.T) {
 	t.Cleanup(func() { dropCaches = old })
 }
 
+// marks records the workloads' marks.
+type marks []string
+
+func (m *marks) mark(metric string, begin bool) { *m = append(*m, fsbench.MarkLine(metric, begin)) }
+
 func TestSeqAndRandWorkloads(t *testing.T) {
 	noDropCaches(t)
 	path := filepath.Join(t.TempDir(), fsbench.FileName)
-	v, err := seqWorkload(path, 3)
+	var seen marks
+	v, err := seqWorkload(path, 3, seen.mark)
 	require.NoError(t, err)
+	require.Equal(t, marks{fsbench.MarkLine("seq_write", true), fsbench.MarkLine("seq_write", false),
+		fsbench.MarkLine("seq_read", true), fsbench.MarkLine("seq_read", false)}, seen, "each timed part is marked, in order")
 	require.Equal(t, int64(3*fsbench.BlockSize), v["bytes"])
 	require.Positive(t, v["write_ns"])
 	require.Positive(t, v["read_ns"])
@@ -38,7 +46,9 @@ func TestSeqAndRandWorkloads(t *testing.T) {
 	fsbench.StampBlock(want, 2)
 	require.Equal(t, want, data[2*fsbench.BlockSize:], "the last block is stamped with its number")
 
-	v, err = randWorkload(path, 3, 50)
+	seen = nil
+	v, err = randWorkload(path, 3, 50, seen.mark)
+	require.Equal(t, marks{fsbench.MarkLine("rand_read", true), fsbench.MarkLine("rand_read", false)}, seen)
 	require.NoError(t, err)
 	require.Equal(t, int64(50), v["reads"])
 	require.Positive(t, v["ns"])
@@ -47,13 +57,13 @@ func TestSeqAndRandWorkloads(t *testing.T) {
 		data[i] ^= 0x55
 	}
 	require.NoError(t, os.WriteFile(path, data, 0o644))
-	_, err = randWorkload(path, 3, 50)
+	_, err = randWorkload(path, 3, 50, nil)
 	require.ErrorContains(t, err, "differs")
 }
 
 func TestSeqWorkloadFailsWhereItCannotWrite(t *testing.T) {
 	noDropCaches(t)
-	_, err := seqWorkload(filepath.Join(t.TempDir(), "missing", fsbench.FileName), 1)
+	_, err := seqWorkload(filepath.Join(t.TempDir(), "missing", fsbench.FileName), 1, nil)
 	require.Error(t, err)
 }
 
@@ -68,13 +78,16 @@ func TestWalkWorkload(t *testing.T) {
 		}
 	}
 	require.NoError(t, os.MkdirAll(filepath.Join(tree, ".git", "objects"), 0o755), "not walked")
-	v, err := walkWorkload(tree, 3, 4)
+	var seen marks
+	v, err := walkWorkload(tree, 3, 4, seen.mark)
+	require.Equal(t, marks{fsbench.MarkLine("walk_cold", true), fsbench.MarkLine("walk_cold", false),
+		fsbench.MarkLine("walk_warm", true), fsbench.MarkLine("walk_warm", false)}, seen)
 	require.NoError(t, err)
 	require.Equal(t, int64(12), v["files"])
 	require.Positive(t, v["cold_ns"])
 	require.Positive(t, v["warm_ns"])
 
-	_, err = walkWorkload(tree, 3, 5)
+	_, err = walkWorkload(tree, 3, 5, nil)
 	require.ErrorContains(t, err, "holds 3 directories and 12 files")
 }
 
