@@ -126,6 +126,9 @@ type sdkResults struct {
 	failures map[string][]string
 	skipped  map[string]string
 	work     []SDKBootWork
+	// turnWork samples each turn's work in a guest (nil: not measured);
+	// the figures go to the work accounting, per turn.
+	turnWork *fsWork
 	notes    []string
 }
 
@@ -437,6 +440,10 @@ func (b *benchRun) measureSDK(ctx context.Context) error {
 	fb := &fsrun.FSBench{Kernel: b.vmlinux, Initrd: initrd, Dir: dir, DataImmutable: true, Root: "/", MemMiB: b.opts.SDKMemMiB,
 		Qemu: b.qemu, NoQemu: b.qemu == "", RunTimeout: sdkBootTimeout}
 	b.sdk.notes = sdkNotes(b.opts.SDKMemMiB)
+	if b.meter != nil {
+		b.sdk.turnWork = newFSWork(*b.meter)
+		fb.OnMark = b.sdk.turnWork.onMark
+	}
 	for _, s := range sdkSystems {
 		if s != SDKNative {
 			if why := fb.Unavailable(s); why != "" {
@@ -492,6 +499,11 @@ func (b *benchRun) sdkGuest(ctx context.Context, fb *fsrun.FSBench, system, rel 
 	if mr.Window > 0 {
 		b.sdk.work = append(b.sdk.work, SDKBootWork{System: system, Run: run, WindowMS: ms(mr.Window), BusyMS: ms(mr.Busy),
 			Runs: mr.Exits.Runs, IOExits: mr.Exits.IOExits, MMIOExits: mr.Exits.MMIOExits, Interrupted: mr.Exits.Interrupted})
+	}
+	if b.sdk.turnWork != nil {
+		for op, w := range b.sdk.turnWork.take() {
+			b.accounts.Add(system, guestboot.FSSystemLabel(system), op, 1, w)
+		}
 	}
 	results, perr := sdkturn.Results(mr.Console)
 	switch {

@@ -36,6 +36,10 @@ var WorkOps = []WorkOp{
 	{ID: "python_cold", Label: "python3 start, cold", Unit: "start"},
 	{ID: "python_warm", Label: "python3 start, warm", Unit: "start"},
 	{ID: fsbench.MarkEmpty, Label: "an empty window: the guest's marks themselves", Unit: "window"},
+	{ID: "sdk_print_cold", Label: "claude -p turn, cold (real CLI)", Unit: "turn"},
+	{ID: "sdk_print_warm", Label: "claude -p turn, warm (real CLI)", Unit: "turn"},
+	{ID: "sdk_stream_cold", Label: "stream-json turn, cold (real CLI)", Unit: "turn"},
+	{ID: "sdk_stream_warm", Label: "stream-json turn, warm (real CLI)", Unit: "turn"},
 }
 
 // The boot bench's operations.

@@ -12,6 +12,7 @@ import (
 
 	"github.com/cowork-vmm/cowork-vmm/testharness/guestboot/fsbench"
 	"github.com/cowork-vmm/cowork-vmm/testharness/guestboot/fsrun"
+	"github.com/cowork-vmm/cowork-vmm/testharness/guestboot/sdkturn"
 )
 
 // work is a Work with exits (io_exits, mmio_exits, halt_exits, as
@@ -254,4 +255,18 @@ func TestFSWorkPairsMarks(t *testing.T) {
 	assert.Empty(t, w.ExitsErr)
 	assert.Equal(t, int64(0), w.Exits["exits"], "no exits between the two samples")
 	assert.Empty(t, f.take(), "take forgets")
+}
+
+// Every SDK turn the test guest marks has its row in the work report, under
+// the name the guest marks it with.
+func TestWorkOpsNameEverySDKTurn(t *testing.T) {
+	for _, turn := range sdkturn.Turns {
+		found := false
+		for _, op := range WorkOps {
+			found = found || op.ID == sdkturn.WorkOp(turn)
+		}
+		if !found {
+			t.Errorf("no WorkOps row for %s's mark %q", turn.ID, sdkturn.WorkOp(turn))
+		}
+	}
 }

@@ -25,6 +25,10 @@ type Turn struct {
 	Cold bool
 }
 
+// WorkOp is the name turn's work is marked and accounted under
+// (fsbench.MarkLine's metric).
+func WorkOp(turn Turn) string { return "sdk_" + turn.ID }
+
 // Turns are a boot's turns, in order: each mode cold, then warm.
 var Turns = []Turn{
 	{ID: "print_cold", Mode: ModePrint, Cold: true},

@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -47,6 +48,12 @@ func sdkMode(cmdline string, out io.Writer) bool {
 		var cleanup func()
 		if boot, cleanup, err = sdkBoot(cfg); err == nil {
 			defer cleanup()
+			// Each turn's work is marked as the fs workloads' is: the
+			// host samples its VMM's exits and CPU at the marks.
+			boot.OnTurn = func(turn sdkturn.Turn, begin bool) {
+				fmt.Fprintln(out, fsbench.MarkLine(sdkturn.WorkOp(turn), begin))
+				time.Sleep(fsbench.MarkPause)
+			}
 			boot.Run(context.Background(), report)
 			return true
 		}
