@@ -162,7 +162,8 @@ func FuzzServeFrame(f *testing.F) {
 		s := NewServer(agentEnd, methods, ServerOptions{})
 		served := make(chan error, 1)
 		go func() { served <- s.Serve(context.Background()) }()
-		go func() { _ = protocol.WriteFrame(helperEnd, body) }()
+		wrote := make(chan struct{})
+		go func() { _ = protocol.WriteFrame(helperEnd, body); close(wrote) }()
 		var sent protocol.AgentFrame
 		wantReply := len(body) <= protocol.MaxFrameSize && json.Unmarshal(body, &sent) == nil && sent.ID != 0
 		if wantReply {
@@ -173,6 +174,16 @@ func FuzzServeFrame(f *testing.F) {
 			require.NoError(t, json.Unmarshal(reply, &r))
 			assert.Equal(t, protocol.AgentKindReply, r.Kind)
 			assert.Equal(t, sent.ID, r.ID)
+		}
+		// The stream ends after the whole frame: closing it while the
+		// body is still being written would cut the frame (an unexpected
+		// EOF, rightly), which is not what this input is about.
+		if len(body) <= protocol.MaxFrameSize {
+			select {
+			case <-wrote:
+			case <-time.After(5 * time.Second):
+				t.Fatal("the server stopped reading in the middle of a frame")
+			}
 		}
 		helperEnd.Close()
 		select {
