@@ -655,7 +655,7 @@ type markSink struct {
 	onMark func(Mark)
 
 	mu   sync.Mutex
-	line []byte
+	line consoleLine
 	pids []int
 }
 
@@ -668,20 +668,35 @@ func (s *markSink) setPIDs(pids ...int) {
 func (s *markSink) Write(p []byte) (int, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for _, c := range p {
-		if c != '\n' {
-			if len(s.line) < 4096 {
-				s.line = append(s.line, c)
-			}
-			continue
-		}
-		metric, begin, ok := fsbench.ParseMark(string(s.line))
-		s.line = s.line[:0]
+	s.line.feed(p, func(line string) {
+		metric, begin, ok := fsbench.ParseMark(line)
 		if ok && len(s.pids) > 0 {
 			s.onMark(Mark{System: s.system, Metric: metric, Begin: begin, PIDs: slices.Clone(s.pids)})
 		}
-	}
+	})
 	return len(p), nil
+}
+
+// maxConsoleLine is how much of one console line the sinks keep: every
+// line they look for is short; the rest of a longer one is dropped.
+const maxConsoleLine = 4096
+
+// consoleLine is a console sink's line in progress.
+type consoleLine []byte
+
+// feed adds p to the line and calls onLine with each line it completes.
+func (l *consoleLine) feed(p []byte, onLine func(string)) {
+	for _, c := range p {
+		if c != '\n' {
+			if len(*l) < maxConsoleLine {
+				*l = append(*l, c)
+			}
+			continue
+		}
+		line := string(*l)
+		*l = (*l)[:0]
+		onLine(line)
+	}
 }
 
 // busyWindow is a console sink that notes the wall time and this
@@ -694,7 +709,7 @@ type busyWindow struct {
 	vmStats func() vmm.Stats
 
 	mu         sync.Mutex
-	line       []byte
+	line       consoleLine
 	startWall  time.Time
 	startBusy  time.Duration
 	wall, busy time.Duration
@@ -705,15 +720,7 @@ type busyWindow struct {
 func (w *busyWindow) Write(p []byte) (int, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	for _, c := range p {
-		if c != '\n' {
-			if len(w.line) < 4096 {
-				w.line = append(w.line, c)
-			}
-			continue
-		}
-		line := string(w.line)
-		w.line = w.line[:0]
+	w.line.feed(p, func(line string) {
 		switch {
 		case strings.Contains(line, guestboot.ReadyMarker) && w.startWall.IsZero():
 			w.startWall, w.startBusy = time.Now(), machineBusy()
@@ -728,7 +735,7 @@ func (w *busyWindow) Write(p []byte) (int, error) {
 					MMIOExits: end.MMIOExits - w.startStats.MMIOExits, Interrupted: end.Interrupted - w.startStats.Interrupted}
 			}
 		}
-	}
+	})
 	return len(p), nil
 }
 
