@@ -137,7 +137,8 @@ func sha256File(t *testing.T, path string) string {
 	return hex.EncodeToString(h.Sum(nil))
 }
 
-// TestNestedKVMBundle runs TestKVMBundleUserland inside the nested
+// TestNestedKVMBundle runs TestKVMBundleUserland and
+// TestKVMBundleFigures (whose figures it records) inside the nested
 // harness (see TestNestedKVMClientFlow), the stand-in bundle's directory
 // shared into the outer guest (read-only: its /root is a fresh tmpfs).
 // It skips without the bundle.
@@ -146,8 +147,13 @@ func TestNestedKVMBundle(t *testing.T) {
 	dir, err := filepath.EvalSymlinks(b.Dir)
 	require.NoError(t, err)
 	before := sha256File(t, b.RootImagePath())
-	gt := nestedKVMTest(t, "^TestKVMBundleUserland$", 20*time.Minute, 1, bundle.DirEnv+"="+dir)
+	gt := nestedKVMTest(t, "^(TestKVMBundleUserland|TestKVMBundleFigures)$", 40*time.Minute, 1, bundle.DirEnv+"="+dir)
 	gt.Shares = []string{dir}
-	nested.RunGoTestWith(t, gt)
+	res := nested.RunGoTestWith(t, gt)
+	figures := nested.FiguresIn(res.Output, bundleFiguresMarker)
+	if len(figures) == 0 {
+		t.Error("the bundle figures measured nothing inside the nested guest (skipped there?)")
+	}
+	nested.RecordFigures(t, figures...)
 	assert.Equal(t, before, sha256File(t, filepath.Join(dir, bundle.RootImage)), "the bundle's image is never written")
 }

@@ -1,0 +1,203 @@
+package e2e
+
+import (
+	"fmt"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/cowork-vmm/cowork-vmm/protocol"
+	"github.com/cowork-vmm/cowork-vmm/testharness/bundle"
+	"github.com/cowork-vmm/cowork-vmm/testharness/nested"
+)
+
+// bundleFiguresMarker starts every figure line TestKVMBundleFigures
+// records.
+const bundleFiguresMarker = "bundle vs host dirs: "
+
+// benchTreeFiles is how many files the git-status tree holds (issue #41).
+const benchTreeFiles = 10000
+
+// benchRounds is how many times each userland boots, alternating
+// (bundle, host dirs, bundle, …): the first boot makes the tree, a later
+// one times git status cold (the first in its boot).
+const benchRounds = 2
+
+// benchStepTimeout bounds one timed step; making and committing the tree
+// under the nested harness's emulator takes minutes.
+const benchStepTimeout = 8 * time.Minute
+
+// TestKVMBundleFigures measures, in one helper, the bundle's userland
+// (the stand-in image: ext4 over virtio-blk through the copy-on-write
+// layer) beside the host directories' (virtio-fs), booting each in turn
+// (issue #41's bench rows): startVM → connected, `python3 -c pass` first
+// in the boot (cold) and again (warm), and `git status` of a
+// benchTreeFiles-file tree in the session directory, first in a boot that
+// did not make it (cold) and again (warm). Every time is the client's:
+// the call or spawn to the event that ends it. It records figures and
+// asserts only that each step succeeded. TestNestedKVMBundle runs it.
+func TestKVMBundleFigures(t *testing.T) {
+	backend := kvmBackend(t, "TestNestedKVMBundle")
+	b := bundle.Require(t)
+	h := startHelper(t, backend)
+	userlands := []benchUserland{
+		{name: "bundle", profile: "fig-bundle", bundlePath: b.Dir},
+		{name: "host dirs", profile: "fig-hostdirs", bundlePath: filepath.Join(t.TempDir(), "no-bundle")},
+	}
+	rows := map[string]map[string][]time.Duration{}
+	for round := range benchRounds {
+		for i := range userlands {
+			u := &userlands[i]
+			if u.c == nil {
+				u.c = profilePipe(t, h.socket, u.profile)
+				u.ev = subscribeProfile(t, h.socket, u.profile)
+			}
+			for row, d := range u.measure(t, round) {
+				if rows[row] == nil {
+					rows[row] = map[string][]time.Duration{}
+				}
+				rows[row][u.name] = append(rows[row][u.name], d)
+			}
+		}
+	}
+	nested.RecordFigures(t, benchFigures(rows)...)
+	recordBoot(t)
+}
+
+// benchUserland is one profile of the comparison and how it boots.
+type benchUserland struct {
+	name, profile, bundlePath string
+	c                         *client
+	ev                        *events
+	seq                       int // numbers spawn ids
+}
+
+// benchRowOrder is the order figure lines come in.
+var benchRowOrder = []string{"startVM → connected", "python3 -c pass (cold)", "python3 -c pass (warm)",
+	"git status " + strconv.Itoa(benchTreeFiles) + " files (cold)", "git status " + strconv.Itoa(benchTreeFiles) + " files (warm)"}
+
+// measure boots u once, times its steps and stops it.
+func (u *benchUserland) measure(t *testing.T, round int) map[string]time.Duration {
+	t.Helper()
+	got := map[string]time.Duration{}
+	u.c.call("configure", map[string]any{"userDataName": u.profile, "userDataRoot": contractRoot, "networkDrives": []any{}, "memoryMB": 1024, "cpuCount": 1}, nil)
+	started := time.Now()
+	u.c.call("startVM", map[string]any{"bundlePath": u.bundlePath, "memoryGB": 1.0, "cpuCount": 1}, nil)
+	waitConnected(t, u.c)
+	got[benchRowOrder[0]] = time.Since(started)
+	got[benchRowOrder[1]], _ = u.run(t, `python3 -c pass`)
+	got[benchRowOrder[2]], _ = u.run(t, `python3 -c pass`)
+	if round == 0 {
+		made, _ := u.run(t, makeBenchTree)
+		t.Logf("%s: made and committed the %d-file tree in %v", u.name, benchTreeFiles, ms(made))
+	} else {
+		got[benchRowOrder[3]], _ = u.gitStatus(t)
+	}
+	var out string
+	got[benchRowOrder[4]], out = u.gitStatus(t)
+	require.Equal(t, "clean\n", out, "%s: git status of the committed tree", u.name)
+	u.c.call("stopVM", nil, nil)
+	return got
+}
+
+// makeBenchTree makes and commits the tree in the session directory:
+// one python3 writes the files (a shell loop would fork benchTreeFiles
+// times under the emulator).
+var makeBenchTree = `set -e
+cd /sessions/bench
+mkdir tree && cd tree
+python3 -c '
+import os
+for i in range(` + strconv.Itoa(benchTreeFiles) + `):
+    d = "d%03d" % (i // 100)
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, "f%05d.txt" % i), "w") as f:
+        f.write("file %d\n" % i)
+'
+git init -q .
+git add .
+git -c user.name=bench -c user.email=bench@example.invalid commit -q -m tree`
+
+// benchTreeClean says whether the tree is clean.
+const benchTreeClean = `cd /sessions/bench/tree && test -z "$(git status --porcelain)" && echo clean`
+
+// run spawns script in the bench session, requires exit 0 and returns the
+// time from the spawn call to the exit event's arrival, and its stdout.
+func (u *benchUserland) run(t *testing.T, script string) (time.Duration, string) {
+	t.Helper()
+	id := u.nextID()
+	start := time.Now()
+	u.c.call("spawn", map[string]any{"id": id, "name": "bench", "command": "/bin/sh", "args": sh(script)}, nil)
+	end := u.exitOK(t, id)
+	return end.Sub(start), u.ev.output(protocol.EventStdout, id)
+}
+
+// nextID is a spawn id not used before in u's profile.
+func (u *benchUserland) nextID() string {
+	u.seq++
+	return fmt.Sprintf("bench-%d", u.seq)
+}
+
+// gitStatus times `git status` alone, then checks the tree is clean in
+// a second, untimed spawn, whose stdout it returns.
+func (u *benchUserland) gitStatus(t *testing.T) (time.Duration, string) {
+	t.Helper()
+	id := u.nextID()
+	start := time.Now()
+	u.c.call("spawn", map[string]any{"id": id, "name": "bench", "command": "/bin/sh",
+		"args": sh(`cd /sessions/bench/tree && exec git status`)}, nil)
+	end := u.exitOK(t, id)
+	check := id + "-check"
+	u.c.call("spawn", map[string]any{"id": check, "name": "bench", "command": "/bin/sh", "args": sh(benchTreeClean)}, nil)
+	u.exitOK(t, check)
+	return end.Sub(start), u.ev.output(protocol.EventStdout, check)
+}
+
+// exitOK waits for id's exit, requires status 0 and returns when it came.
+func (u *benchUserland) exitOK(t *testing.T, id string) time.Time {
+	t.Helper()
+	exit, err := u.ev.tryWait("exit of "+id, benchStepTimeout, func(e protocol.Event) bool { return e.Type == protocol.EventExit && e.ID == id })
+	stdout, stderr := u.ev.output(protocol.EventStdout, id), u.ev.output(protocol.EventStderr, id)
+	require.NoError(t, err, "%s: stdout %q, stderr %q", u.name, stdout, stderr)
+	require.NotNil(t, exit.ExitCode, "%s %s: %+v, stderr %q", u.name, id, exit, stderr)
+	require.Equal(t, 0, *exit.ExitCode, "%s %s: stdout %q, stderr %q", u.name, id, stdout, stderr)
+	at, _ := u.ev.firstAt(id, func(e protocol.Event) bool { return e.Type == protocol.EventExit })
+	return at
+}
+
+// benchFigures is one line per row: each userland's times in boot order
+// and the ratio of their medians, bundle / host dirs.
+func benchFigures(rows map[string]map[string][]time.Duration) []string {
+	var lines []string
+	for _, row := range benchRowOrder {
+		b, d := rows[row]["bundle"], rows[row]["host dirs"]
+		if len(b) == 0 || len(d) == 0 {
+			continue
+		}
+		ratio := float64(median(b)) / float64(median(d))
+		lines = append(lines, fmt.Sprintf("%s%s: bundle %s, host dirs %s, bundle/host dirs %.2f",
+			bundleFiguresMarker, row, durations(b), durations(d), ratio))
+	}
+	return lines
+}
+
+// median of ds (the upper one of an even count).
+func median(ds []time.Duration) time.Duration {
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	return s[len(s)/2]
+}
+
+// durations lists ds rounded to the millisecond, "a / b".
+func durations(ds []time.Duration) string {
+	parts := make([]string, len(ds))
+	for i, d := range ds {
+		parts[i] = ms(d).String()
+	}
+	return strings.Join(parts, " / ")
+}
