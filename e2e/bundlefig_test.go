@@ -123,6 +123,7 @@ for i in range(` + strconv.Itoa(benchTreeFiles) + `):
     with open(os.path.join(d, "f%05d.txt" % i), "w") as f:
         f.write("file %d\n" % i)
 '
+ls -ldn . >&2; id >&2 # shown if a step fails
 # git init checks the work tree with access(2), which answers for the
 # spawn's uid without the capabilities it reaches the share's files with
 # (EACCES): a bare init, then made a work tree's, skips that check.
