@@ -40,7 +40,7 @@ const benchStepTimeout = 8 * time.Minute
 // layer) beside the host directories' (virtio-fs), booting each in turn
 // (issue #41's bench rows): startVM → connected, `python3 -c pass` first
 // in the boot (cold) and again (warm), and `git status` of a
-// benchTreeFiles-file tree in the session directory, first in a boot that
+// benchTreeFiles-file tree in the session's /tmp, first in a boot that
 // did not make it (cold) and again (warm). Every time is the client's:
 // the call or spawn to the event that ends it. It records figures and
 // asserts only that each step succeeded. TestNestedKVMBundle runs it.
@@ -96,11 +96,11 @@ func (u *benchUserland) measure(t *testing.T, round int) map[string]time.Duratio
 	got[benchRowOrder[0]] = time.Since(started)
 	got[benchRowOrder[1]], _ = u.run(t, `python3 -c pass`)
 	got[benchRowOrder[2]], _ = u.run(t, `python3 -c pass`)
-	if round == 0 {
-		made, _ := u.run(t, makeBenchTree)
-		t.Logf("%s: made and committed the %d-file tree in %v", u.name, benchTreeFiles, ms(made))
-	} else {
+	if _, kept := u.run(t, `test -d `+benchTreeDir+`/.git && echo kept || true`); round > 0 && kept == "kept\n" {
 		got[benchRowOrder[3]], _ = u.gitStatus(t)
+	} else {
+		made, _ := u.run(t, makeBenchTree)
+		t.Logf("%s: made and committed the %d-file tree in %v (boot %d)", u.name, benchTreeFiles, ms(made), round+1)
 	}
 	var out string
 	got[benchRowOrder[4]], out = u.gitStatus(t)
@@ -109,12 +109,17 @@ func (u *benchUserland) measure(t *testing.T, round int) map[string]time.Duratio
 	return got
 }
 
-// makeBenchTree makes and commits the tree in the session directory:
-// one python3 writes the files (a shell loop would fork benchTreeFiles
-// times under the emulator).
+// benchTreeDir is where the tree is made: the session's /tmp, not its
+// directory, where git cannot run (access(2) there answers EACCES to the
+// spawn's uid: git init dies "Cannot access work tree", git add "unable
+// to access .git/config"; seen in the nested harness, to be fixed apart).
+const benchTreeDir = "/tmp/bench-tree"
+
+// makeBenchTree makes and commits the tree: one python3 writes the files
+// (a shell loop would fork benchTreeFiles times under the emulator).
 var makeBenchTree = benchGitEnv + `set -e
-cd /sessions/bench
-mkdir tree && cd tree
+rm -rf ` + benchTreeDir + `
+mkdir -p ` + benchTreeDir + ` && cd ` + benchTreeDir + `
 python3 -c '
 import os
 for i in range(` + strconv.Itoa(benchTreeFiles) + `):
@@ -123,13 +128,7 @@ for i in range(` + strconv.Itoa(benchTreeFiles) + `):
     with open(os.path.join(d, "f%05d.txt" % i), "w") as f:
         f.write("file %d\n" % i)
 '
-ls -ldn . >&2; id >&2 # shown if a step fails
-# access(2) in the session share answers EACCES to the spawn's uid (the
-# share shows its files as 0's, mode 0755 or not), and git dies on it:
-# git init checks the work tree with it (a bare init does not), git reads
-# .git/config after it (a repository without one is a work tree's).
-git init -q --bare .git
-rm .git/config
+git init -q .
 git add .
 git -c user.name=bench -c user.email=bench@example.invalid commit -q -m tree`
 
@@ -139,7 +138,7 @@ const benchGitEnv = `export GIT_CONFIG_COUNT=1 GIT_CONFIG_KEY_0=safe.directory G
 `
 
 // benchTreeClean says whether the tree is clean.
-const benchTreeClean = benchGitEnv + `cd /sessions/bench/tree && test -z "$(git status --porcelain)" && echo clean`
+const benchTreeClean = benchGitEnv + `cd ` + benchTreeDir + ` && test -z "$(git status --porcelain)" && echo clean`
 
 // run spawns script in the bench session, requires exit 0 and returns the
 // time from the spawn call to the exit event's arrival, and its stdout.
@@ -165,7 +164,7 @@ func (u *benchUserland) gitStatus(t *testing.T) (time.Duration, string) {
 	id := u.nextID()
 	start := time.Now()
 	u.c.call("spawn", map[string]any{"id": id, "name": "bench", "command": "/bin/sh",
-		"args": sh(benchGitEnv + `cd /sessions/bench/tree && exec git status`)}, nil)
+		"args": sh(benchGitEnv + `cd ` + benchTreeDir + ` && exec git status`)}, nil)
 	end := u.exitOK(t, id)
 	check := id + "-check"
 	u.c.call("spawn", map[string]any{"id": check, "name": "bench", "command": "/bin/sh", "args": sh(benchTreeClean)}, nil)
