@@ -126,7 +126,11 @@ func startHelper(t *testing.T, backend string, extraEnv ...string) *harness {
 	t.Cleanup(func() {
 		if h.cmd.ProcessState == nil {
 			_ = h.cmd.Process.Kill()
-			<-h.exited
+			select {
+			case <-h.exited:
+			case <-time.After(callTimeout):
+				t.Errorf("the helper had not exited %v after SIGKILL", callTimeout)
+			}
 		}
 		if strings.Contains(h.stderr.String(), "WARNING: DATA RACE") {
 			t.Error("the race detector found a data race in the helper or its agent")

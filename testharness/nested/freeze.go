@@ -14,19 +14,31 @@ package nested
 // own timers. So the harness watches qemu's CPU time, ends a run in which
 // qemu has used almost none for freezeWindow (ErrOuterFroze), and
 // RunThroughFreezes runs such a run again.
+//
+// It can also stop while qemu keeps a CPU busy: on 2026-12-06 a CI run's
+// outer guest printed nothing for 20 minutes after a nested VM started two
+// busy loops, and its own 20-minute payload timeout never fired, so its
+// kernel no longer kept time. outerinit therefore prints a heartbeat
+// (job.MarkerAlive) every job.AliveInterval while the payload runs, and a
+// run whose heartbeat stops for stallWindow counts as frozen too.
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
+
+	"github.com/cowork-vmm/cowork-vmm/testharness/nested/job"
 )
 
-// ErrOuterFroze: qemu used (almost) no CPU for a whole freezeWindow.
-var ErrOuterFroze = errors.New("the outer guest froze (qemu used no CPU)")
+// ErrOuterFroze: qemu used (almost) no CPU for a whole freezeWindow, or
+// the payload's heartbeat stopped for stallWindow.
+var ErrOuterFroze = errors.New("the outer guest froze")
 
 const (
 	// freezeWindow is how long qemu must be still to count as frozen, and
@@ -35,6 +47,8 @@ const (
 	freezeCPU    = 100 * time.Millisecond
 	// freezeSample is how often qemu's CPU time is read.
 	freezeSample = 5 * time.Second
+	// stallWindow is how long the heartbeat may be missing: nine beats.
+	stallWindow = 9 * job.AliveInterval
 	// clockTick is USER_HZ, the unit of /proc/<pid>/stat's times.
 	clockTick = 10 * time.Millisecond
 )
@@ -107,6 +121,69 @@ func watchFreeze(ctx context.Context, pid int, window, min, sample time.Duration
 			}
 			if w.add(now, cpu) {
 				frozen()
+				return
+			}
+		}
+	}
+}
+
+// markerWatch notes when a marker line appears in the console stream: the
+// first and the latest time. Writes come serialised (lockedWriter); seen
+// may be called from another goroutine.
+type markerWatch struct {
+	start  time.Time
+	marker []byte
+	recent []byte // the stream's tail, long enough to hold a split marker
+
+	mu          sync.Mutex
+	first, last time.Duration // since start; zero until seen
+}
+
+func (m *markerWatch) Write(p []byte) (int, error) {
+	m.recent = append(m.recent, p...)
+	if bytes.Contains(m.recent, m.marker) {
+		now := time.Since(m.start)
+		m.mu.Lock()
+		if m.first == 0 {
+			m.first = now
+		}
+		m.last = now
+		m.mu.Unlock()
+		m.recent = m.recent[:0]
+		return len(p), nil
+	}
+	if keep := len(m.marker); len(m.recent) > keep {
+		m.recent = append(m.recent[:0], m.recent[len(m.recent)-keep:]...)
+	}
+	return len(p), nil
+}
+
+// seen returns the first and the latest time the marker appeared.
+func (m *markerWatch) seen() (first, last time.Duration) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.first, m.last
+}
+
+// watchHeartbeat checks every sample, once begin has been seen, that begin
+// or a heartbeat appeared within window, and calls stalled (once) with how
+// long none has.
+func watchHeartbeat(ctx context.Context, begin, alive *markerWatch, window, sample time.Duration, stalled func(silent time.Duration)) {
+	tick := time.NewTicker(sample)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+			began, _ := begin.seen()
+			if began == 0 {
+				continue
+			}
+			_, beat := alive.seen()
+			silent := time.Since(begin.start) - max(began, beat)
+			if silent >= window {
+				stalled(silent)
 				return
 			}
 		}

@@ -65,3 +65,55 @@ func TestWatchFreeze(t *testing.T) {
 	assert.True(t, run(t, "exec sleep 30"), "a sleeping process is still")
 	assert.False(t, run(t, "while :; do :; done"), "a busy one is not")
 }
+
+// TestMarkerWatch: a marker split across writes is seen; first stays, last
+// moves on.
+func TestMarkerWatch(t *testing.T) {
+	m := &markerWatch{start: time.Now(), marker: []byte("NESTED-ALIVE tok")}
+	_, _ = m.Write([]byte("output NESTED-AL"))
+	first, _ := m.seen()
+	assert.Zero(t, first, "half a marker is not a marker")
+	_, _ = m.Write([]byte("IVE tok uptime=3\n"))
+	first, last := m.seen()
+	require.NotZero(t, first, "the split marker")
+	time.Sleep(10 * time.Millisecond)
+	_, _ = m.Write([]byte("NESTED-ALIVE tok uptime=4\n"))
+	first2, last2 := m.seen()
+	assert.Equal(t, first, first2)
+	assert.Greater(t, last2, last)
+}
+
+// TestWatchHeartbeat: a payload whose heartbeat stops counts as stalled; one
+// that keeps beating, or has not begun, does not.
+func TestWatchHeartbeat(t *testing.T) {
+	run := func(t *testing.T, began bool, beat time.Duration) bool {
+		start := time.Now()
+		begin := &markerWatch{start: start, marker: []byte("BEGIN tok")}
+		alive := &markerWatch{start: start, marker: []byte("ALIVE tok")}
+		if began {
+			_, _ = begin.Write([]byte("BEGIN tok\n"))
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		if beat > 0 {
+			go func() {
+				for ctx.Err() == nil {
+					_, _ = alive.Write([]byte("ALIVE tok\n")) // one writer, as lockedWriter makes it
+					time.Sleep(beat)
+				}
+			}()
+		}
+		stalled := make(chan time.Duration, 1)
+		watchHeartbeat(ctx, begin, alive, 500*time.Millisecond, 50*time.Millisecond, func(d time.Duration) { stalled <- d })
+		select {
+		case d := <-stalled:
+			assert.GreaterOrEqual(t, d, 500*time.Millisecond)
+			return true
+		default:
+			return false
+		}
+	}
+	assert.True(t, run(t, true, 0), "no heartbeat after the payload began")
+	assert.False(t, run(t, true, 100*time.Millisecond), "a steady heartbeat")
+	assert.False(t, run(t, false, 0), "nothing is judged before the payload begins")
+}

@@ -2,6 +2,7 @@ package nested
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"os"
@@ -101,6 +102,11 @@ func TryGoTest(t testing.TB, gt GoTest) (Result, error) {
 	if gt.Run != "" {
 		args = append(args, "-test.run", gt.Run)
 	}
+	// A test that hangs while the outer guest lives then panics with every
+	// goroutine's stack, a minute before outerinit would kill it silently.
+	if budget := cmp.Or(gt.Timeout, DefaultTimeout); budget > 2*time.Minute {
+		args = append(args, "-test.timeout="+(budget-time.Minute).String())
+	}
 	args = append(args, gt.Args...)
 	ctx := context.Background()
 	if deadline, ok := t.(interface{ Deadline() (time.Time, bool) }); ok {
@@ -171,6 +177,9 @@ func (l *lineLogger) Write(p []byte) (int, error) {
 		if err != nil {
 			l.buf.WriteString(line) // incomplete: keep for the next write
 			return len(p), nil
+		}
+		if strings.Contains(line, job.MarkerAlive+" ") {
+			continue // the heartbeat: the console tail shows the latest
 		}
 		l.t.Log("guest: " + strings.TrimRight(line, "\r\n"))
 	}

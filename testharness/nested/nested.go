@@ -389,18 +389,26 @@ func runQemu(ctx context.Context, opts Options, payload, initrd, token string) (
 	var console bytes.Buffer
 	var mu sync.Mutex
 	start := time.Now()
-	clock := &markerClock{start: start, marker: []byte(job.Marker(job.MarkerInit, token, ""))}
-	sink := io.Writer(&lockedWriter{mu: &mu, w: io.MultiWriter(&console, clock)})
+	initSeen := &markerWatch{start: start, marker: []byte(job.Marker(job.MarkerInit, token, ""))}
+	begin := &markerWatch{start: start, marker: []byte(job.Marker(job.MarkerBegin, token, ""))}
+	alive := &markerWatch{start: start, marker: []byte(job.Marker(job.MarkerAlive, token, ""))}
+	sink := io.Writer(&lockedWriter{mu: &mu, w: io.MultiWriter(&console, initSeen, begin, alive)})
 	if opts.Stdout != nil {
 		sink = io.MultiWriter(sink, opts.Stdout)
 	}
 	cmd.Stdout = sink
 	cmd.Stderr = sink
-	var frozen atomic.Bool
+	var froze atomic.Pointer[string] // why the run counts as frozen
 	runErr := cmd.Start()
 	if runErr == nil {
 		go watchFreeze(runCtx, cmd.Process.Pid, freezeWindow, freezeCPU, freezeSample, func() {
-			frozen.Store(true)
+			why := fmt.Sprintf("qemu used no CPU for %v", freezeWindow)
+			froze.CompareAndSwap(nil, &why)
+			kill()
+		})
+		go watchHeartbeat(runCtx, begin, alive, stallWindow, freezeSample, func(silent time.Duration) {
+			why := fmt.Sprintf("its heartbeat stopped for %v while qemu ran", silent.Round(time.Second))
+			froze.CompareAndSwap(nil, &why)
 			kill()
 		})
 		runErr = cmd.Wait()
@@ -412,11 +420,11 @@ func runQemu(ctx context.Context, opts Options, payload, initrd, token string) (
 	mu.Unlock()
 	res, parseErr := parseConsole(text, token)
 	res.Wall = wall
-	res.InitWall = clock.at
+	res.InitWall, _ = initSeen.seen()
 	res.Console = text
 	switch {
-	case frozen.Load() && parseErr != nil:
-		return res, fmt.Errorf("nested: %w for %v; qemu killed after %v; console tail:\n%s", ErrOuterFroze, freezeWindow, wall.Round(time.Second), tail(text, 30))
+	case froze.Load() != nil && parseErr != nil:
+		return res, fmt.Errorf("nested: %w: %s; qemu killed after %v; console tail:\n%s", ErrOuterFroze, *froze.Load(), wall.Round(time.Second), tail(text, 30))
 	case ctx.Err() != nil && parseErr != nil:
 		return res, fmt.Errorf("nested: outer guest did not finish within %v; qemu killed; console tail:\n%s", deadline, tail(text, 30))
 	case parseErr != nil && runErr != nil:
@@ -480,7 +488,7 @@ func parseConsole(text, token string) (Result, error) {
 // parseMarker recognises "KIND TOKEN[ VALUE]". A marker may follow other
 // output on the same line when the payload did not end with a newline.
 func parseMarker(line, token string) (before, kind, value string, ok bool) {
-	for _, k := range []string{job.MarkerInit, job.MarkerClock, job.MarkerBegin, job.MarkerExit, job.MarkerError} {
+	for _, k := range []string{job.MarkerInit, job.MarkerClock, job.MarkerBegin, job.MarkerAlive, job.MarkerExit, job.MarkerError} {
 		prefix := k + " " + token
 		i := strings.Index(line, prefix)
 		if i < 0 {
@@ -512,29 +520,4 @@ func (l *lockedWriter) Write(p []byte) (int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.w.Write(p)
-}
-
-// markerClock notes when a marker first appears in the console stream.
-// Writes are serialised by lockedWriter; read at only after the run.
-type markerClock struct {
-	start  time.Time
-	marker []byte
-	recent []byte // the tail of the stream, long enough to hold a split marker
-	at     time.Duration
-}
-
-func (m *markerClock) Write(p []byte) (int, error) {
-	if m.at != 0 {
-		return len(p), nil
-	}
-	m.recent = append(m.recent, p...)
-	if bytes.Contains(m.recent, m.marker) {
-		m.at = time.Since(m.start)
-		m.recent = nil
-		return len(p), nil
-	}
-	if keep := len(m.marker); len(m.recent) > keep {
-		m.recent = append(m.recent[:0], m.recent[len(m.recent)-keep:]...)
-	}
-	return len(p), nil
 }

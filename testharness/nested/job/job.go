@@ -102,7 +102,14 @@ const (
 	// (ClocksourcePath), printed before the payload starts and again after
 	// it ends: a kernel can fall back to a coarse one meanwhile.
 	MarkerClock = "NESTED-CLOCK"
+	// MarkerAlive is printed every AliveInterval while the payload runs,
+	// with value "uptime=<seconds>": a guest that stops printing it has
+	// stopped keeping time (its kernel is stuck), whatever qemu's CPU use.
+	MarkerAlive = "NESTED-ALIVE"
 )
+
+// AliveInterval is how often outerinit prints MarkerAlive.
+const AliveInterval = 20 * time.Second
 
 // ClocksourcePath names the clocksource the outer kernel keeps time with.
 const ClocksourcePath = "/sys/devices/system/clocksource/clocksource0/current_clocksource"

@@ -97,9 +97,32 @@ func run(console *os.File, token *string) (int, error) {
 	}
 	fmt.Fprintln(console, job.Marker(job.MarkerClock, j.Token, clocksource()))
 	fmt.Fprintln(console, job.Marker(job.MarkerBegin, j.Token, ""))
+	stopBeat := heartbeat(console, j.Token)
 	code, err := runPayload(j, console)
+	stopBeat()
 	fmt.Fprintln(console, job.Marker(job.MarkerClock, j.Token, clocksource()))
 	return code, err
+}
+
+// heartbeat prints MarkerAlive every job.AliveInterval until the returned
+// stop is called (which waits for the last line to be written).
+func heartbeat(console *os.File, token string) (stop func()) {
+	done := make(chan struct{})
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		tick := time.NewTicker(job.AliveInterval)
+		defer tick.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-tick.C:
+				fmt.Fprintln(console, job.Marker(job.MarkerAlive, token, "uptime="+uptime()))
+			}
+		}
+	}()
+	return func() { close(done); <-stopped }
 }
 
 // clocksource names the kernel's current clocksource, or why it cannot.
