@@ -6,6 +6,8 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+
+	"github.com/cowork-vmm/cowork-vmm/internal/cachedir"
 )
 
 // Flavours the build script knows.
@@ -16,16 +18,7 @@ const (
 
 // CacheDir is where build.sh puts kernels: $KERNEL_CACHE, else
 // $XDG_CACHE_HOME/cowork-vmm/kernels, else $HOME/.cache/cowork-vmm/kernels.
-func CacheDir() (string, error) {
-	if dir := os.Getenv("KERNEL_CACHE"); dir != "" {
-		return dir, nil
-	}
-	base, err := os.UserCacheDir()
-	if err != nil {
-		return "", fmt.Errorf("kernel cache: set KERNEL_CACHE or HOME: %w", err)
-	}
-	return filepath.Join(base, "cowork-vmm", "kernels"), nil
-}
+func CacheDir() (string, error) { return cachedir.Dir("KERNEL_CACHE", "kernels") }
 
 // Find returns the path of the latest built vmlinux of flavour ("guest" or
 // "outer"). When none is built the error says how to build one.

@@ -6,6 +6,8 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+
+	"github.com/cowork-vmm/cowork-vmm/internal/cachedir"
 )
 
 // DirEnv names a bundle directory to use instead of the cache's current
@@ -67,16 +69,7 @@ func (b Bundle) DataImagePath() string { return filepath.Join(b.Dir, DataImage) 
 
 // DefaultDir is the bundle directory Find looks at: DirEnv, else
 // scripts/make-bundle.sh's current build in the user's cache.
-func DefaultDir() (string, error) {
-	if d := os.Getenv(DirEnv); d != "" {
-		return filepath.Abs(d)
-	}
-	cache, err := os.UserCacheDir()
-	if err != nil {
-		return "", err
-	}
-	return filepath.Join(cache, "cowork-vmm", "bundles", "current"), nil
-}
+func DefaultDir() (string, error) { return cachedir.Dir(DirEnv, "bundles", "current") }
 
 // Find returns the built bundle, or an error that says how to build it.
 func Find() (Bundle, error) {

@@ -7,6 +7,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+
+	"github.com/cowork-vmm/cowork-vmm/internal/cachedir"
 )
 
 //go:embed sdk.pin
@@ -39,16 +41,7 @@ func Version() string {
 
 // DefaultDir is where scripts/fetch-sdk.sh puts builds unless DirEnv says
 // otherwise.
-func DefaultDir() (string, error) {
-	if d := os.Getenv(DirEnv); d != "" {
-		return filepath.Abs(d)
-	}
-	cache, err := os.UserCacheDir()
-	if err != nil {
-		return "", err
-	}
-	return filepath.Join(cache, "cowork-vmm", "sdk"), nil
-}
+func DefaultDir() (string, error) { return cachedir.Dir(DirEnv, "sdk") }
 
 // Find returns the pinned build, or an error that says how to fetch it.
 func Find() (SDK, error) {

@@ -2,11 +2,10 @@ package vm
 
 import (
 	"fmt"
-	"os"
-	"path/filepath"
 
 	"github.com/cowork-vmm/cowork-vmm/guest/kernel"
 	"github.com/cowork-vmm/cowork-vmm/guest/kernel/embedded"
+	"github.com/cowork-vmm/cowork-vmm/internal/cachedir"
 )
 
 // CmdlineEnv is appended to the guest kernel's command line, for
@@ -28,10 +27,10 @@ func embeddedKernel() (kernel.Image, error) {
 	if !embedded.Available() {
 		return kernel.Image{}, embedded.ErrNotEmbedded
 	}
-	base, err := os.UserCacheDir()
+	dir, err := cachedir.Dir("", "embedded-kernel")
 	if err == nil {
 		var p string
-		if p, err = embedded.Unpack(filepath.Join(base, "cowork-vmm", "embedded-kernel")); err == nil {
+		if p, err = embedded.Unpack(dir); err == nil {
 			return kernel.Image{Path: p, From: "embedded in the executable, unpacked to " + p}, nil
 		}
 	}
