@@ -6,7 +6,6 @@ import (
 	"net"
 	"net/http/httptest"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -18,6 +17,7 @@ import (
 
 	"github.com/cowork-vmm/cowork-vmm/protocol"
 	"github.com/cowork-vmm/cowork-vmm/testharness/fakeapi"
+	"github.com/cowork-vmm/cowork-vmm/testharness/guestboot/sdkturn"
 	"github.com/cowork-vmm/cowork-vmm/testharness/nested"
 	"github.com/cowork-vmm/cowork-vmm/testharness/sdkcache"
 )
@@ -159,25 +159,12 @@ func localCopy(t *testing.T, sdk sdkcache.SDK) sdkcache.SDK {
 
 func ms(d time.Duration) time.Duration { return d.Round(time.Millisecond) }
 
-// sdkEnv is the environment of a CLI pointed at base: an API key the fake
-// API ignores, and nothing sent that the turn does not need.
-func sdkEnv(base string) map[string]string {
-	return map[string]string{
-		"ANTHROPIC_BASE_URL":                       base,
-		"ANTHROPIC_API_KEY":                        "sk-fake-e2e",
-		"DISABLE_TELEMETRY":                        "1",
-		"DISABLE_AUTOUPDATER":                      "1",
-		"CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
-		"CLAUDE_CODE_MAX_RETRIES":                  "0",
-	}
-}
-
 // spawn starts the CLI with args as the client does and returns when.
 func (r sdkRun) spawn(t *testing.T, id, base string, args ...string) time.Time {
 	t.Helper()
 	start := time.Now()
 	r.c.call("spawn", map[string]any{"id": id, "name": sdkSession, "command": "/usr/local/bin/claude",
-		"args": args, "env": sdkEnv(base), "allowedDomains": r.allow}, nil)
+		"args": args, "env": sdkturn.APIEnv(base), "allowedDomains": r.allow}, nil)
 	return start
 }
 
@@ -222,10 +209,9 @@ func (r sdkRun) printTurn(t *testing.T, id, prompt string) (first, exit time.Dur
 // then end of input ends the process.
 func (r sdkRun) streamJSONTurns(t *testing.T, id string, prompts ...string) (first, exit time.Duration) {
 	t.Helper()
-	start := r.spawn(t, id, r.api, "-p", "--input-format", "stream-json", "--output-format", "stream-json", "--verbose")
+	start := r.spawn(t, id, r.api, sdkturn.Args(sdkturn.ModeStream)...)
 	for i, prompt := range prompts {
-		msg := fmt.Sprintf(`{"type":"user","message":{"role":"user","content":[{"type":"text","text":%q}]}}`+"\n", prompt)
-		r.c.call("writeStdin", map[string]any{"id": id, "data": msg}, nil)
+		r.c.call("writeStdin", map[string]any{"id": id, "data": string(sdkturn.StreamMessage(prompt))}, nil)
 		_, err := r.ev.tryWait(fmt.Sprintf("result %d of %s", i+1, id), sdkTurnTimeout, func(e protocol.Event) bool {
 			if e.Type == protocol.EventExit && e.ID == id {
 				t.Fatalf("%s exited mid-conversation: %+v, stderr %q", id, e, r.ev.outputLocked(protocol.EventStderr, id))
@@ -263,24 +249,7 @@ func (r sdkRun) refusedHost(t *testing.T, id, base string, api *fakeapi.Handler)
 // against the same API, as the figures' peer.
 func nativePrintTurn(t *testing.T, sdk sdkcache.SDK, base string) (first, exit time.Duration) {
 	t.Helper()
-	cmd := exec.Command(sdk.Binary(), "-p", "native turn")
-	cmd.Env = []string{"HOME=" + t.TempDir(), "PATH=/usr/bin:/bin"}
-	for k, v := range sdkEnv(base) {
-		cmd.Env = append(cmd.Env, k+"="+v)
-	}
-	cmd.Dir = t.TempDir()
-	stdout, err := cmd.StdoutPipe()
-	require.NoError(t, err)
-	var stderr strings.Builder
-	cmd.Stderr = &stderr
-	start := time.Now()
-	require.NoError(t, cmd.Start())
-	buf := make([]byte, 4096)
-	n, _ := stdout.Read(buf)
-	first = time.Since(start)
-	rest, _ := io.ReadAll(stdout)
-	require.NoError(t, cmd.Wait(), "native run: %s", stderr.String())
-	exit = time.Since(start)
-	assert.Equal(t, fakeapi.AnswerPrefix+"native turn\n", string(buf[:n])+string(rest))
-	return first, exit
+	timing, err := sdkturn.Run(t.Context(), sdkturn.Spec{Binary: sdk.Binary(), Mode: sdkturn.ModePrint, Home: t.TempDir(), APIURL: base})
+	require.NoError(t, err, "native run")
+	return timing.FirstByte, timing.Exit
 }

@@ -44,21 +44,34 @@ func Args(m Mode) []string {
 	return []string{"-p", Prompt}
 }
 
-// Env is the CLI's whole environment: its HOME, a PATH, the fake API's
-// URL and a key for it, and neither telemetry nor any other traffic than
-// the turn's.
-func Env(home, apiURL string) []string {
-	return []string{
-		"HOME=" + home, "PATH=/usr/local/bin:/usr/bin:/bin", "LC_ALL=C.UTF-8",
-		"ANTHROPIC_BASE_URL=" + apiURL, "ANTHROPIC_API_KEY=sk-test",
-		"DISABLE_TELEMETRY=1", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1", "DISABLE_AUTOUPDATER=1",
+// APIEnv is what points the CLI at the fake API at apiURL: its URL, a key
+// it ignores, no retries (a failed turn fails at once), and neither
+// telemetry nor any other traffic than the turn's. The e2e tests spawn the
+// CLI through the helper with it.
+func APIEnv(apiURL string) map[string]string {
+	return map[string]string{
+		"ANTHROPIC_BASE_URL":                       apiURL,
+		"ANTHROPIC_API_KEY":                        "sk-test",
+		"DISABLE_TELEMETRY":                        "1",
+		"DISABLE_AUTOUPDATER":                      "1",
+		"CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+		"CLAUDE_CODE_MAX_RETRIES":                  "0",
 	}
 }
 
-// StreamInput is the stream-json line of a user message saying Prompt.
-func StreamInput() []byte {
+// Env is the CLI's whole environment: its HOME, a PATH and APIEnv.
+func Env(home, apiURL string) []string {
+	env := []string{"HOME=" + home, "PATH=/usr/local/bin:/usr/bin:/bin", "LC_ALL=C.UTF-8"}
+	for k, v := range APIEnv(apiURL) {
+		env = append(env, k+"="+v)
+	}
+	return env
+}
+
+// StreamMessage is the stream-json line of a user message saying text.
+func StreamMessage(text string) []byte {
 	b, _ := json.Marshal(map[string]any{"type": "user", "message": map[string]any{
-		"role": "user", "content": []any{map[string]string{"type": "text", "text": Prompt}}}})
+		"role": "user", "content": []any{map[string]string{"type": "text", "text": text}}}})
 	return append(b, '\n')
 }
 
@@ -131,7 +144,7 @@ func Run(ctx context.Context, s Spec) (Timing, error) {
 // feedStream writes the user message, then closes stdin at the result
 // line or the CLI's exit, whichever comes first.
 func feedStream(stdin io.WriteCloser, result, exited <-chan struct{}) {
-	_, _ = stdin.Write(StreamInput())
+	_, _ = stdin.Write(StreamMessage(Prompt))
 	select {
 	case <-result:
 	case <-exited:
