@@ -200,6 +200,7 @@ func spawnIsolation(t *testing.T, backend string) {
 		return strings.Contains(ev.outputLocked(protocol.EventStdout, "victim"), "late mount")
 	})
 	plantedSymlinkMounts(t, h, ev, own, other, filepath.Join(sessions, other), lateDir)
+	gitInSession(t, h, ev, own, work, kvm)
 	h.call("kill", map[string]any{"id": "victim", "signal": "SIGKILL"}, nil)
 	ev.exit("victim")
 	h.call("stopVM", nil, nil)
@@ -233,4 +234,54 @@ func plantedSymlinkMounts(t *testing.T, h *harness, ev *events, own, other, othe
 	assert.NoDirExists(t, filepath.Join(otherHost, "mnt", "x"))
 	h.call("kill", map[string]any{"id": "planter", "signal": "SIGKILL"}, nil)
 	ev.exit("planter")
+}
+
+// gitInSessionScript makes a repository, commits and asks for the status,
+// in the session's home and in its rw mount, with no safe.directory: git
+// checks the work tree with access(2) and refuses a repository another uid
+// owns. It prints the owner it sees of each directory and its own uid.
+const gitInSessionScript = `set -e
+export GIT_AUTHOR_NAME=e2e GIT_AUTHOR_EMAIL=e2e@example.invalid GIT_COMMITTER_NAME=e2e GIT_COMMITTER_EMAIL=e2e@example.invalid
+for dir in "$HOME_DIR/repo" "$WORK_DIR/repo"; do
+  mkdir -p "$dir"
+  cd "$dir"
+  test -w . || { echo "access(2) says $dir is not writable" >&2; exit 1; }
+  git init -q .
+  echo tracked > tracked.txt
+  git add tracked.txt
+  git commit -q -m one
+  echo untracked > new.txt
+  status=$(git status --porcelain)
+  echo "status $(echo "$status" | tr '\n' ' ')"
+  echo "owner $(stat -c %u .) uid $(id -u)"
+done
+echo git-ok`
+
+// gitInSession: git works in a session's own directory and in its rw
+// mount, as the session's user — the files it made are its own in the
+// guest (kvm) — and the commits are on the host.
+func gitInSession(t *testing.T, h *harness, ev *events, session, work string, kvm bool) {
+	t.Helper()
+	if _, err := os.Stat("/usr/bin/git"); err != nil {
+		t.Logf("git in the session not checked: no /usr/bin/git to share with the guest (%v)", err)
+		return
+	}
+	home := "/sessions/" + session
+	h.call("spawn", map[string]any{"id": "git", "name": session, "command": "/bin/sh", "args": []string{"-c", gitInSessionScript},
+		"env":              map[string]string{"HOME_DIR": home, "WORK_DIR": home + "/mnt/work"},
+		"additionalMounts": map[string]any{"work": map[string]string{"path": strings.TrimPrefix(work, "/"), "mode": "rw"}}}, nil)
+	exit := ev.exit("git")
+	out, stderr := ev.output(protocol.EventStdout, "git"), ev.output(protocol.EventStderr, "git")
+	require.NotNil(t, exit.ExitCode, "git %+v: %s", exit, stderr)
+	require.Equal(t, 0, *exit.ExitCode, "git in the session: %s%s", out, stderr)
+	assert.Equal(t, 2, strings.Count(out, "status ?? new.txt \n"), "git status in both directories: %s", out)
+	assert.FileExists(t, filepath.Join(work, "repo", ".git", "HEAD"), "the repository is on the host")
+	if kvm {
+		for _, line := range strings.Split(out, "\n") {
+			if rest, ok := strings.CutPrefix(line, "owner "); ok {
+				owner, uid, _ := strings.Cut(rest, " uid ")
+				assert.Equal(t, uid, owner, "the session's files are its user's in the guest")
+			}
+		}
+	}
 }

@@ -95,6 +95,18 @@ type SystemSharer interface {
 	ShareSystem(hostPath string) (protocol.MountSource, error)
 }
 
+// SessionSharer may be implemented by a Guest whose shares report their
+// files' owners to the guest's kernel (the VM's virtio-fs and 9p devices):
+// ShareForSession is Share for a host path mounted in a session, whose
+// processes run as sessionUID (protocol.SpawnParams.UID). What the helper
+// owns there is shown as sessionUID's, so the session's processes are the
+// owners of their own files, as the client's own VM has them; the host
+// still enforces the helper's permissions (devices/hostfs.ShowOwnedAs).
+// Without it the helper uses Share.
+type SessionSharer interface {
+	ShareForSession(hostPath string, readOnly bool, sessionUID uint32) (protocol.MountSource, error)
+}
+
 // SetupAdjuster may be implemented by a Guest whose agent needs a different
 // root filesystem setup than the helper's default: NewRoot true (the agent
 // builds a fresh root, as a sandbox on the host must), System listing the

@@ -81,6 +81,8 @@ type guestInstance struct {
 	// mounts owns what the helper has mounted in this guest
 	// (sessionmounts.go).
 	mounts sessionMounts
+	// uids are the uids of the guest's sessions (sessionuid.go).
+	uids sessionUIDs
 
 	credits creditSender // output credit to the agent (flow.go)
 }

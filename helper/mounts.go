@@ -57,8 +57,18 @@ func mountMode(mode string) (readOnly bool, err error) {
 // take Service.mu while sessionMounts holds its mu: Service.mu is a leaf
 // (nothing calls sessionMounts holding it).
 
-func (inst *guestInstance) share(host string, readOnly bool) (protocol.MountSource, error) {
-	return inst.guest.Share(host, readOnly)
+// share shares host for a mount in session's home (SessionSharer, where
+// the guest has it), or outside any session ("").
+func (inst *guestInstance) share(host string, readOnly bool, session string) (protocol.MountSource, error) {
+	ss, ok := inst.guest.(SessionSharer)
+	if !ok || session == "" {
+		return inst.guest.Share(host, readOnly)
+	}
+	uid, err := inst.uids.of(session)
+	if err != nil {
+		return protocol.MountSource{}, err
+	}
+	return ss.ShareForSession(host, readOnly, uid)
 }
 
 // shareImmutable shares a file through the guest's cached system share
@@ -94,12 +104,8 @@ func (inst *guestInstance) logger() *slog.Logger     { return inst.s.log }
 // (Service.innerMounts): the host directory beneath it is not what the
 // guest sees there.
 func (s *Service) noteInnerMount(target string) {
-	rest, ok := strings.CutPrefix(target, GuestSessionsDir+"/")
-	if !ok {
-		return
-	}
-	session, inner, ok := strings.Cut(rest, "/")
-	if !ok || inner == "" {
+	session, inner, ok := sessionOfTarget(target)
+	if !ok || !inner {
 		return // the home itself: its host directory is what the guest sees
 	}
 	s.mu.Lock()

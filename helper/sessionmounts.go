@@ -86,7 +86,8 @@ type sessionMounts struct {
 // mountGuest is what sessionMounts needs of its guest and its Service
 // (guestInstance, in mounts.go).
 type mountGuest interface {
-	share(host string, readOnly bool) (protocol.MountSource, error)
+	// share shares host for a mount in session's home ("": outside any).
+	share(host string, readOnly bool, session string) (protocol.MountSource, error)
 	// shareImmutable shares a read-only file that never changes while
 	// shared (the SDK binary) where the guest may cache it for good.
 	shareImmutable(host string) (protocol.MountSource, error)
@@ -199,7 +200,8 @@ func (m *sessionMounts) mountLocked(target string, key mountKey) error {
 	if key.immutable {
 		src, err = m.guest.shareImmutable(key.host)
 	} else {
-		src, err = m.guest.share(key.host, key.readOnly)
+		session, _, _ := sessionOfTarget(target)
+		src, err = m.guest.share(key.host, key.readOnly, session)
 	}
 	if err != nil {
 		return fmt.Errorf("sharing %s with the guest: %w", key.host, err)

@@ -26,13 +26,15 @@ type mountLog struct {
 	calls    []string
 	runs     map[string]bool // sessions with a running process
 	mountErr map[string]error
+	// sharedFor is the session each host path was last shared for.
+	sharedFor map[string]string
 	// unmountGate, when set, is waited on by each unmount.
 	unmountGate chan struct{}
 	ended       chan struct{}
 }
 
 func newMountLog() *mountLog {
-	return &mountLog{runs: map[string]bool{}, mountErr: map[string]error{}, ended: make(chan struct{})}
+	return &mountLog{runs: map[string]bool{}, mountErr: map[string]error{}, sharedFor: map[string]string{}, ended: make(chan struct{})}
 }
 
 func (g *mountLog) note(format string, args ...any) {
@@ -50,8 +52,11 @@ func (g *mountLog) take() []string {
 	return out
 }
 
-func (g *mountLog) share(host string, readOnly bool) (protocol.MountSource, error) {
+func (g *mountLog) share(host string, readOnly bool, session string) (protocol.MountSource, error) {
 	g.note("share %s", host)
+	g.mu.Lock()
+	g.sharedFor[host] = session
+	g.mu.Unlock()
 	return bind(host), nil
 }
 
@@ -108,6 +113,19 @@ func mountsFixture(t *testing.T) (*sessionMounts, *mountLog, string, string) {
 	require.NoError(t, m.mount(work, "/sessions/s/mnt/work", false))
 	assert.Equal(t, []string{"share " + home, "mount /sessions/s", "share " + work, "mount /sessions/s/mnt/work"}, g.take())
 	return m, g, home, work
+}
+
+// TestSessionMountsShareForTheirSession: a mount in a session's home, or
+// below it, is shared for that session (its files shown as the session
+// uid's); one outside every session for none.
+func TestSessionMountsShareForTheirSession(t *testing.T) {
+	_, g, home, work := mountsFixture(t)
+	m := &sessionMounts{guest: g}
+	sdk := t.TempDir()
+	require.NoError(t, m.mount(sdk, "/opt/sdk", true))
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	assert.Equal(t, map[string]string{home: "s", work: "s", sdk: ""}, g.sharedFor)
 }
 
 // mounted → withdrawn → mounted → forgotten, each transition once.

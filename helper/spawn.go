@@ -55,6 +55,10 @@ func (s *Service) spawn(ctx context.Context, p protocol.ClientSpawnParams) (prot
 	if err != nil {
 		return res, fmt.Errorf("spawn: %w", err)
 	}
+	uid, err := inst.uids.of(p.Name)
+	if err != nil {
+		return res, fmt.Errorf("spawn: %w", err)
+	}
 	// The lease keeps a process of the session that ends while this one
 	// is being set up from withdrawing the mounts it is about to run in.
 	lease, err := inst.mounts.prepare(ctx, asked)
@@ -88,7 +92,7 @@ func (s *Service) spawn(ctx context.Context, p protocol.ClientSpawnParams) (prot
 		s.log.Warn("spawn: allowedDomains entries ignored (not host names or *.suffix wildcards)", "id", p.ID, "entries", ignored)
 	}
 
-	err = inst.call(protocol.AgentMethodSpawn, protocol.SpawnParams{ID: p.ID, Session: p.Name, Command: p.Command, Args: p.Args, Cwd: cwd, Env: env, EgressToken: token, OutputWindow: outputWindow}, nil)
+	err = inst.call(protocol.AgentMethodSpawn, protocol.SpawnParams{ID: p.ID, Session: p.Name, UID: uid, Command: p.Command, Args: p.Args, Cwd: cwd, Env: env, EgressToken: token, OutputWindow: outputWindow}, nil)
 	if err != nil {
 		s.mu.Lock()
 		s.procs.remove(proc)

@@ -260,7 +260,13 @@ type SpawnParams struct {
 	// Session is the client's spawn name: the session the process belongs
 	// to, whose home is /sessions/<Session>. The helper always sets it (a
 	// name it has validated); an isolated agent refuses a spawn without it.
-	Session string   `json:"session,omitempty"`
+	Session string `json:"session,omitempty"`
+	// UID is the session's uid (and gid) for an isolated spawn: chosen by
+	// the helper, one per session of a guest, as ValidSessionUID allows, so that
+	// the file-sharing devices can show the session's files as its own
+	// (see guest/agent/isolate.go). An isolated agent refuses a spawn
+	// without one, or with one another session has.
+	UID     uint32   `json:"uid,omitempty"`
 	Command string   `json:"command"`
 	Args    []string `json:"args,omitempty"`
 	Cwd     string   `json:"cwd"`
@@ -280,6 +286,18 @@ type SpawnParams struct {
 	// Between MinOutputWindow and MaxOutputWindow; 0 (an older helper):
 	// output is sent as fast as it comes.
 	OutputWindow int64 `json:"outputWindow,omitempty"`
+}
+
+// Session uids (SpawnParams.UID) are FirstSessionUID and the
+// MaxSessionUIDs-1 after it. Far above the ids of a system's users, never 0.
+const (
+	FirstSessionUID = 100000
+	MaxSessionUIDs  = 1 << 16
+)
+
+// ValidSessionUID says whether uid lies in the range of session uids.
+func ValidSessionUID(uid uint32) bool {
+	return uid >= FirstSessionUID && uid < FirstSessionUID+MaxSessionUIDs
 }
 
 // Output flow control (SpawnParams.OutputWindow, AgentMethodCredit).

@@ -5,7 +5,7 @@
 // read-write, and no operation can reach a host path outside that
 // directory.
 //
-// It owns: the registry (Exports: Add, AddFile, AddImmutableFile, Remove, Root,
+// It owns: the registry (Exports: Add, AddFile, AddImmutableFile, ShowOwnedAs, Remove, Root,
 // SyncWritable), the Node interface both servers map their requests onto
 // (node.go: one-component Walk, Clone, Stat, ChildKey, SetAttr, Open,
 // ReadvAt/WritevAt, Readdir, Create/Mkdir/Symlink/Mknod/Link, Rename/
@@ -91,6 +91,8 @@
 //     virtio-fs's SETATTR) never gives a file to another owner: a uid or gid
 //     other than the helper's effective ones is EPERM before the host is
 //     asked, even when the helper runs as root and the host would let it
-//     chown; naming our own (or neither) works.
+//     chown; naming our own (or neither) works. An export added with
+//     ShowOwnedAs (a session's) reports the helper's uid and gid as that
+//     owner's, and takes a chown to it as one to the helper's (owner.go).
 //   - Device nodes cannot be created (EPERM); FIFOs and sockets can.
 package hostfs

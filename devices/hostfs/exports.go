@@ -69,6 +69,11 @@ type export struct {
 	// revoke, under gate.
 	rootFd int
 
+	// shownAs, when set, is the owner the guest is shown for what the
+	// helper (hostUID, hostGID) owns (ShowOwnedAs).
+	shownAs          *Owner
+	hostUID, hostGID uint32
+
 	// filesMu guards files, every file of the export that still holds
 	// descriptors (revoke closes them).
 	filesMu sync.Mutex
@@ -195,7 +200,7 @@ func NewExportsWithin(logger *slog.Logger, budget *fdlimit.Share) *Exports {
 // hostDir itself are resolved once, here, by the host). The directory is
 // opened now: a later rename of hostDir on the host does not redirect the
 // export.
-func (x *Exports) Add(name, hostDir string, readOnly bool) error {
+func (x *Exports) Add(name, hostDir string, readOnly bool, opts ...Option) error {
 	if err := checkName(name); err != nil {
 		return fmt.Errorf("export name %q: %w", name, err)
 	}
@@ -203,7 +208,7 @@ func (x *Exports) Add(name, hostDir string, readOnly bool) error {
 	if err != nil {
 		return fmt.Errorf("export %q: open %s: %w", name, hostDir, err)
 	}
-	return x.register(&export{name: name, hostPath: hostDir, readOnly: readOnly, rootFd: fd})
+	return x.register(&export{name: name, hostPath: hostDir, readOnly: readOnly, rootFd: fd}, opts)
 }
 
 // AddFile registers a single-file export of hostFile under name. Its root
@@ -223,8 +228,8 @@ func (x *Exports) Add(name, hostDir string, readOnly bool) error {
 // writing a new file and renaming it over the old one is seen at once. If
 // the name is missing or no longer names a regular file (a symlink or a
 // directory put there), the guest keeps the last regular file it reached.
-func (x *Exports) AddFile(name, hostFile string, readOnly bool) error {
-	return x.addFile(name, hostFile, readOnly, false)
+func (x *Exports) AddFile(name, hostFile string, readOnly bool, opts ...Option) error {
+	return x.addFile(name, hostFile, readOnly, false, opts)
 }
 
 // AddImmutableFile registers a read-only single-file export of hostFile
@@ -238,11 +243,11 @@ func (x *Exports) AddFile(name, hostFile string, readOnly bool) error {
 // what the host file holds: a file rewritten in place changes under it,
 // which is why the helper keys its share on the file's size and mtime too.
 func (x *Exports) AddImmutableFile(name, hostFile string) error {
-	return x.addFile(name, hostFile, true, true)
+	return x.addFile(name, hostFile, true, true, nil)
 }
 
 // addFile is AddFile, the file pinned if pin (AddImmutableFile).
-func (x *Exports) addFile(name, hostFile string, readOnly, pin bool) error {
+func (x *Exports) addFile(name, hostFile string, readOnly, pin bool, opts []Option) error {
 	if err := checkName(name); err != nil {
 		return fmt.Errorf("export name %q: %w", name, err)
 	}
@@ -270,11 +275,15 @@ func (x *Exports) addFile(name, hostFile string, readOnly, pin bool) error {
 	} else {
 		ex.pinned, ex.pinFd = true, fd
 	}
-	return x.register(ex)
+	return x.register(ex, opts)
 }
 
-// register adds ex (which owns an open rootFd) to the registry.
-func (x *Exports) register(ex *export) error {
+// register adds ex (which owns an open rootFd), changed by opts, to the
+// registry.
+func (x *Exports) register(ex *export, opts []Option) error {
+	for _, opt := range opts {
+		opt(ex)
+	}
 	ex.files = make(map[*file]struct{})
 	ex.budget = x.budget
 	x.mu.Lock()

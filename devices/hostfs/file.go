@@ -355,7 +355,8 @@ func (f *file) stat() (*unix.Stat_t, error) {
 
 // SetAttr implements Node. Set-user-ID and set-group-ID bits are
 // dropped from a new mode, and cleared before a truncation (killPriv); an
-// owner other than the helper's own is refused (ownersStayOurs).
+// owner other than the helper's own (or the one the export shows for it)
+// is refused (ownersStayOurs).
 func (f *file) SetAttr(attr SetAttr) error {
 	if err := f.beginMutation(); err != nil {
 		return err
@@ -364,6 +365,7 @@ func (f *file) SetAttr(attr SetAttr) error {
 	if f.isViewRoot() {
 		return unix.EPERM // the host directory around the one file
 	}
+	attr = f.ex.hostOwner(attr)
 	if err := ownersStayOurs(attr); err != nil {
 		return err
 	}

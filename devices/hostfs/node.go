@@ -80,9 +80,12 @@ type Attr struct {
 	Stat unix.Stat_t
 }
 
-// attrOf returns the attributes of a node of ex from its host stat.
+// attrOf returns the attributes of a node of ex from its host stat, its
+// owner as ex shows it.
 func attrOf(ex *export, st *unix.Stat_t) Attr {
-	return Attr{Key: Key{Export: ex.serial, Dev: st.Dev, Ino: st.Ino}, Stat: *st}
+	a := Attr{Key: Key{Export: ex.serial, Dev: st.Dev, Ino: st.Ino}, Stat: *st}
+	ex.showOwner(&a.Stat)
+	return a
 }
 
 // devMix spreads a device number over the bits of an inode number.

@@ -99,7 +99,7 @@ func TestChildAgentIsolatedSpawnsAreFiltered(t *testing.T) {
 	home := t.TempDir()
 	c.bind(home, "/sessions/a", false)
 	require.NoError(t, c.Call(protocol.AgentMethodSpawn, protocol.SpawnParams{
-		ID: "look", Session: "a", Command: "/bin/sh", Cwd: "/sessions/a",
+		ID: "look", Session: "a", UID: sessionUIDOf("a"), Command: "/bin/sh", Cwd: "/sessions/a",
 		Args: []string{"-c", `grep -E '^(Seccomp|NoNewPrivs):' /proc/self/status; sudo grep -E '^(Seccomp|NoNewPrivs):' /proc/self/status; sudo id -u`},
 		Env:  []string{"PATH=/usr/bin:/bin", testGuestRequestEnv + "=1"},
 	}, nil))

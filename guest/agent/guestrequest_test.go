@@ -214,7 +214,7 @@ func TestChildAgentGuestRequestIsolated(t *testing.T) {
 	}
 	for _, s := range []string{"a", "b"} {
 		require.NoError(t, c.Call(protocol.AgentMethodSpawn, protocol.SpawnParams{
-			ID: "ask-" + s, Session: s, Command: "/bin/sh", Cwd: "/sessions/" + s,
+			ID: "ask-" + s, Session: s, UID: sessionUIDOf(s), Command: "/bin/sh", Cwd: "/sessions/" + s,
 			Args: []string{"-c", `ls /run/cowork; echo "$` + protocol.GuestRequestSocketEnv + `"; exec ` + protocol.GuestToolPath + ` guest-request whoami '{"from":"` + s + `"}'`},
 			Env:  []string{"PATH=/usr/bin:/bin", "HOME=/sessions/" + s, testGuestRequestEnv + "=1"},
 		}, nil))

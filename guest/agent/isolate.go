@@ -29,8 +29,9 @@ package agent
 //     (setupInPlace).
 //   - Credentials: a user namespace of its own (CLONE_NEWUSER at the fork,
 //     and a new IPC namespace) in which it runs as its session's uid and gid
-//     U — firstSessionUID+n for the n-th session the agent has seen, the same
-//     for every spawn of a session, never 0 — with no supplementary groups,
+//     U — the helper's choice (SpawnParams.UID: protocol.FirstSessionUID
+//     and up), the same for every spawn of a session, never 0 — with no
+//     supplementary groups,
 //     no_new_privs, and three capabilities, ambient: DAC_OVERRIDE,
 //     DAC_READ_SEARCH and FOWNER. Another uid than the agent's and no
 //     CAP_SYS_PTRACE in the initial user namespace (the agent is also
@@ -44,26 +45,28 @@ package agent
 //     reach by permission bits alone is started through /bin/sh
 //     (isolation.start).
 //   - Files on virtio-fs or 9p: the host's device (both over the export
-//     layer of devices/hostfs) reports the host's owner of each file (the
-//     helper's uid and gid, H) and ignores the guest's ids on create; the
-//     guest kernel checks access against what it reports. The spawn's user
-//     namespace maps, besides U, the owners of its session's mounts (H,
-//     identically; see identityFor): a capability in a user namespace applies
-//     to a file whose uid and gid are mapped in it, so the three ambient
-//     capabilities let it read, write, create and chmod its session's files
-//     as the root it used to be — while the host still enforces ro and the
-//     helper's own permissions. The mapped owner ids are dormant: no process
-//     of the spawn can become them (no CAP_SETUID or CAP_SETGID, setgroups
-//     denied, nosuid mounts, no_new_privs), even when H is 0 (a helper run as
-//     root). Alternatives weighed: running spawns as H makes every session
+//     layer of devices/hostfs) ignores the guest's ids on create, and the
+//     guest kernel checks access against the owner it reports. For a
+//     session's mounts the helper asks its exports to show what the helper
+//     owns on the host (H) as U's (hostfs.ShowOwnedAs), so a session's
+//     processes own their own files: permission bits apply as to an
+//     owner, also for access(2), which ignores capabilities for a uid
+//     other than its namespace's root (git's work-tree checks used it, and
+//     failed on files shown as H's). Files of other host users stay
+//     theirs. The spawn's user namespace maps, besides U, the owners of its
+//     session's mounts (identically; see identityFor): a capability in a
+//     user namespace applies to a file whose uid and gid are mapped in it,
+//     so the three ambient capabilities still reach the files the host
+//     shows as someone else's — while the host still enforces ro and the
+//     helper's own permissions. The mapped owner ids are dormant: no
+//     process of the spawn can become them (no CAP_SETUID or CAP_SETGID,
+//     setgroups denied, nosuid mounts, no_new_privs), even when an owner
+//     is 0. Alternatives weighed: running spawns as H makes every session
 //     the same uid, free to ptrace the others' processes and reach their
 //     mount namespaces through /proc; 9p's access=client|any modes still
-//     check the reported owner; the 9p server reporting a per-session owner
-//     (the session's U) for a session's exports is the complete answer — it
-//     needs the helper and devices/p9 and would also let processes inside a
-//     nested user namespace (bubblewrap's sandbox) write the session, which
-//     with this design see the session's files as "other" (as root's
-//     bubblewrap children already did when H is not 0).
+//     check the reported owner; running spawns as their namespace's root
+//     (access(2) then honours the capabilities) makes programs that
+//     refuse root, as the Claude Code CLI does for some modes, refuse.
 //   - The writable root (rootdisk.go): with a root disk the system
 //     directories are overlays a session may change (pip, npm -g, /opt), so
 //     the spawn's user namespace also maps root's ids, dormant like the
@@ -104,9 +107,6 @@ import (
 const (
 	// sessionsDir holds each session's home, /sessions/<name>.
 	sessionsDir = "/sessions"
-	// firstSessionUID is the uid (and gid) of the first session's spawns;
-	// each further session gets the next one not in use.
-	firstSessionUID = 100000
 	// maxMappedOwners bounds the owner ids a spawn's user namespace maps
 	// besides its own (the kernel allows 340 lines).
 	maxMappedOwners = 8
@@ -213,33 +213,34 @@ func (id spawnIdentity) asRoot() spawnIdentity {
 	return root
 }
 
-// sessionUIDs hands out the sessions' uids, one per session name for the
-// agent's life.
+// sessionUIDs records the uid the helper gave each session
+// (SpawnParams.UID), for the agent's life: one session keeps one uid, and
+// no two sessions share one.
 type sessionUIDs struct {
-	mu     sync.Mutex
-	byName map[string]uint32
-	next   uint32
+	mu        sync.Mutex
+	byName    map[string]uint32
+	bySession map[uint32]string
 }
 
-// get returns session's uid, choosing the next free one (not taken by an
-// owner the spawn's user namespace maps) the first time.
-func (s *sessionUIDs) get(session string, owners []owner) uint32 {
+// claim checks uid for session: a session uid, the one the session had
+// before if any, and no other session's.
+func (s *sessionUIDs) claim(session string, uid uint32) error {
+	if !protocol.ValidSessionUID(uid) {
+		return fmt.Errorf("uid %d of session %q is not a session uid (%d and up)", uid, session, protocol.FirstSessionUID)
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if u, ok := s.byName[session]; ok {
-		return u
+	if had, ok := s.byName[session]; ok && had != uid {
+		return fmt.Errorf("session %q runs as uid %d, not %d", session, had, uid)
+	}
+	if other, ok := s.bySession[uid]; ok && other != session {
+		return fmt.Errorf("uid %d is session %q's, not %q's", uid, other, session)
 	}
 	if s.byName == nil {
-		s.byName = make(map[string]uint32)
-		s.next = firstSessionUID
+		s.byName, s.bySession = make(map[string]uint32), make(map[uint32]string)
 	}
-	u := s.next
-	for slices.ContainsFunc(owners, func(o owner) bool { return o.uid == u || o.gid == u }) {
-		u++
-	}
-	s.next = u + 1
-	s.byName[session] = u
-	return u
+	s.byName[session], s.bySession[uid] = uid, session
+	return nil
 }
 
 // withUser returns an /etc/passwd or /etc/group with line added (after a

@@ -4,6 +4,7 @@ import (
 	_ "embed"
 	"encoding/json"
 	"fmt"
+	"hash/crc32"
 	"net"
 	"os"
 	"path/filepath"
@@ -48,20 +49,22 @@ func TestSpawnRootPlan(t *testing.T) {
 }
 
 // TestSpawnIdentity: every spawn of a session gets the session's uid (and
-// gid), other sessions others, never 0 nor an owner id it maps; its user
-// namespace maps that id and the owners of its files, each to itself; its
-// capabilities are the three that open files, nothing over ids, processes
-// or mounts.
+// gid) the helper chose — a session uid, the same for every spawn of the
+// session, no other session's; its user namespace maps that id and the
+// owners of its files, each to itself; its capabilities are the three that
+// open files, nothing over ids, processes or mounts.
 func TestSpawnIdentity(t *testing.T) {
 	var uids sessionUIDs
 	helper := owner{1000, 1000}
-	a := uids.get("a", []owner{helper})
-	require.Equal(t, uint32(firstSessionUID), a)
-	assert.Equal(t, a, uids.get("a", nil), "the same session, the same uid")
-	taken := owner{firstSessionUID + 1, 5}
-	b := uids.get("b", []owner{taken})
-	assert.Equal(t, uint32(firstSessionUID+2), b, "an owner's id is skipped")
-	assert.NotEqual(t, a, uids.get("", nil), "spawns of no session get a uid of their own")
+	a := uint32(protocol.FirstSessionUID)
+	require.NoError(t, uids.claim("a", a))
+	require.NoError(t, uids.claim("a", a), "the same session, the same uid")
+	b := a + 1
+	require.NoError(t, uids.claim("b", b))
+	assert.ErrorContains(t, uids.claim("a", a+2), "runs as uid", "a session keeps its uid")
+	assert.ErrorContains(t, uids.claim("c", a), "is session \"a\"'s", "no two sessions share a uid")
+	assert.ErrorContains(t, uids.claim("d", 0), "not a session uid", "never 0")
+	assert.ErrorContains(t, uids.claim("d", 1000), "not a session uid", "nor a system user's")
 
 	id := identityFor(a, []owner{{0, 0}, helper, {1000, 27}, {a, a}})
 	assert.Equal(t, a, id.uid)
@@ -138,7 +141,7 @@ func TestChildAgentIsolatesSessions(t *testing.T) {
 	spawnIn := func(id, session string, args ...string) {
 		t.Helper()
 		require.NoError(t, c.Call(protocol.AgentMethodSpawn, protocol.SpawnParams{
-			ID: id, Session: session, Command: args[0], Args: args[1:], Cwd: "/sessions/" + session,
+			ID: id, Session: session, UID: sessionUIDOf(session), Command: args[0], Args: args[1:], Cwd: "/sessions/" + session,
 			Env: []string{"PATH=/usr/bin:/bin", "HOME=/sessions/" + session, "USER=cowork"}, EgressToken: "tok-" + id,
 		}, nil))
 	}
@@ -184,14 +187,14 @@ func TestChildAgentIsolatesSessions(t *testing.T) {
 	// A command and a working directory inside the (0700) session home,
 	// which the child cannot reach before its exec gives it capabilities.
 	require.NoError(t, c.Call(protocol.AgentMethodSpawn, protocol.SpawnParams{
-		ID: "inside", Session: "a", Command: "/sessions/a/bin/hello", Args: []string{"x", "y"}, Cwd: "/sessions/a/bin",
+		ID: "inside", Session: "a", UID: sessionUIDOf("a"), Command: "/sessions/a/bin/hello", Args: []string{"x", "y"}, Cwd: "/sessions/a/bin",
 		Env: []string{"PATH=/usr/bin:/bin", "HOME=/sessions/a"},
 	}, nil))
 	p = c.WaitExit("inside")
 	assert.Equal(t, "hello x y from /sessions/a/bin\n", p.Stdout.String(), p.Stderr.String())
 	// A working directory the agent has but the spawn's root has not.
 	err = c.Call(protocol.AgentMethodSpawn, protocol.SpawnParams{
-		ID: "elsewhere", Session: "a", Command: "/bin/true", Cwd: hostRootDir, Env: []string{"HOME=/sessions/a"},
+		ID: "elsewhere", Session: "a", UID: sessionUIDOf("a"), Command: "/bin/true", Cwd: hostRootDir, Env: []string{"HOME=/sessions/a"},
 	}, nil)
 	assert.ErrorContains(t, err, "working directory "+hostRootDir)
 	// No session named: refused, not guessed from the working directory.
@@ -260,7 +263,7 @@ func assertIsolatedProbe(t *testing.T, r map[string]any, victimUID int) int {
 	assert.Equal(t, []any{"EPERM"}, r["mountVirtioFS"])
 	assert.Contains(t, []any{"EPERM", "ENODEV"}, r["nestedMountVirtioFS"], "virtiofs cannot be mounted from a user namespace")
 	uid := int(r["uid"].(float64))
-	assert.GreaterOrEqual(t, uid, firstSessionUID)
+	assert.GreaterOrEqual(t, uid, protocol.FirstSessionUID)
 	assert.NotEqual(t, victimUID, uid, "two sessions, two uids")
 	assert.Equal(t, spawnUserName, r["user"], "its uid has a passwd entry")
 	for _, k := range []string{"ownWrite", "ownRead", "ownChmod", "stdout", "rwWrite"} {
@@ -295,4 +298,10 @@ func startEgressStub(t *testing.T) (agentEnd *os.File, helper *refusingDialer) {
 		}
 	}()
 	return agentEnd, helper
+}
+
+// sessionUIDOf is the uid a test gives session's spawns, a session uid of
+// its own per name, as the helper gives them.
+func sessionUIDOf(session string) uint32 {
+	return protocol.FirstSessionUID + crc32.ChecksumIEEE([]byte(session))%protocol.MaxSessionUIDs
 }

@@ -259,7 +259,7 @@ func TestChildAgentIsolatedSessionCannotSteerAMount(t *testing.T) {
 	spawnIn := func(id, session, script string) *agenttest.Output {
 		t.Helper()
 		require.NoError(t, c.Call(protocol.AgentMethodSpawn, protocol.SpawnParams{
-			ID: id, Session: session, Command: "/bin/sh", Args: []string{"-c", script}, Cwd: "/sessions/" + session,
+			ID: id, Session: session, UID: sessionUIDOf(session), Command: "/bin/sh", Args: []string{"-c", script}, Cwd: "/sessions/" + session,
 			Env: []string{"PATH=/usr/bin:/bin", "HOME=/sessions/" + session},
 		}, nil))
 		p := c.WaitExit(id)

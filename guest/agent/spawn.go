@@ -350,7 +350,10 @@ func (t *processTable) isolationFor(sp protocol.SpawnParams) (*isolation, error)
 	if err != nil {
 		return nil, err
 	}
-	uid := t.uids.get(session, owners)
+	uid := sp.UID
+	if err := t.uids.claim(session, uid); err != nil {
+		return nil, err
+	}
 	iso := &isolation{session: session, binds: binds, tmp: tmp, id: identityFor(uid, owners)}
 	home := path.Join(sessionsDir, session)
 	if base, err := os.ReadFile("/etc/passwd"); err == nil {

@@ -414,7 +414,7 @@ func sudoResult(ws unix.WaitStatus) protocol.SudoResult {
 // own user namespace, with stdio as its standard descriptors (the caller
 // still owns and closes them).
 func (t *processTable) startSudo(parent protocol.SpawnParams, p protocol.SudoParams, stdio [sudoStdio]*os.File) (*process, error) {
-	sp := protocol.SpawnParams{ID: parent.ID + "/sudo-" + strconv.FormatUint(t.seq.Add(1), 10), Session: parent.Session,
+	sp := protocol.SpawnParams{ID: parent.ID + "/sudo-" + strconv.FormatUint(t.seq.Add(1), 10), Session: parent.Session, UID: parent.UID,
 		Command: p.Path, Args: p.Argv[1:], Cwd: p.Cwd, Env: p.Env, EgressToken: parent.EgressToken}
 	iso, err := t.isolationFor(sp)
 	if err != nil {

@@ -102,7 +102,7 @@ func TestChildAgentSudo(t *testing.T) {
 	spawn := func(id string, args ...string) {
 		t.Helper()
 		require.NoError(t, c.Call(protocol.AgentMethodSpawn, protocol.SpawnParams{
-			ID: id, Session: "a", Command: args[0], Args: args[1:], Cwd: "/sessions/a", Env: env}, nil))
+			ID: id, Session: "a", UID: sessionUIDOf("a"), Command: args[0], Args: args[1:], Cwd: "/sessions/a", Env: env}, nil))
 	}
 
 	spawn("ids", "/bin/sh", "-c", `set -u
@@ -120,7 +120,7 @@ echo "$PATH"`)
 	require.Len(t, lines, 9, "stdout %q, stderr %q", p.Stdout.String(), p.Stderr.String())
 	uid, err := strconv.Atoi(lines[0])
 	require.NoError(t, err)
-	assert.GreaterOrEqual(t, uid, firstSessionUID)
+	assert.GreaterOrEqual(t, uid, protocol.FirstSessionUID)
 	assert.Equal(t, "0", lines[1], "sudo's command is root")
 	assert.Equal(t, "CapEff:\t"+sudoCapMask(), lines[2], "its capabilities are sudoCaps")
 	assert.Equal(t, "CapBnd:\t"+sudoCapMask(), lines[3], "and it cannot get more")
@@ -205,7 +205,7 @@ func TestChildAgentSudoRefusesBadCalls(t *testing.T) {
 	require.NoError(t, os.Chmod(home, 0o700))
 	c.bind(home, "/sessions/a", false)
 	require.NoError(t, c.Call(protocol.AgentMethodSpawn, protocol.SpawnParams{
-		ID: "probe", Session: "a", Command: "/usr/bin/python3", Args: []string{"-c", sudoProbe}, Cwd: "/sessions/a",
+		ID: "probe", Session: "a", UID: sessionUIDOf("a"), Command: "/usr/bin/python3", Args: []string{"-c", sudoProbe}, Cwd: "/sessions/a",
 		Env: []string{"PATH=/usr/bin:/bin", "HOME=/sessions/a", testGuestRequestEnv + "=1"}}, nil))
 	p := c.WaitExit("probe")
 	require.NotNil(t, p.Exit.ExitCode, "%+v: %s", p.Exit, p.Stderr.String())

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/cowork-vmm/cowork-vmm/devices/blk"
+	"github.com/cowork-vmm/cowork-vmm/devices/hostfs"
 	"github.com/cowork-vmm/cowork-vmm/devices/rng"
 	"github.com/cowork-vmm/cowork-vmm/devices/vsock"
 	"github.com/cowork-vmm/cowork-vmm/helper"
@@ -380,6 +381,15 @@ func (g *guest) Share(hostPath string, readOnly bool) (protocol.MountSource, err
 	return g.share(g.files, MountTag, hostPath, readOnly)
 }
 
+// ShareForSession implements helper.SessionSharer: Share, the export
+// showing what the helper owns as sessionUID's (uid and gid).
+func (g *guest) ShareForSession(hostPath string, readOnly bool, sessionUID uint32) (protocol.MountSource, error) {
+	if !protocol.ValidSessionUID(sessionUID) {
+		return protocol.MountSource{}, fmt.Errorf("kvm backend: %d is not a session uid", sessionUID)
+	}
+	return g.share(g.files, MountTag, hostPath, readOnly, hostfs.ShowOwnedAs(hostfs.Owner{UID: sessionUID, GID: sessionUID}))
+}
+
 // Unshare implements helper.Guest: it removes the export src names from
 // its device, which revokes every file the guest holds in it and closes
 // its host descriptors at once. A source of no export of this VM (or one
@@ -405,8 +415,9 @@ func (g *guest) ShareSystem(hostPath string) (protocol.MountSource, error) {
 }
 
 // share registers hostPath on the device d (tag: its tag, for errors)
-// under a fresh attach name, unique across both devices.
-func (g *guest) share(d *ShareDevice, tag, hostPath string, readOnly bool) (protocol.MountSource, error) {
+// under a fresh attach name, unique across both devices, served as opts
+// say.
+func (g *guest) share(d *ShareDevice, tag, hostPath string, readOnly bool, opts ...hostfs.Option) (protocol.MountSource, error) {
 	if !filepath.IsAbs(hostPath) || filepath.Clean(hostPath) != hostPath {
 		return protocol.MountSource{}, fmt.Errorf("kvm backend: share path %q must be absolute and clean", hostPath)
 	}
@@ -421,7 +432,7 @@ func (g *guest) share(d *ShareDevice, tag, hostPath string, readOnly bool) (prot
 	g.nextExport++
 	name := "e" + strconv.Itoa(g.nextExport)
 	g.mu.Unlock()
-	if err := d.add(name, hostPath, fi.Mode().IsRegular(), readOnly); err != nil {
+	if err := d.add(name, hostPath, fi.Mode().IsRegular(), readOnly, opts...); err != nil {
 		return protocol.MountSource{}, fmt.Errorf("kvm backend: sharing %s: %w", hostPath, err)
 	}
 	src := d.source

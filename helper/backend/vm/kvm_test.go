@@ -272,7 +272,7 @@ func exerciseGuest(t *testing.T, g helper.Guest, a *agentConn, kind string) {
 	}
 	script := `cat /sessions/t/mnt/work/in.txt; echo "from the guest" > /sessions/t/mnt/work/out.txt; ` +
 		`if echo x > /sessions/t/mnt/ro/nope 2>/dev/null; then echo ro-writable; else echo ro-refused; fi; uname -r; ` + usr + work
-	spawn := protocol.SpawnParams{ID: "p1", Session: "t", Command: "/bin/sh", Args: []string{"-c", script}, Cwd: "/sessions/t",
+	spawn := protocol.SpawnParams{ID: "p1", Session: "t", UID: protocol.FirstSessionUID, Command: "/bin/sh", Args: []string{"-c", script}, Cwd: "/sessions/t",
 		Env: []string{"PATH=/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin"}}
 	if err := a.call(protocol.AgentMethodSpawn, spawn); err != nil {
 		t.Fatalf("spawn: %v", err)
@@ -296,7 +296,7 @@ func exerciseGuest(t *testing.T, g helper.Guest, a *agentConn, kind string) {
 		t.Fatal(err)
 	}
 	time.Sleep(virtiofs.CoherentTimeout + 100*time.Millisecond)
-	reread := protocol.SpawnParams{ID: "p2", Session: "t", Command: "/bin/cat", Args: []string{"/sessions/t/mnt/work/in.txt"}, Cwd: "/sessions/t",
+	reread := protocol.SpawnParams{ID: "p2", Session: "t", UID: protocol.FirstSessionUID, Command: "/bin/cat", Args: []string{"/sessions/t/mnt/work/in.txt"}, Cwd: "/sessions/t",
 		Env: spawn.Env}
 	if err := a.call(protocol.AgentMethodSpawn, reread); err != nil {
 		t.Fatalf("spawn: %v", err)

@@ -103,15 +103,16 @@ func NewShareDevice(kind, tag string, cached bool, descriptors *fdlimit.Share, l
 // (hostfs.Exports.AddImmutableFile, read-only), pinned to the inode
 // shared, since the guest keeps its pages across opens and would mix
 // them with a file the host put at that name later; on the uncached
-// device one that follows its name (an editor's save shows).
-func (s *ShareDevice) add(name, hostPath string, regular, readOnly bool) error {
+// device one that follows its name (an editor's save shows), served as
+// opts say.
+func (s *ShareDevice) add(name, hostPath string, regular, readOnly bool, opts ...hostfs.Option) error {
 	switch {
 	case !regular:
-		return s.exports.Add(name, hostPath, readOnly)
+		return s.exports.Add(name, hostPath, readOnly, opts...)
 	case s.cached:
 		return s.exports.AddImmutableFile(name, hostPath)
 	}
-	return s.exports.AddFile(name, hostPath, readOnly)
+	return s.exports.AddFile(name, hostPath, readOnly, opts...)
 }
 
 // Exports are the host paths the device serves, by attach name.

@@ -80,7 +80,7 @@ func runGuestScript(t *testing.T, b *Backend, script string) (string, bool) {
 	defer conn.Close()
 	a := dialAgent(t, conn)
 	setupGuestRoot(t, g, a, protocol.MountKindVirtioFS)
-	spawn := protocol.SpawnParams{ID: "p", Session: "t", Command: "/bin/sh", Args: []string{"-c", script}, Cwd: "/",
+	spawn := protocol.SpawnParams{ID: "p", Session: "t", UID: protocol.FirstSessionUID, Command: "/bin/sh", Args: []string{"-c", script}, Cwd: "/",
 		Env: []string{"PATH=/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin"}}
 	if err := a.call(protocol.AgentMethodSpawn, spawn); err != nil {
 		t.Fatalf("spawn: %v", err)
