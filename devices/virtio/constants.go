@@ -6,6 +6,7 @@ const (
 	DeviceTypeBlock   uint32 = 2
 	DeviceTypeConsole uint32 = 3
 	DeviceTypeRNG     uint32 = 4
+	DeviceTypeBalloon uint32 = 5
 	DeviceType9P      uint32 = 9
 	DeviceTypeVsock   uint32 = 19
 	DeviceTypeFS      uint32 = 26

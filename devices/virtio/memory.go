@@ -37,6 +37,19 @@ type Slicer interface {
 	Slice(gpa, n uint64) ([]byte, error)
 }
 
+// Discarder is an optional interface of a GuestMemory, for the balloon:
+// Discard gives the host memory behind [gpa, gpa+length) back to the host
+// at once (gpa and length multiples of PageSize, the range in one piece
+// of guest RAM, else an error and nothing discarded). The guest reads
+// zeros there afterwards (or, for RAM mapped from a snapshot, the
+// snapshot's bytes): what a driver hands back it no longer reads.
+type Discarder interface {
+	Discard(gpa, length uint64) error
+}
+
+// PageSize is the unit of Discarder.Discard and of balloon page numbers.
+const PageSize = 4096
+
 // ErrOutOfRange is wrapped by SliceMemory for accesses outside its bytes.
 var ErrOutOfRange = errors.New("virtio: guest memory access out of range")
 
@@ -83,6 +96,21 @@ func (m *SliceMemory) WriteAt(p []byte, gpa uint64) error {
 	}
 	m.mu.Lock()
 	copy(m.buf[gpa:], p)
+	m.mu.Unlock()
+	return nil
+}
+
+// Discard implements Discarder: it zeroes the range, as the host's
+// discard leaves an anonymous mapping.
+func (m *SliceMemory) Discard(gpa, length uint64) error {
+	if gpa%PageSize != 0 || length%PageSize != 0 {
+		return fmt.Errorf("virtio: discard of [%#x, +%#x): not page-aligned", gpa, length)
+	}
+	if err := m.CheckRange(gpa, length); err != nil {
+		return err
+	}
+	m.mu.Lock()
+	clear(m.buf[gpa : gpa+length])
 	m.mu.Unlock()
 	return nil
 }
