@@ -241,6 +241,25 @@ func (m *Memory) Slice(gpa, n uint64) ([]byte, error) {
 	return m.find(gpa, n)
 }
 
+// Discard implements virtio.Discarder: it drops the host pages behind
+// [gpa, gpa+length) (madvise MADV_DONTNEED), which must be 4 KiB aligned
+// and lie in one RAM region. The host reuses them at once; the guest next
+// reads zeros there, or for RAM mapped from a snapshot the snapshot's
+// bytes (its private copies are what is dropped). KVM's MMU notifier
+// drops its own mappings of the range with them.
+func (m *Memory) Discard(gpa, length uint64) error {
+	if gpa%pageSize != 0 || length%pageSize != 0 || length == 0 {
+		return fmt.Errorf("guest memory discard of [%#x, +%#x): not whole 4 KiB pages", gpa, length)
+	}
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	b, err := m.find(gpa, length)
+	if err != nil {
+		return err
+	}
+	return unix.Madvise(b, unix.MADV_DONTNEED)
+}
+
 // Close unmaps guest memory. Later accesses fail with ErrMemoryClosed.
 // Idempotent.
 func (m *Memory) Close() error {
