@@ -67,6 +67,9 @@ type Options struct {
 	// CgroupRoot (VMMain starts them before the snapshot point, so that a
 	// restored guest finds them made).
 	cgroups *cgroups
+	// DropCachesWhenIdle, when set, drops the guest kernel's clean page
+	// cache once no process has run for that long (idle.go; the VM).
+	DropCachesWhenIdle time.Duration
 	// SessionsDir is where the session homes readFile reads in are
 	// (default /sessions; the agent's tests point it elsewhere).
 	SessionsDir string
@@ -83,6 +86,7 @@ type agent struct {
 	server *agentrpc.Server // the agent channel
 
 	procs    *processTable
+	idle     *idleDropper // nil: the page cache is left alone
 	mnt      *mounter
 	requests *guestRequests // guest requests waiting for the helper
 	cgroups  *cgroups
@@ -132,6 +136,10 @@ func Run(ctx context.Context, conn io.ReadWriteCloser, opts Options) error {
 	a.server = agentrpc.NewServer(conn, a.methods(), agentrpc.ServerOptions{
 		Logger: opts.Logger, Final: protocol.AgentMethodShutdown})
 	a.procs = newProcessTable(a)
+	if opts.DropCachesWhenIdle > 0 {
+		a.idle = &idleDropper{delay: opts.DropCachesWhenIdle, drop: dropPageCache, log: a.log}
+		defer a.idle.busy()
+	}
 	a.mnt = newMounter(a.log, opts.IsolateSessions)
 	defer a.mnt.close()
 	a.requests = newGuestRequests(a)

@@ -114,7 +114,8 @@ func VMMain() {
 	if err != nil {
 		log.Error("agent: cannot reach the helper over vsock; powering off", "err", err)
 	} else {
-		err = Run(context.Background(), conn, Options{Logger: log, Egress: proxy.VSockDialer{}, IsolateSessions: true, CgroupRoot: vmCgroupRoot, cgroups: cgroups})
+		err = Run(context.Background(), conn, Options{Logger: log, Egress: proxy.VSockDialer{}, IsolateSessions: true, CgroupRoot: vmCgroupRoot, cgroups: cgroups,
+			DropCachesWhenIdle: idleDropDelay})
 		if !errors.Is(err, ErrShutdown) {
 			log.Error("agent ended", "err", err)
 		}

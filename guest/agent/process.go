@@ -198,6 +198,9 @@ func (t *processTable) run(p *process) {
 	}
 	t.mu.Lock()
 	delete(t.byID, p.id)
+	if len(t.byID) == 0 {
+		t.a.idle.idle()
+	}
 	t.mu.Unlock()
 	if ev.ExitCode != nil {
 		t.a.log.Info("process exited", "id", p.id, "pid", p.pid, "exitCode", *ev.ExitCode)

@@ -319,6 +319,7 @@ func (t *processTable) fork(l *launch, attr *syscall.ProcAttr) error {
 	t.byID[l.sp.ID] = l.proc
 	t.byPID[pid] = l.proc
 	t.wg.Add(1)
+	t.a.idle.busy()
 	return nil
 }
 

@@ -1,0 +1,73 @@
+package agent
+
+import (
+	"log/slog"
+	"os"
+	"sync"
+	"time"
+)
+
+// Memory an idle guest gives back (Options.DropCachesWhenIdle, the VM).
+//
+// With free page reporting (the VM's virtio-balloon) every page the guest
+// kernel frees goes back to the host. Its page cache is not freed by
+// itself: the files sessions read — the shared directories' and the
+// root disk's — stay cached, in the host's RAM, while no session runs.
+// So once the last process has ended and none has started for the delay,
+// the agent drops the kernel's clean page cache (drop_caches 1: clean
+// pages only; dirty ones of the root disk are written back first by the
+// kernel as ever and are never dropped). The host still has those files
+// in its own page cache; the next session reads them from there.
+
+// idleDropDelay is how long the VM's agent waits, after its last process
+// ended, before it drops the page cache: a client's next spawn commonly
+// follows within seconds (a tool call after a tool call).
+const idleDropDelay = 10 * time.Second
+
+// idleDropper calls drop once no process has run for delay. Safe for
+// concurrent use.
+type idleDropper struct {
+	delay time.Duration
+	drop  func() error
+	log   *slog.Logger
+
+	mu    sync.Mutex
+	timer *time.Timer // armed while the table is empty
+}
+
+// dropPageCache drops the kernel's clean page cache.
+func dropPageCache() error {
+	return os.WriteFile("/proc/sys/vm/drop_caches", []byte("1\n"), 0)
+}
+
+// idle arms the drop: the last process has ended.
+func (d *idleDropper) idle() {
+	if d == nil {
+		return
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.timer != nil {
+		d.timer.Stop()
+	}
+	d.timer = time.AfterFunc(d.delay, func() {
+		if err := d.drop(); err != nil {
+			d.log.Warn("dropping the idle guest's page cache", "err", err)
+			return
+		}
+		d.log.Info("idle: dropped the guest's clean page cache", "after", d.delay)
+	})
+}
+
+// busy disarms it: a process has started (or the agent is ending).
+func (d *idleDropper) busy() {
+	if d == nil {
+		return
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.timer != nil {
+		d.timer.Stop()
+		d.timer = nil
+	}
+}
