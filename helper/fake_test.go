@@ -79,6 +79,17 @@ func (b *fakeBackend) Start(ctx context.Context, cfg GuestConfig) (Guest, error)
 	return g, nil
 }
 
+// Reclaim and Release implement MemoryReclaimer, counting.
+func (g *fakeGuest) Reclaim() { g.mu.Lock(); g.reclaims++; g.mu.Unlock() }
+func (g *fakeGuest) Release() { g.mu.Lock(); g.releases++; g.mu.Unlock() }
+
+// memoryCalls returns how often Reclaim and Release were called.
+func (g *fakeGuest) memoryCalls() (reclaims, releases int) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.reclaims, g.releases
+}
+
 // systemSharingGuest is a fakeGuest that shares system directories apart
 // (SystemSharer), as a 9p export in cache mode loose on its own tag.
 type systemSharingGuest struct{ *fakeGuest }
@@ -119,9 +130,11 @@ type fakeGuest struct {
 	// restored is what Restored says; discarded counts DiscardSnapshot.
 	restored  bool
 	discarded int
-	err       error
-	done      chan struct{}
-	once      sync.Once
+	// reclaims and releases count MemoryReclaimer's calls.
+	reclaims, releases int
+	err                error
+	done               chan struct{}
+	once               sync.Once
 }
 
 func (g *fakeGuest) Agent(ctx context.Context) (io.ReadWriteCloser, error) { return g.helperEnd, nil }

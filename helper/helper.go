@@ -57,6 +57,8 @@ type Helper struct {
 	closed bool
 
 	persistMu sync.Mutex // serialises helper.json writes
+
+	stopWatch chan struct{} // ends watchMemory; closed by Close
 }
 
 // New returns a Helper serving opts.DataDir (created if missing) with the
@@ -78,7 +80,7 @@ func New(opts Options) (*Helper, error) {
 		log.Warn("TEST MODE: egress resolves only the names of "+EgressTestHostsEnv+" and dials only their loopback addresses; never use this in production",
 			"hosts", opts.EgressTestHosts)
 	}
-	h := &Helper{opts: opts, log: log, testHosts: th, services: map[profileKey]*Service{}}
+	h := &Helper{opts: opts, log: log, testHosts: th, services: map[profileKey]*Service{}, stopWatch: make(chan struct{})}
 	if !opts.Stateless {
 		h.store = &store{dir: opts.DataDir, log: log}
 	}
@@ -89,6 +91,7 @@ func New(opts Options) (*Helper, error) {
 	if hs := h.store.loadHelper(); hs.LastProfile != nil {
 		h.last = hs.LastProfile.key()
 	}
+	go h.watchMemory(h.stopWatch)
 	return h, nil
 }
 
@@ -283,6 +286,9 @@ func (h *Helper) SubscribeProfile(userDataName, userDataRoot string) (*Subscript
 // afterwards (a stopped guest; the janitor), no new profile is served.
 func (h *Helper) Close(ctx context.Context) error {
 	h.mu.Lock()
+	if !h.closed {
+		close(h.stopWatch)
+	}
 	h.closed = true
 	services := make([]*Service, 0, len(h.services))
 	for _, s := range h.services {

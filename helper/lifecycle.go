@@ -67,6 +67,9 @@ type guestInstance struct {
 	config GuestConfig
 
 	connected atomic.Bool
+	// reclaimed: the host was short and the guest was asked for memory
+	// (memwatch.go).
+	reclaimed atomic.Bool
 	// sessionTmp: the sessions' /tmp is on the guest's root disk, which
 	// pruneSessionCaches and deleteSessionDirs clean through the agent.
 	sessionTmp atomic.Bool

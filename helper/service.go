@@ -90,6 +90,10 @@ type Options struct {
 	// EgressProxy is the host's proxy setting that egress dials through
 	// (egress.UpstreamProxyFromEnv); nil dials directly.
 	EgressProxy *egress.UpstreamProxy
+	// MemInfo is the host's meminfo file the memory watch reads (default
+	// /proc/meminfo; memwatch.go), MemoryPoll how often (default 5 s).
+	MemInfo    string
+	MemoryPoll time.Duration
 }
 
 // withDefaults fills in what opts leaves out.
@@ -109,6 +113,12 @@ func (opts Options) withDefaults() (Options, error) {
 	}
 	if opts.PingInterval <= 0 {
 		opts.PingInterval = 2 * time.Second
+	}
+	if opts.MemInfo == "" {
+		opts.MemInfo = "/proc/meminfo"
+	}
+	if opts.MemoryPoll <= 0 {
+		opts.MemoryPoll = defaultMemoryPoll
 	}
 	if opts.SystemDirs == nil {
 		opts.SystemDirs = DefaultSystemDirs

@@ -59,6 +59,7 @@ func (s *Service) spawn(ctx context.Context, p protocol.ClientSpawnParams) (prot
 	if err != nil {
 		return res, fmt.Errorf("spawn: %w", err)
 	}
+	inst.releaseMemory() // a session at work gets its memory back at once
 	// The lease keeps a process of the session that ends while this one
 	// is being set up from withdrawing the mounts it is about to run in.
 	lease, err := inst.mounts.prepare(ctx, asked)
