@@ -77,6 +77,7 @@ type rigOptions struct {
 	refuse   uint64 // features the driver declines
 	plain    bool   // memory without Discarder
 	keep     bool   // record discards without zeroing
+	memSize  int    // 0: testMemSize
 	beforeOK func(d *virtiotest.Driver)
 }
 
@@ -84,15 +85,18 @@ type rigOptions struct {
 // driver the way Linux does, refusing the given features.
 func newRig(t testing.TB, ro rigOptions) *rig {
 	t.Helper()
+	if ro.memSize == 0 {
+		ro.memSize = testMemSize
+	}
 	if ro.opts.RAMBytes == 0 {
-		ro.opts.RAMBytes = testMemSize
+		ro.opts.RAMBytes = uint64(ro.memSize)
 	}
 	if ro.opts.Logger == nil {
 		ro.opts.Logger = slog.New(slog.DiscardHandler)
 	}
 	dev, err := New(ro.opts)
 	require.NoError(t, err)
-	slice := virtio.NewSliceMemory(testMemSize)
+	slice := virtio.NewSliceMemory(ro.memSize)
 	mem := &recordingMemory{SliceMemory: slice, keep: ro.keep}
 	var guest virtio.GuestMemory = mem
 	if ro.plain {
