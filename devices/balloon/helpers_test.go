@@ -34,6 +34,9 @@ type discardCall struct{ gpa, length uint64 }
 type recordingMemory struct {
 	*virtio.SliceMemory
 	keep bool // record only, leave the bytes (fuzzing: rings survive)
+	// onePage refuses discards of more than a page, as the VMM's memory
+	// refuses a range spanning two RAM regions.
+	onePage bool
 
 	mu    sync.Mutex
 	calls []discardCall
@@ -43,6 +46,9 @@ func (m *recordingMemory) Discard(gpa, length uint64) error {
 	m.mu.Lock()
 	m.calls = append(m.calls, discardCall{gpa, length})
 	m.mu.Unlock()
+	if m.onePage && length > virtio.PageSize {
+		return errors.New("range spans two regions")
+	}
 	if m.keep {
 		if gpa%virtio.PageSize != 0 || length%virtio.PageSize != 0 {
 			return errUnaligned

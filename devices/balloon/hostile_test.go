@@ -169,3 +169,19 @@ func TestGuestErrorsAreRateLimited(t *testing.T) {
 	require.Len(t, lines, ratelog.DefaultBurst, logs.String())
 	require.Contains(t, lines[0], "device=virtio-balloon")
 }
+
+func TestFailedRunDiscardFallsBackToPages(t *testing.T) {
+	r := newRig(t, rigOptions{})
+	r.mem.onePage = true
+	r.poisonPages(t, 3000, 4)
+	r.send(t, qInflate, pfnBytes(3000, 3001, 3002))
+	require.Equal(t, []discardCall{
+		{3000 * virtio.PageSize, 3 * virtio.PageSize},
+		{3000 * virtio.PageSize, virtio.PageSize},
+		{3001 * virtio.PageSize, virtio.PageSize},
+		{3002 * virtio.PageSize, virtio.PageSize},
+	}, r.mem.discards())
+	require.Equal(t, "zero", r.page(t, 3002))
+	require.Equal(t, "poison", r.page(t, 3003))
+	require.EqualValues(t, 3*virtio.PageSize, r.dev.Counters().DiscardedBytes)
+}
