@@ -75,6 +75,8 @@ type Queue struct {
 	indirect bool // VIRTIO_F_INDIRECT_DESC negotiated
 	eventIdx bool // VIRTIO_F_EVENT_IDX negotiated
 
+	maxChainBytes atomic.Uint64 // 0: MaxChainBytes; see SetMaxChainBytes
+
 	mu            sync.Mutex
 	nextAvail     uint16 // next available-ring slot to consume
 	nextUsed      uint16 // next used-ring slot to fill
@@ -126,6 +128,23 @@ func checkRange(mem GuestMemory, addr, size uint64) error {
 		return err
 	}
 	return mem.ReadAt(probe[:], addr+size-1)
+}
+
+// SetMaxChainBytes raises (or lowers) the cap on one chain's total buffer
+// length for this queue, from the default MaxChainBytes, clamped to
+// math.MaxUint32 (chain lengths are 32-bit). For a device that never
+// touches the bytes behind its buffers, only their addresses: the
+// balloon's free page reports name up to 32 blocks of 4 MiB (128 MiB).
+// Chains popped afterwards obey the new cap; 0 restores the default.
+func (q *Queue) SetMaxChainBytes(n uint64) {
+	q.maxChainBytes.Store(min(n, math.MaxUint32))
+}
+
+func (q *Queue) chainByteLimit() uint64 {
+	if n := q.maxChainBytes.Load(); n != 0 {
+		return n
+	}
+	return MaxChainBytes
 }
 
 // Layout returns where the queue lives.
@@ -346,8 +365,8 @@ func (b *chainBuilder) add(d descriptor) error {
 		return invalid("buffer [%#x, +%#x) is not in guest memory: %w", d.addr, d.len, err)
 	}
 	b.total += uint64(d.len)
-	if b.total > MaxChainBytes {
-		return invalid("buffers total more than %d bytes", MaxChainBytes)
+	if limit := b.q.chainByteLimit(); b.total > limit {
+		return invalid("buffers total more than %d bytes", limit)
 	}
 	b.chain.bufs = append(b.chain.bufs, Buffer{Addr: d.addr, Len: d.len})
 	if isWrite {

@@ -474,3 +474,39 @@ func TestSliceMemoryBounds(t *testing.T) {
 	require.NoError(t, m.ReadAt(got, 12))
 	require.True(t, bytes.Equal(got, []byte("abcd")))
 }
+
+func TestSetMaxChainBytesRaisesAndLowersTheCap(t *testing.T) {
+	const buf = 0x10000
+	dev, d := setup(t, virtiotest.Options{MemSize: 8 << 20}, 128)
+	dq := d.Queue(0)
+	q := dev.queue(t, 0)
+	// 70 descriptors of 1 MiB each: 70 MiB, over the default 64 MiB.
+	publishBig := func() {
+		for i := range uint16(70) {
+			flags := virtio.DescFlagNext
+			if i == 69 {
+				flags = 0
+			}
+			require.NoError(t, dq.WriteDescriptor(i, desc(buf, 1<<20, flags, i+1)))
+		}
+		require.NoError(t, dq.PublishHead(0))
+	}
+	publishBig()
+	require.Contains(t, popChainError(t, q).Error(), "total more than 67108864")
+
+	q.SetMaxChainBytes(128 << 20)
+	publishBig()
+	c, err := q.Pop()
+	require.NoError(t, err)
+	require.EqualValues(t, 70<<20, c.ReadableLen())
+	require.NoError(t, q.Push(c, 0))
+
+	q.SetMaxChainBytes(1 << 20)
+	publishBig()
+	require.Contains(t, popChainError(t, q).Error(), "total more than 1048576")
+
+	q.SetMaxChainBytes(1 << 40) // clamped: chain lengths are 32-bit
+	q.SetMaxChainBytes(0)       // back to the default
+	publishBig()
+	require.Contains(t, popChainError(t, q).Error(), "total more than 67108864")
+}
