@@ -67,7 +67,27 @@ func bootAndGreet(ctx context.Context, b helper.Backend) (BootResult, error) {
 		return BootResult{}, err
 	}
 	defer agent.Close()
-	return BootResult{Elapsed: time.Since(start), Kernel: agent.Hello().Kernel}, nil
+	return BootResult{Elapsed: time.Since(start), Kernel: agent.Hello().Kernel, Memory: guestMemory(g)}, nil
+}
+
+// guestMemory describes the guest's memory from its balloon's statistics
+// (the kvm backend's MemoryStats), which the driver sends as it starts.
+func guestMemory(g any) string {
+	ms, ok := g.(interface{ MemoryStats() map[string]uint64 })
+	if !ok {
+		return ""
+	}
+	var stats map[string]uint64
+	for deadline := time.Now().Add(2 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		if stats = ms.MemoryStats(); len(stats) > 0 {
+			break
+		}
+	}
+	if len(stats) == 0 {
+		return "no balloon statistics"
+	}
+	return fmt.Sprintf("balloon: guest RAM %d MiB, free %d MiB, available %d MiB, caches %d MiB",
+		stats["total_memory"]>>20, stats["free_memory"]>>20, stats["available_memory"]>>20, stats["caches"]>>20)
 }
 
 // tailWriter keeps the last max bytes written to it.
@@ -145,6 +165,9 @@ func (r *runner) bootCheck(id, title, backend string, ready bool, notReady strin
 	c.Detail = fmt.Sprintf("guest agent said hello after %.2f s", res.Elapsed.Seconds())
 	if res.Kernel != "" {
 		c.Detail += " (guest kernel " + res.Kernel + ")"
+	}
+	if res.Memory != "" {
+		c.Detail += "; " + res.Memory
 	}
 	return true
 }

@@ -86,6 +86,9 @@ type BootResult struct {
 	Elapsed time.Duration
 	// Kernel is the guest's kernel release as the agent reported it.
 	Kernel string
+	// Memory is the guest's memory as its balloon's statistics give it
+	// ("" without a balloon or statistics).
+	Memory string
 }
 
 // RealHost probes this machine.

@@ -61,8 +61,13 @@ func (m *Machine) Snapshot(w io.Writer, id snapshot.Identity) error {
 // quietState saves t's state once the requests its device has in flight
 // are answered: devices keep running while the vCPUs are paused, so a
 // request taken just before the pause (the guest's entropy refill) ends in
-// a moment; one still open after quietWait fails the snapshot.
+// a moment; one still open after quietWait fails the snapshot. A device
+// that keeps a chain by design (virtio.Quiescer) is asked to give it back
+// first.
 func quietState(t *virtio.MMIO) (virtio.MMIOState, error) {
+	if q, ok := t.Device().(virtio.Quiescer); ok {
+		q.Quiesce()
+	}
 	deadline := time.Now().Add(quietWait)
 	for {
 		s, err := t.SaveState()

@@ -278,3 +278,19 @@ func TestQueueMappingWithoutReporting(t *testing.T) {
 	time.Sleep(20 * time.Millisecond)
 	require.Equal(t, "poison", r.page(t, 3000), "queue 3 is not the reporting queue")
 }
+
+// TestQuiesceHandsTheStatsBufferBack: a snapshot's Quiesce returns the
+// held statistics buffer, so the queue has nothing in flight.
+func TestQuiesceHandsTheStatsBufferBack(t *testing.T) {
+	r := newRig(t, rigOptions{})
+	q := r.d.Queue(qStats)
+	head, err := q.Add(virtiotest.Readable(statsBytes([2]uint64{4, 1 << 20})))
+	require.NoError(t, err)
+	q.Kick()
+	eventually(t, "statistics", func() bool { return r.dev.Stats().Updates == 1 })
+	var quiescer virtio.Quiescer = r.dev
+	quiescer.Quiesce()
+	used, err := q.Wait(testTimeout)
+	require.NoError(t, err)
+	require.Equal(t, head, used.Head, "the held buffer is back")
+}

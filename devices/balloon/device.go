@@ -243,6 +243,11 @@ func (d *Device) RequestStats() bool {
 	return true
 }
 
+// Quiesce implements virtio.Quiescer: the worker hands the held
+// statistics buffer back (as for RequestStats), so that a snapshot finds
+// nothing in flight; the driver re-posts it when it runs again.
+func (d *Device) Quiesce() { d.RequestStats() }
+
 // Activate implements virtio.Device: it maps the queues by the negotiated
 // features and starts the worker.
 func (d *Device) Activate(mem virtio.GuestMemory, irq virtio.Interrupt, queues []*virtio.Queue, features uint64) error {

@@ -44,6 +44,16 @@ type Device interface {
 	Reset()
 }
 
+// Quiescer may be implemented by a Device that keeps a chain across
+// requests (the balloon's statistics buffer, returned only when the
+// device wants new statistics): Quiesce asks it to hand every such chain
+// back, so that its transport can be saved (machine.Snapshot, with the
+// vCPUs paused, then waits until nothing is in flight). It must not block;
+// the driver posts the buffer again when it runs.
+type Quiescer interface {
+	Quiesce()
+}
+
 // Interrupt is how an active device signals the driver; the transport
 // provides it to Activate. Safe for concurrent use, never blocks for long.
 // After the device is reset, calls on the old Interrupt are ignored.

@@ -106,6 +106,9 @@ type Options struct {
 	// restores for warm starts (snapshot.go; the helper uses
 	// DefaultSnapshotDir); empty: every start boots cold.
 	SnapshotDir string
+	// NoBalloon attaches no virtio-balloon (BalloonEnv=off; balloon.go):
+	// the guest's freed memory then stays with it until it stops.
+	NoBalloon bool
 }
 
 // Backend starts micro-VM guests. It implements helper.Backend.
@@ -216,7 +219,7 @@ func (b *Backend) create(memMiB, cpus int, fsKind string, gc helper.GuestConfig)
 	// devices the VM really gets, and a disk in use costs no warm start.
 	// A guest booting the bundle needs no root disk: the bundle's layer
 	// keeps its changes.
-	devs := devices{fsKind: fsKind, bundle: b.openBundle(gc.Bundle, gc.ProfileDir)}
+	devs := devices{fsKind: fsKind, bundle: b.openBundle(gc.Bundle, gc.ProfileDir), balloon: !b.opts.NoBalloon}
 	if devs.bundle == nil {
 		devs.rootDisk = b.openRootDisk(gc.RootDisk)
 	}
@@ -307,6 +310,8 @@ type devices struct {
 	// bundle are the disks of the client's bundle when the guest boots it
 	// (bundleboot.go); never with a root disk, never snapshotted.
 	bundle *bundleDisks
+	// balloon attaches the virtio-balloon (not Options.NoBalloon).
+	balloon bool
 }
 
 // attach gives the new machine m its guest and devices.
@@ -314,7 +319,7 @@ func (b *Backend) attach(m *machine.Machine, con *console, devs devices) (*guest
 	g := newGuestState(con, b.log, devs.fsKind)
 	g.bootTimeout = b.opts.BootTimeout
 	g.descriptors = b.opts.Descriptors
-	if err := g.attachDevices(m, devs.rootDisk, devs.bundle); err != nil {
+	if err := g.attachDevices(m, devs); err != nil {
 		_ = g.Stop(context.Background())
 		return nil, fmt.Errorf("kvm backend: %w", err)
 	}

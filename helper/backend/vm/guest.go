@@ -13,6 +13,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/cowork-vmm/cowork-vmm/devices/balloon"
 	"github.com/cowork-vmm/cowork-vmm/devices/blk"
 	"github.com/cowork-vmm/cowork-vmm/devices/hostfs"
 	"github.com/cowork-vmm/cowork-vmm/devices/rng"
@@ -48,6 +49,8 @@ type guest struct {
 	// sysFiles serves the read-only system directories on a device of
 	// their own (SystemMountTag), which the guest caches.
 	sysFiles *ShareDevice
+	// balloon gives guest memory back to the host (nil: none; balloon.go).
+	balloon *balloon.Device
 	// disk is the profile's root disk (nil: none; rootdisk.go).
 	disk *rootDisk
 	// bundle are the disks of the client's bundle the guest boots as its
@@ -103,10 +106,11 @@ func newGuestState(con *console, log *slog.Logger, fsKind string) *guest {
 // attachDevices attaches virtio-vsock (listening on the agent's port), two
 // file-sharing devices of kind g.fsKind, virtio-fs or virtio-9p (MountTag
 // serving the exports Share registers, SystemMountTag those ShareSystem
-// registers, cached), virtio-rng and, when rootDisk is one, the root disk
-// (virtio-blk) to m; with bundle, the bundle's disks instead (the guest
-// owns them once attached).
-func (g *guest) attachDevices(m *machine.Machine, rootDisk *os.File, bundle *bundleDisks) (err error) {
+// registers, cached), virtio-rng, the balloon (unless devs says none)
+// and, when devs has a root disk, the root disk (virtio-blk) to m; with a
+// bundle, the bundle's disks instead (the guest owns them once attached).
+func (g *guest) attachDevices(m *machine.Machine, devs devices) (err error) {
+	rootDisk, bundle := devs.rootDisk, devs.bundle
 	g.m = m
 	vs, err := vsock.New(vsock.Config{GuestCID: GuestCID, Logger: g.log})
 	if err != nil {
@@ -133,6 +137,11 @@ func (g *guest) attachDevices(m *machine.Machine, rootDisk *os.File, bundle *bun
 	}
 	if _, err := m.AddVirtioMMIO(rng.New(g.log)); err != nil {
 		return fmt.Errorf("attaching the rng device: %w", err)
+	}
+	if devs.balloon {
+		if err := g.attachBalloon(m); err != nil {
+			return err
+		}
 	}
 	if bundle != nil {
 		if err := bundle.attach(m, g.log); err != nil {

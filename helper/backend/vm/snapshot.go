@@ -110,7 +110,7 @@ func snapshotIdentity(exe string, k kernel.Image, cfg machine.Config, devs devic
 	}
 	return snapshot.Identity{
 		Build:       build,
-		Kernel:      fmt.Sprintf("%s cmdline=%q pvh=%v fs=%s disk=%v", kid, cfg.Cmdline, cfg.PVH, devs.fsKind, devs.rootDisk != nil),
+		Kernel:      fmt.Sprintf("%s cmdline=%q pvh=%v fs=%s disk=%v balloon=%v", kid, cfg.Cmdline, cfg.PVH, devs.fsKind, devs.rootDisk != nil, devs.balloon),
 		MemoryBytes: uint64(cfg.MemMiB) << 20,
 		CPUs:        cfg.CPUs,
 	}, nil
