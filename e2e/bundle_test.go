@@ -56,6 +56,8 @@ func TestKVMBundleUserland(t *testing.T) {
 ` + bundle.ToolPath + `
 cat ` + bundle.MarkerPath + `
 cat ` + bundle.DataMountPoint + bundle.DataMarkerPath + `
+python3 -c 'import ` + bundle.PythonModule + ` as m; print("python module: " + m.MARKER)'
+echo "node path: $NODE_PATH"
 echo written-by-a | sudo tee /usr/local/share/cowork-bundle-written >/dev/null
 if command -v apt-get >/dev/null && command -v dpkg-deb >/dev/null; then
 cd /sessions/w
@@ -70,6 +72,8 @@ echo done`)}, nil)
 	assert.Contains(t, out, bundle.ToolOutput, "the image's own tool ran")
 	assert.Contains(t, out, bundle.Marker+"\n", "the image's /etc")
 	assert.Contains(t, out, bundle.DataMarker, "the data image, mounted where the image's fstab says")
+	assert.Contains(t, out, "python module: "+bundle.Marker+"\n", "the image's python finds its dist-packages")
+	assert.Contains(t, out, "node path: /usr/local/lib/node_modules:/usr/lib/node_modules\n", "node finds npm's global modules")
 	require.NotContains(t, out, "apt-failed", "sudo apt-get install of a local .deb; stderr %q", evA.output("stderr", "look"))
 	withApt := strings.Contains(out, "apt-installed")
 	if !withApt {
@@ -147,7 +151,11 @@ func TestNestedKVMBundle(t *testing.T) {
 	dir, err := filepath.EvalSymlinks(b.Dir)
 	require.NoError(t, err)
 	before := sha256File(t, b.RootImagePath())
-	gt := nestedKVMTest(t, "^(TestKVMBundleUserland|TestKVMBundleFigures)$", 40*time.Minute, 1, bundle.DirEnv+"="+dir)
+	env := []string{bundle.DirEnv + "=" + dir}
+	if n := os.Getenv(benchTreeFilesEnv); n != "" {
+		env = append(env, benchTreeFilesEnv+"="+n)
+	}
+	gt := nestedKVMTest(t, "^(TestKVMBundleUserland|TestKVMBundleFigures)$", 40*time.Minute, 1, env...)
 	gt.Shares = []string{dir}
 	res := nested.RunGoTestWith(t, gt)
 	figures := nested.FiguresIn(res.Output, bundleFiguresMarker)

@@ -22,6 +22,11 @@ func defaultGuestEnv(session string) map[string]string {
 		"TERM":  "xterm-256color",
 		"SHELL": "/bin/sh",
 		"USER":  "cowork",
+		// npm's global installs (prefix /usr/local, or /usr for a
+		// node packaged as NodeSource's is) are not on node's own
+		// search path; the bundle's toolbox (docx, pptxgenjs, …) is
+		// meant to be required from a session's scripts.
+		"NODE_PATH": "/usr/local/lib/node_modules:/usr/lib/node_modules",
 	}
 }
 
