@@ -35,7 +35,10 @@
 //     mountSkeletonHome); skeleton.go: the home skeleton's copy;
 //     processes.go: the process table, kill, writeStdin, isProcessRunning;
 //     readfile.go: readFile (in the guest, or from the host while it is
-//     down); sdk.go: installSdk.
+//     down); sdk.go: installSdk; sessionuid.go: each session's uid in the
+//     guest, which its spawns run as and its shares show as the owner.
+//   - memwatch.go: the host's memory, and idle guests asked for memory
+//     back when it runs short (MemoryReclaimer).
 //   - janitor.go: disk info against the quota, deleteSessionDirs,
 //     pruneSessionCaches (by descriptor: session directories are
 //     guest-writable); disksize.go: the sessions' cached sizes and their

@@ -20,9 +20,11 @@ import (
 // in its own page cache; the next session reads them from there.
 
 // idleDropDelay is how long the VM's agent waits, after its last process
-// ended, before it drops the page cache: a client's next spawn commonly
-// follows within seconds (a tool call after a tool call).
-const idleDropDelay = 10 * time.Second
+// ended, before it drops the page cache. A session's Claude Code CLI runs
+// from the session's first message to its end, its tools as its children,
+// so the last process ending means the guest's work is done for now: the
+// delay only spares a client that starts another process at once.
+const idleDropDelay = 2 * time.Second
 
 // idleDropper calls drop once no process has run for delay. Safe for
 // concurrent use.

@@ -246,6 +246,9 @@ func (b *Backend) create(memMiB, cpus int, fsKind string, gc helper.GuestConfig)
 	if b.opts.GuestDebug {
 		cmdline += " " + guesthost.DebugCmdlineFlag
 	}
+	if devs.balloon {
+		cmdline += " " + balloonCmdline
+	}
 	cfg := machine.Config{
 		Kernel: k.Path, KernelImage: k.Bytes, Cmdline: cmdline, PVH: b.opts.PVH,
 		MemMiB: memMiB, CPUs: cpus, Logger: b.log, KVMDevice: b.opts.KVMDevice,

@@ -27,6 +27,15 @@ const balloonStatsInterval = 10 * time.Second
 // room for the agent and a spawn's start without deflating at once.
 const reclaimReserve = 64 << 20
 
+// balloonCmdline sets the guest's free page reporting order: blocks of
+// 2^5 pages (128 KiB) and up are reported, where the kernel's default is
+// a pageblock (2 MiB on x86). Measured nested (TestKVMMemoryGivenBack, a
+// 1 GiB guest touching and freeing 512 MiB): at the default the helper's
+// RSS came back to 100 MiB from 592 MiB with 79 MiB before: the 21 MiB
+// left were freed in blocks smaller than 2 MiB, which a small guest's
+// fragmented memory is full of.
+const balloonCmdline = "page_reporting.page_reporting_order=5"
+
 // attachBalloon attaches the balloon device, sized to m's RAM.
 func (g *guest) attachBalloon(m *machine.Machine) error {
 	b, err := balloon.New(balloon.Options{RAMBytes: m.VM().Memory().Size(), StatsInterval: balloonStatsInterval, Logger: g.log})

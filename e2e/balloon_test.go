@@ -1,0 +1,146 @@
+package e2e
+
+import (
+	"fmt"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/cowork-vmm/cowork-vmm/bench"
+	"github.com/cowork-vmm/cowork-vmm/protocol"
+	"github.com/cowork-vmm/cowork-vmm/testharness/nested"
+)
+
+// balloonFiguresMarker starts every figure line TestKVMMemoryGivenBack
+// records.
+const balloonFiguresMarker = "memory given back: "
+
+// touchMiB is what the guest process touches, frees and exits (issue #44).
+const touchMiB = 512
+
+// settleWindow is how long after the process's exit the helper's RSS must
+// be back: the guest reports free pages after 2 s of quiet.
+const settleWindow = 5 * time.Second
+
+// TestKVMMemoryGivenBack: a guest process touches touchMiB, frees it and
+// exits; with the balloon's free page reporting the helper's RSS is back
+// within 10% of its value before, settleWindow after the exit. The same
+// workload on a helper without the balloon (COWORK_VMM_BALLOON=off), in
+// the same run, is the baseline. TestNestedKVMMemoryGivenBack runs it.
+func TestKVMMemoryGivenBack(t *testing.T) {
+	backend := kvmBackend(t, "TestNestedKVMMemoryGivenBack")
+	if _, err := os.Stat("/usr/bin/python3"); err != nil {
+		t.Skipf("python3 touches the memory in the guest: %v", err)
+	}
+	var figures []string
+	results := map[string]rssRun{}
+	for _, c := range []struct{ name, env string }{{"balloon", ""}, {"no balloon", "COWORK_VMM_BALLOON=off"}} {
+		var env []string
+		if c.env != "" {
+			env = append(env, c.env)
+		}
+		r := touchAndFree(t, startHelper(t, backend, env...))
+		results[c.name] = r
+		figures = append(figures, fmt.Sprintf("%s%s: helper RSS before %d MiB, peak %d MiB, %v after the exit %d MiB, %s",
+			balloonFiguresMarker, c.name, r.before>>20, r.peak>>20, settleWindow, r.after>>20, r.settled()))
+	}
+	nested.RecordFigures(t, figures...)
+	on, off := results["balloon"], results["no balloon"]
+	assert.GreaterOrEqual(t, on.peak-on.before, uint64(touchMiB/2)<<20, "the guest's touch showed in the helper's RSS")
+	assert.LessOrEqual(t, on.after, on.before+on.before/10, "with the balloon the RSS is back within 10%% %v after the exit", settleWindow)
+	assert.Greater(t, off.after, off.before+uint64(touchMiB/2)<<20, "without it the memory stays held (the baseline)")
+	recordBoot(t)
+}
+
+// TestNestedKVMMemoryGivenBack runs TestKVMMemoryGivenBack in the nested
+// harness (see TestNestedKVMClientFlow), with room in the outer guest for
+// two 1 GiB guests one after the other.
+func TestNestedKVMMemoryGivenBack(t *testing.T) {
+	res := nested.RunGoTestWith(t, nestedKVMTest(t, "^TestKVMMemoryGivenBack$", 12*time.Minute, 1))
+	figures := nested.FiguresIn(res.Output, balloonFiguresMarker)
+	if len(figures) == 0 {
+		t.Error("the memory figures measured nothing inside the nested guest (skipped there?)")
+	}
+	nested.RecordFigures(t, figures...)
+}
+
+// rssRun is one helper's resident memory around the workload.
+type rssRun struct {
+	before, peak, after uint64        // bytes
+	settle              time.Duration // exit → back within 10% of before; 0: never
+}
+
+func (r rssRun) settled() string {
+	if r.settle == 0 {
+		return "not back within 10% in 30 s"
+	}
+	return "back within 10% " + ms(r.settle).String() + " after the exit"
+}
+
+// touchAndFree boots a 1 GiB guest on h, lets it settle, then runs a
+// python3 that touches touchMiB and exits, sampling the helper's RSS
+// throughout and for 30 s after the exit.
+func touchAndFree(t *testing.T, h *harness) rssRun {
+	t.Helper()
+	c := profilePipe(t, h.socket, "memory")
+	ev := subscribeProfile(t, h.socket, "memory")
+	bootProfile(t, c, "memory")
+	// python3's files come into the guest's page cache first, so that
+	// what the workload touches is its own memory.
+	c.call("spawn", map[string]any{"id": "warm", "name": "mem", "command": "/usr/bin/python3", "args": []string{"-c", "pass"}}, nil)
+	requireExit0(t, ev, "warm")
+	time.Sleep(settleWindow)
+	pid := h.cmd.Process.Pid
+	r := rssRun{before: processRSS(t, pid)}
+	r.peak = r.before
+	script := fmt.Sprintf("b = b'\\x01' * (%d << 20)\nprint(len(b) >> 20, flush=True)", touchMiB)
+	c.call("spawn", map[string]any{"id": "touch", "name": "mem", "command": "/usr/bin/python3", "args": []string{"-c", script}}, nil)
+	for !exited(ev, "touch") {
+		r.peak = max(r.peak, processRSS(t, pid))
+		time.Sleep(100 * time.Millisecond)
+	}
+	requireExit0(t, ev, "touch")
+	exitAt := time.Now()
+	for time.Since(exitAt) < 30*time.Second {
+		rss := processRSS(t, pid)
+		r.peak = max(r.peak, rss)
+		if r.settle == 0 && rss <= r.before+r.before/10 {
+			r.settle = time.Since(exitAt)
+		}
+		if time.Since(exitAt) >= settleWindow && r.after == 0 {
+			r.after = rss
+		}
+		if r.after != 0 && r.settle != 0 {
+			break
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+	c.call("stopVM", nil, nil)
+	return r
+}
+
+// exited says whether process id's exit event has come.
+func exited(ev *events, id string) bool {
+	_, ok := ev.firstAt(id, func(e protocol.Event) bool { return e.Type == protocol.EventExit })
+	return ok
+}
+
+// requireExit0 waits for id's exit and requires status 0.
+func requireExit0(t *testing.T, ev *events, id string) {
+	t.Helper()
+	exit, err := ev.tryWait("exit of "+id, 5*time.Minute, func(e protocol.Event) bool { return e.Type == protocol.EventExit && e.ID == id })
+	require.NoError(t, err)
+	require.NotNil(t, exit.ExitCode, "%s: %+v, stderr %q", id, exit, ev.output(protocol.EventStderr, id))
+	require.Equal(t, 0, *exit.ExitCode, "%s: stderr %q", id, ev.output(protocol.EventStderr, id))
+}
+
+// processRSS is process pid's resident set (VmRSS), in bytes.
+func processRSS(t *testing.T, pid int) uint64 {
+	t.Helper()
+	m, err := bench.ReadMemory(pid, 0)
+	require.NoError(t, err)
+	return uint64(m.RSSKiB) << 10
+}
