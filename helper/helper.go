@@ -80,6 +80,9 @@ func New(opts Options) (*Helper, error) {
 		log.Warn("TEST MODE: egress resolves only the names of "+EgressTestHostsEnv+" and dials only their loopback addresses; never use this in production",
 			"hosts", opts.EgressTestHosts)
 	}
+	if opts.MemInfo != "/proc/meminfo" {
+		log.Warn("TEST MODE: the host's memory is read from " + opts.MemInfo + " (" + MemInfoEnv + "), not /proc/meminfo; never use this in production")
+	}
 	h := &Helper{opts: opts, log: log, testHosts: th, services: map[profileKey]*Service{}, stopWatch: make(chan struct{})}
 	if !opts.Stateless {
 		h.store = &store{dir: opts.DataDir, log: log}

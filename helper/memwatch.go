@@ -21,6 +21,11 @@ import (
 // at once. The two thresholds differ so that a host near one of them does
 // not make the balloons swing.
 
+// MemInfoEnv names a file the helper reads instead of /proc/meminfo
+// (Options.MemInfo): tests make the host look short of memory with it.
+// Never set it in production.
+const MemInfoEnv = "COWORK_VMM_MEMINFO"
+
 // MemoryReclaimer may be implemented by a Guest that can give memory back
 // to the host while it runs (the VM's virtio-balloon): Reclaim asks the
 // guest for what it can spare now, Release lets it have it all again.

@@ -55,7 +55,9 @@ func helperMain(args []string, stderr io.Writer) int {
 		EgressTestHosts:    os.Getenv(helper.EgressTestHostsEnv),
 		EgressAllowPrivate: os.Getenv(egress.AllowPrivateEnv) == "1",
 		EgressProxy:        egress.UpstreamProxyFromEnv(os.Getenv),
-		LogLevel:           level,
+		// Test-only (see helper.MemInfoEnv); logged when set.
+		MemInfo:  os.Getenv(helper.MemInfoEnv),
+		LogLevel: level,
 		OnDebugLogging: func(on bool) {
 			if srv != nil {
 				srv.SetDebug(on)

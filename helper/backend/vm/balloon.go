@@ -30,10 +30,12 @@ const reclaimReserve = 64 << 20
 // balloonCmdline sets the guest's free page reporting order: blocks of
 // 2^5 pages (128 KiB) and up are reported, where the kernel's default is
 // a pageblock (2 MiB on x86). Measured nested (TestKVMMemoryGivenBack, a
-// 1 GiB guest touching and freeing 512 MiB): at the default the helper's
-// RSS came back to 100 MiB from 592 MiB with 79 MiB before: the 21 MiB
-// left were freed in blocks smaller than 2 MiB, which a small guest's
-// fragmented memory is full of.
+// 1 GiB guest touching and freeing 512 MiB, 79 MiB before): at the
+// default the helper's RSS came back to 100 MiB; at order 5 to 78 MiB in
+// two runs and 95 MiB in a third. Order 0 did no better (87 and 77 MiB):
+// what stays in a run that misses is guest RAM still in use, not free
+// blocks too small to report, so the smaller order's extra reports buy
+// nothing.
 const balloonCmdline = "page_reporting.page_reporting_order=5"
 
 // attachBalloon attaches the balloon device, sized to m's RAM.
