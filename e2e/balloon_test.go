@@ -99,7 +99,7 @@ func touchAndFree(t *testing.T, h *harness) rssRun {
 	// python3's files come into the guest's page cache first, so that
 	// what the workload touches is its own memory.
 	c.call("spawn", map[string]any{"id": "warm", "name": "mem", "command": "/usr/bin/python3", "args": []string{"-c", "pass"}}, nil)
-	requireExit0(t, ev, "warm")
+	ev.exitOK("warm", 5*time.Minute)
 	time.Sleep(settleWindow)
 	pid := h.cmd.Process.Pid
 	r := rssRun{before: processRSS(t, pid)}
@@ -111,7 +111,7 @@ func touchAndFree(t *testing.T, h *harness) rssRun {
 		r.peak = max(r.peak, processRSS(t, pid))
 		time.Sleep(100 * time.Millisecond)
 	}
-	requireExit0(t, ev, "touch")
+	ev.exitOK("touch", 5*time.Minute)
 	exitAt := time.Now()
 	for time.Since(exitAt) < 30*time.Second {
 		rss := processRSS(t, pid)
@@ -136,15 +136,6 @@ func touchAndFree(t *testing.T, h *harness) rssRun {
 func exited(ev *events, id string) bool {
 	_, ok := ev.firstAt(id, func(e protocol.Event) bool { return e.Type == protocol.EventExit })
 	return ok
-}
-
-// requireExit0 waits for id's exit and requires status 0.
-func requireExit0(t *testing.T, ev *events, id string) {
-	t.Helper()
-	exit, err := ev.tryWait("exit of "+id, 5*time.Minute, func(e protocol.Event) bool { return e.Type == protocol.EventExit && e.ID == id })
-	require.NoError(t, err)
-	require.NotNil(t, exit.ExitCode, "%s: %+v, stderr %q", id, exit, ev.output(protocol.EventStderr, id))
-	require.Equal(t, 0, *exit.ExitCode, "%s: stderr %q", id, ev.output(protocol.EventStderr, id))
 }
 
 // rssSplit says how much of pid's RSS is the guest's 1 GiB of RAM and how
@@ -188,7 +179,7 @@ func TestKVMHostShortReclaimsIdleGuest(t *testing.T) {
 	ev := subscribeProfile(t, h.socket, "short")
 	bootProfile(t, c, "short")
 	c.call("spawn", map[string]any{"id": "warm", "name": "mem", "command": "/usr/bin/python3", "args": []string{"-c", "pass"}}, nil)
-	requireExit0(t, ev, "warm")
+	ev.exitOK("warm", 5*time.Minute)
 	time.Sleep(settleWindow) // the idle drop and its report
 	pid := h.cmd.Process.Pid
 	before := processRSS(t, pid)
@@ -201,7 +192,7 @@ func TestKVMHostShortReclaimsIdleGuest(t *testing.T) {
 	waitLog(t, h, "balloon: deflating")
 	c.call("spawn", map[string]any{"id": "big", "name": "mem", "command": "/usr/bin/python3",
 		"args": []string{"-c", "b = b'\\x01' * (600 << 20); print(len(b) >> 20)"}}, nil)
-	requireExit0(t, ev, "big")
+	ev.exitOK("big", 5*time.Minute)
 	assert.Equal(t, "600\n", ev.output(protocol.EventStdout, "big"), "the guest has its memory back")
 	assert.LessOrEqual(t, reclaimed, before+before/20, "the idle guest's RSS did not grow while its balloon inflated")
 	nested.RecordFigures(t, fmt.Sprintf("%shost short: idle guest's helper RSS %d MiB before, %d MiB with the balloon inflated",

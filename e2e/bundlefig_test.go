@@ -160,7 +160,7 @@ func (u *benchUserland) run(t *testing.T, script string) (time.Duration, string)
 	id := u.nextID()
 	start := time.Now()
 	u.c.call("spawn", map[string]any{"id": id, "name": "bench", "command": "/bin/sh", "args": sh(script), "additionalMounts": u.mounts()}, nil)
-	end := u.exitOK(t, id)
+	end := u.ev.exitOK(id, benchStepTimeout)
 	return end.Sub(start), u.ev.output(protocol.EventStdout, id)
 }
 
@@ -181,18 +181,6 @@ func (u *benchUserland) nextID() string {
 func (u *benchUserland) gitStatus(t *testing.T) (time.Duration, string) {
 	t.Helper()
 	return u.run(t, `cd `+benchTreeDir+` && exec git status --porcelain`)
-}
-
-// exitOK waits for id's exit, requires status 0 and returns when it came.
-func (u *benchUserland) exitOK(t *testing.T, id string) time.Time {
-	t.Helper()
-	exit, err := u.ev.tryWait("exit of "+id, benchStepTimeout, func(e protocol.Event) bool { return e.Type == protocol.EventExit && e.ID == id })
-	stdout, stderr := u.ev.output(protocol.EventStdout, id), u.ev.output(protocol.EventStderr, id)
-	require.NoError(t, err, "%s: stdout %q, stderr %q", u.name, stdout, stderr)
-	require.NotNil(t, exit.ExitCode, "%s %s: %+v, stderr %q", u.name, id, exit, stderr)
-	require.Equal(t, 0, *exit.ExitCode, "%s %s: stdout %q, stderr %q", u.name, id, stdout, stderr)
-	at, _ := u.ev.firstAt(id, func(e protocol.Event) bool { return e.Type == protocol.EventExit })
-	return at
 }
 
 // benchFigures is one line per row: each userland's times in boot order

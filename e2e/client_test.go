@@ -203,6 +203,19 @@ func (e *events) firstAt(id string, match func(protocol.Event) bool) (at time.Ti
 	return time.Time{}, false
 }
 
+// exitOK waits up to timeout for id's exit, requires exit status 0 and
+// returns when the exit event arrived.
+func (e *events) exitOK(id string, timeout time.Duration) time.Time {
+	e.t.Helper()
+	exit, err := e.tryWait("exit of "+id, timeout, func(ev protocol.Event) bool { return ev.Type == protocol.EventExit && ev.ID == id })
+	stdout, stderr := e.output(protocol.EventStdout, id), e.output(protocol.EventStderr, id)
+	require.NoError(e.t, err, "stdout %q, stderr %q", stdout, stderr)
+	require.NotNil(e.t, exit.ExitCode, "%s: %+v, stderr %q", id, exit, stderr)
+	require.Equal(e.t, 0, *exit.ExitCode, "%s: stdout %q, stderr %q", id, stdout, stderr)
+	at, _ := e.firstAt(id, func(ev protocol.Event) bool { return ev.Type == protocol.EventExit })
+	return at
+}
+
 func (e *events) exit(id string) protocol.Event {
 	e.t.Helper()
 	return e.wait("exit of "+id, func(ev protocol.Event) bool { return ev.Type == protocol.EventExit && ev.ID == id })

@@ -176,17 +176,6 @@ func (r sdkRun) exit(t *testing.T, id string) protocol.Event {
 	return exit
 }
 
-// exitOK waits for id's exit, requires status 0 and returns when it came.
-func (r sdkRun) exitOK(t *testing.T, id string) time.Time {
-	t.Helper()
-	exit := r.exit(t, id)
-	stderr := r.ev.output(protocol.EventStderr, id)
-	require.NotNil(t, exit.ExitCode, "%s: %+v, stderr %q", id, exit, stderr)
-	require.Equal(t, 0, *exit.ExitCode, "%s: stdout %q, stderr %q", id, r.ev.output(protocol.EventStdout, id), stderr)
-	at, _ := r.ev.firstAt(id, func(e protocol.Event) bool { return e.Type == protocol.EventExit })
-	return at
-}
-
 // firstStdout is when id's first stdout chunk arrived.
 func (r sdkRun) firstStdout(id string) time.Time {
 	at, _ := r.ev.firstAt(id, func(e protocol.Event) bool { return e.Type == protocol.EventStdout })
@@ -199,7 +188,7 @@ func (r sdkRun) printTurn(t *testing.T, id, prompt string) (first, exit time.Dur
 	t.Helper()
 	start := r.spawn(t, id, r.api, "-p", prompt)
 	r.c.call("writeStdin", map[string]any{"id": id, "data": "", "eof": true}, nil)
-	end := r.exitOK(t, id)
+	end := r.ev.exitOK(id, sdkTurnTimeout)
 	assert.Equal(t, fakeapi.AnswerPrefix+prompt+"\n", r.ev.output(protocol.EventStdout, id))
 	return r.firstStdout(id).Sub(start), end.Sub(start)
 }
@@ -221,7 +210,7 @@ func (r sdkRun) streamJSONTurns(t *testing.T, id string, prompts ...string) (fir
 		require.NoError(t, err)
 	}
 	r.c.call("writeStdin", map[string]any{"id": id, "data": "", "eof": true}, nil)
-	end := r.exitOK(t, id)
+	end := r.ev.exitOK(id, sdkTurnTimeout)
 	out := r.ev.output(protocol.EventStdout, id)
 	for _, prompt := range prompts {
 		assert.Contains(t, out, fakeapi.AnswerPrefix+prompt, "the answer to %q", prompt)

@@ -16,6 +16,17 @@ const GuestSessionsDir = "/sessions"
 
 func guestSessionDir(name string) string { return path.Join(GuestSessionsDir, name) }
 
+// sessionOfTarget names the session whose home a guest path is in
+// (GuestSessionsDir/<name>[/...]); inner says it lies below the home.
+func sessionOfTarget(target string) (session string, inner, ok bool) {
+	rest, ok := strings.CutPrefix(path.Clean(target), GuestSessionsDir+"/")
+	if !ok {
+		return "", false, false
+	}
+	session, below, _ := strings.Cut(rest, "/")
+	return session, below != "", session != ""
+}
+
 // validateSessionName refuses names that could leave the sessions directory.
 func validateSessionName(name string) error {
 	switch {

@@ -2,8 +2,6 @@ package helper
 
 import (
 	"errors"
-	"path"
-	"strings"
 	"sync"
 
 	"github.com/cowork-vmm/cowork-vmm/protocol"
@@ -37,15 +35,4 @@ func (s *sessionUIDs) of(session string) (uint32, error) {
 	uid := uint32(protocol.FirstSessionUID + len(s.byName))
 	s.byName[session] = uid
 	return uid, nil
-}
-
-// sessionOfTarget names the session whose home a guest path is in
-// (GuestSessionsDir/<name>[/...]); inner says it lies below the home.
-func sessionOfTarget(target string) (session string, inner, ok bool) {
-	rest, ok := strings.CutPrefix(path.Clean(target), GuestSessionsDir+"/")
-	if !ok {
-		return "", false, false
-	}
-	session, below, _ := strings.Cut(rest, "/")
-	return session, below != "", session != ""
 }

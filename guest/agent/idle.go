@@ -43,26 +43,13 @@ func dropPageCache() error {
 }
 
 // idle arms the drop: the last process has ended.
-func (d *idleDropper) idle() {
-	if d == nil {
-		return
-	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.timer != nil {
-		d.timer.Stop()
-	}
-	d.timer = time.AfterFunc(d.delay, func() {
-		if err := d.drop(); err != nil {
-			d.log.Warn("dropping the idle guest's page cache", "err", err)
-			return
-		}
-		d.log.Info("idle: dropped the guest's clean page cache", "after", d.delay)
-	})
-}
+func (d *idleDropper) idle() { d.arm(true) }
 
 // busy disarms it: a process has started (or the agent is ending).
-func (d *idleDropper) busy() {
+func (d *idleDropper) busy() { d.arm(false) }
+
+// arm stops the pending drop, if any, and with armed starts another.
+func (d *idleDropper) arm(armed bool) {
 	if d == nil {
 		return
 	}
@@ -72,4 +59,16 @@ func (d *idleDropper) busy() {
 		d.timer.Stop()
 		d.timer = nil
 	}
+	if armed {
+		d.timer = time.AfterFunc(d.delay, d.dropNow)
+	}
+}
+
+// dropNow drops the page cache, logging the outcome.
+func (d *idleDropper) dropNow() {
+	if err := d.drop(); err != nil {
+		d.log.Warn("dropping the idle guest's page cache", "err", err)
+		return
+	}
+	d.log.Info("idle: dropped the guest's clean page cache", "after", d.delay)
 }

@@ -104,10 +104,9 @@ func processCPU(pid int) (time.Duration, error) {
 	return time.Duration(ticks) * clockTick, nil
 }
 
-// watchFreeze samples process pid's CPU time every sample until ctx ends,
-// and calls frozen (once) when it has used less than min over window.
-func watchFreeze(ctx context.Context, pid int, window, min, sample time.Duration, frozen func()) {
-	w := &cpuWatch{window: window, min: min}
+// everySample calls check every sample until ctx ends or check reports
+// done.
+func everySample(ctx context.Context, sample time.Duration, check func(now time.Time) (done bool)) {
 	tick := time.NewTicker(sample)
 	defer tick.Stop()
 	for {
@@ -115,16 +114,28 @@ func watchFreeze(ctx context.Context, pid int, window, min, sample time.Duration
 		case <-ctx.Done():
 			return
 		case now := <-tick.C:
-			cpu, err := processCPU(pid)
-			if err != nil {
-				return // gone
-			}
-			if w.add(now, cpu) {
-				frozen()
+			if check(now) {
 				return
 			}
 		}
 	}
+}
+
+// watchFreeze samples process pid's CPU time every sample until ctx ends,
+// and calls frozen (once) when it has used less than min over window.
+func watchFreeze(ctx context.Context, pid int, window, min, sample time.Duration, frozen func()) {
+	w := &cpuWatch{window: window, min: min}
+	everySample(ctx, sample, func(now time.Time) bool {
+		cpu, err := processCPU(pid)
+		if err != nil {
+			return true // gone
+		}
+		if w.add(now, cpu) {
+			frozen()
+			return true
+		}
+		return false
+	})
 }
 
 // markerWatch notes when a marker line appears in the console stream: the
@@ -169,23 +180,17 @@ func (m *markerWatch) seen() (first, last time.Duration) {
 // or a heartbeat appeared within window, and calls stalled (once) with how
 // long none has.
 func watchHeartbeat(ctx context.Context, begin, alive *markerWatch, window, sample time.Duration, stalled func(silent time.Duration)) {
-	tick := time.NewTicker(sample)
-	defer tick.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick.C:
-			began, _ := begin.seen()
-			if began == 0 {
-				continue
-			}
-			_, beat := alive.seen()
-			silent := time.Since(begin.start) - max(began, beat)
-			if silent >= window {
-				stalled(silent)
-				return
-			}
+	everySample(ctx, sample, func(time.Time) bool {
+		began, _ := begin.seen()
+		if began == 0 {
+			return false
 		}
-	}
+		_, beat := alive.seen()
+		silent := time.Since(begin.start) - max(began, beat)
+		if silent < window {
+			return false
+		}
+		stalled(silent)
+		return true
+	})
 }
