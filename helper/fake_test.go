@@ -308,7 +308,7 @@ func newFakeAgent(conn net.Conn, g *fakeGuest) *fakeAgent {
 		answers: map[uint64]protocol.GuestResponseParams{},
 		credits: map[string]int64{}, creditChanged: make(chan struct{}),
 	}
-	a.server = agentrpc.NewServer(gatedConn{a}, a.methods(), agentrpc.ServerOptions{Final: protocol.AgentMethodShutdown})
+	a.server = agentrpc.NewServer(gatedConn{a}, a.methods(), agentrpc.ServerOptions{Final: []string{protocol.AgentMethodShutdown}})
 	return a
 }
 

@@ -71,6 +71,15 @@ const (
 	// AgentMethodCredit lets a process send more output (CreditParams →
 	// no result; an error when it is no longer running). See OutputWindow.
 	AgentMethodCredit = "credit"
+	// AgentMethodSuspend readies the guest to be saved and ends the
+	// channel (SuspendParams → no result; see SuspendParams). Only the kvm
+	// backend's agent serves it; the helper shuts down a guest whose agent
+	// refuses it.
+	AgentMethodSuspend = "suspend"
+	// AgentMethodResume is a resumed guest's setup: the root it was set
+	// up with is still in place (ResumeParams → SetupResult, the result
+	// of its first setup with this resume's steps).
+	AgentMethodResume = "resume"
 )
 
 // AgentFrame is the one envelope on the agent channel.
@@ -369,6 +378,25 @@ type UnmountParams struct {
 // ShutdownParams ends the guest.
 type ShutdownParams struct {
 	GraceMillis int `json:"graceMillis"`
+}
+
+// SuspendParams ask the agent to ready its guest to be saved (stopVM on
+// a host that suspends guests): every process is ended as by shutdown
+// (SIGTERM, SIGKILL after GraceMillis; their exit events are sent), every
+// mount but setup's is removed, the writable disks are synced and their
+// journals emptied, and the page cache, dentries and inodes are dropped,
+// so that what a resumed guest knows of host files is only its mount
+// roots. Once it has replied the agent closes the channel and waits at
+// the snapshot point (guesthost.SnapshotPointPort) to be saved; a guest
+// restored from that state dials the helper again and is sent
+// AgentMethodResume instead of setup.
+type SuspendParams struct {
+	GraceMillis int `json:"graceMillis"`
+}
+
+// ResumeParams are a resumed guest's: the wall clock to step to.
+type ResumeParams struct {
+	ClockUnixNano int64 `json:"clockUnixNano"`
 }
 
 // The guest-request channel: a process in the guest asks the desktop client

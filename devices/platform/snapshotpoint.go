@@ -19,16 +19,18 @@ const SnapshotPointPortCount = 1
 
 // SnapshotPoint is the port's device. Safe for concurrent use.
 type SnapshotPoint struct {
-	answer  atomic.Uint32
-	arrive  sync.Once
+	answer atomic.Uint32
+
+	mu      sync.Mutex
 	arrived chan struct{}
+	open    bool // arrived is not closed yet
 }
 
 // NewSnapshotPoint returns the device of a cold-booted VM: hold keeps a
 // guest that arrives waiting until Release (the VMM takes the snapshot
 // meanwhile); otherwise it goes on at once.
 func NewSnapshotPoint(hold bool) *SnapshotPoint {
-	p := &SnapshotPoint{arrived: make(chan struct{})}
+	p := &SnapshotPoint{arrived: make(chan struct{}), open: true}
 	p.answer.Store(guesthost.SnapshotPointGo)
 	if hold {
 		p.answer.Store(guesthost.SnapshotPointWait)
@@ -39,13 +41,30 @@ func NewSnapshotPoint(hold bool) *SnapshotPoint {
 // NewRestoredSnapshotPoint returns the device of a VM restored from a
 // snapshot: the guest, saved waiting at the point, goes on as restored.
 func NewRestoredSnapshotPoint() *SnapshotPoint {
-	p := &SnapshotPoint{arrived: make(chan struct{})}
+	p := &SnapshotPoint{arrived: make(chan struct{}), open: true}
 	p.answer.Store(guesthost.SnapshotPointRestored)
 	return p
 }
 
-// Arrived is closed when the guest has arrived at the point.
-func (p *SnapshotPoint) Arrived() <-chan struct{} { return p.arrived }
+// Hold makes the point hold the guest's next arrival (a suspended guest's
+// agent arrives again: the VMM saves the VM meanwhile and never lets it
+// go on). Arrived then reports that next arrival.
+func (p *SnapshotPoint) Hold() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.answer.Store(guesthost.SnapshotPointWait)
+	if !p.open {
+		p.arrived, p.open = make(chan struct{}), true
+	}
+}
+
+// Arrived is closed when the guest has arrived at the point (since the
+// last Hold).
+func (p *SnapshotPoint) Arrived() <-chan struct{} {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.arrived
+}
 
 // Release lets a held guest go on (as cold-booted).
 func (p *SnapshotPoint) Release() {
@@ -60,10 +79,16 @@ func (p *SnapshotPoint) Read(offset uint64, data []byte) {
 	}
 }
 
-// Write implements the bus device write: guesthost.SnapshotPointArrive at offset 0
-// marks the arrival (once); anything else is ignored.
+// Write implements the bus device write: guesthost.SnapshotPointArrive at
+// offset 0 marks the arrival (once per Hold); anything else is ignored.
 func (p *SnapshotPoint) Write(offset uint64, data []byte) {
-	if offset == 0 && len(data) > 0 && data[0] == guesthost.SnapshotPointArrive {
-		p.arrive.Do(func() { close(p.arrived) })
+	if offset != 0 || len(data) == 0 || data[0] != guesthost.SnapshotPointArrive {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.open {
+		close(p.arrived)
+		p.open = false
 	}
 }

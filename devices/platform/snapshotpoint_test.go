@@ -48,3 +48,23 @@ func TestSnapshotPointAnswers(t *testing.T) {
 	r.Read(1, wide)
 	require.Equal(t, []byte{0, 0, 0, 0}, wide)
 }
+
+// A guest that arrived at boot and went on is held again at its next
+// arrival after Hold (a suspend), and only that arrival is reported.
+func TestSnapshotPointHoldsASecondArrival(t *testing.T) {
+	p := NewSnapshotPoint(false)
+	p.Write(0, []byte{guesthost.SnapshotPointArrive})
+	require.True(t, isClosed(p.Arrived()))
+	p.Hold()
+	require.False(t, isClosed(p.Arrived()), "the boot's arrival is not the suspend's")
+	require.EqualValues(t, guesthost.SnapshotPointWait, readAnswer(p))
+	p.Write(0, []byte{guesthost.SnapshotPointArrive})
+	require.True(t, isClosed(p.Arrived()))
+	require.EqualValues(t, guesthost.SnapshotPointWait, readAnswer(p), "held while the VM is saved")
+
+	r := NewRestoredSnapshotPoint() // restored mid-wait: no arrival of its own
+	r.Hold()
+	require.False(t, isClosed(r.Arrived()))
+	r.Write(0, []byte{guesthost.SnapshotPointArrive})
+	require.True(t, isClosed(r.Arrived()))
+}

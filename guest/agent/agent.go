@@ -67,6 +67,11 @@ type Options struct {
 	// CgroupRoot (VMMain starts them before the snapshot point, so that a
 	// restored guest finds them made).
 	cgroups *cgroups
+	// keep, when set, is what outlives this Run in a guest that may be
+	// suspended (the VM's; suspend.go): the root setup made, which a
+	// resumed guest's next Run goes on with. nil: Run owns its root and
+	// refuses suspend.
+	keep *keptState
 	// DropCachesWhenIdle, when set, drops the guest kernel's clean page
 	// cache once no process has run for that long (idle.go; the VM).
 	DropCachesWhenIdle time.Duration
@@ -91,8 +96,11 @@ type agent struct {
 	requests *guestRequests // guest requests waiting for the helper
 	cgroups  *cgroups
 
-	shutdownOnce sync.Once
-	shutdownDone chan struct{} // closed after a shutdown request is served
+	// ended is closed once a final request (shutdown or suspend) is
+	// served; endedWith is what Run then returns.
+	endOnce   sync.Once
+	ended     chan struct{}
+	endedWith error
 
 	// helloTook is how long Run took to send its hello, reported as
 	// setup's first step.
@@ -129,19 +137,21 @@ func Run(ctx context.Context, conn io.ReadWriteCloser, opts Options) error {
 	}
 	began := time.Now()
 	a := &agent{
-		opts:         opts,
-		log:          opts.Logger,
-		shutdownDone: make(chan struct{}),
+		opts:  opts,
+		log:   opts.Logger,
+		ended: make(chan struct{}),
 	}
 	a.server = agentrpc.NewServer(conn, a.methods(), agentrpc.ServerOptions{
-		Logger: opts.Logger, Final: protocol.AgentMethodShutdown})
+		Logger: opts.Logger, Final: []string{protocol.AgentMethodShutdown, protocol.AgentMethodSuspend}})
 	a.procs = newProcessTable(a)
 	if opts.DropCachesWhenIdle > 0 {
 		a.idle = &idleDropper{delay: opts.DropCachesWhenIdle, drop: dropPageCache, log: a.log}
 		defer a.idle.busy()
 	}
-	a.mnt = newMounter(a.log, opts.IsolateSessions)
-	defer a.mnt.close()
+	a.mnt = opts.keep.mounter(a.log, opts.IsolateSessions)
+	if opts.keep == nil {
+		defer a.mnt.close() // kept ones live on in the suspended guest
+	}
 	a.requests = newGuestRequests(a)
 	defer a.requests.closeAll()
 	a.cgroups = opts.cgroups
@@ -173,8 +183,8 @@ func Run(ctx context.Context, conn io.ReadWriteCloser, opts Options) error {
 	readErr := a.server.Serve(ctx)
 
 	select {
-	case <-a.shutdownDone:
-		return ErrShutdown
+	case <-a.ended:
+		return a.endedWith
 	default:
 	}
 	// The connection ended without a shutdown: end everything anyway.
@@ -206,8 +216,14 @@ func (a *agent) handleShutdown(_ context.Context, raw json.RawMessage) (any, err
 	if err := a.mnt.syncRootDisk(); err != nil {
 		a.log.Warn("shutting down: the root disk's last writes may be lost", "err", err)
 	}
-	a.shutdownOnce.Do(func() { close(a.shutdownDone) })
+	a.end(ErrShutdown)
 	return nil, nil
+}
+
+// end records that a final request was served: Run returns err once its
+// reply is written.
+func (a *agent) end(err error) {
+	a.endOnce.Do(func() { a.endedWith = err; close(a.ended) })
 }
 
 // methods are the requests the agent serves (protocol/agent.go).
@@ -215,8 +231,12 @@ func (a *agent) methods() map[string]agentrpc.Handler {
 	return map[string]agentrpc.Handler{
 		protocol.AgentMethodPing:     func(context.Context, json.RawMessage) (any, error) { return nil, nil },
 		protocol.AgentMethodShutdown: a.handleShutdown,
+		protocol.AgentMethodSuspend:  a.handleSuspend,
 		protocol.AgentMethodSetup: agentrpc.Handle(func(_ context.Context, p protocol.SetupParams) (*protocol.SetupResult, error) {
 			return a.setup(p)
+		}),
+		protocol.AgentMethodResume: agentrpc.Handle(func(_ context.Context, p protocol.ResumeParams) (*protocol.SetupResult, error) {
+			return a.resume(p)
 		}),
 		protocol.AgentMethodMount: agentrpc.HandleNoResult(func(_ context.Context, p protocol.MountParams) error {
 			return a.mnt.mount(p.Mount)
@@ -295,6 +315,7 @@ func (a *agent) setup(p protocol.SetupParams) (*protocol.SetupResult, error) {
 		result.SessionTmp = a.mnt.hasSessionTmp()
 	}
 	result.Steps = timer.steps
+	a.opts.keep.setUp(*result)
 	return result, nil
 }
 

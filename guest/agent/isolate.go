@@ -266,6 +266,8 @@ type isolation struct {
 	// passwd and group replace /etc/passwd and /etc/group when the root
 	// has them (nil: left alone).
 	passwd, group []byte
+	// bootID replaces the kernel's boot id (nil: left alone).
+	bootID []byte
 }
 
 // sysProcAttr is the fork's part: the spawn's own user and IPC namespaces,
@@ -478,26 +480,37 @@ func buildSpawnRoot(root string, iso *isolation, tmp *os.File) error {
 			return err
 		}
 	}
-	for name, content := range map[string][]byte{"/etc/passwd": iso.passwd, "/etc/group": iso.group} {
-		if content == nil {
-			continue
-		}
-		if st, err := os.Lstat(at(name)); err != nil || !st.Mode().IsRegular() {
-			continue
-		}
-		// Written into the root, bound over the read-only /etc copy, and
-		// unlinked: the bind keeps the file.
-		tmp := at(".cowork-" + filepath.Base(name))
-		if err := os.WriteFile(tmp, content, 0o644); err != nil {
-			return fmt.Errorf("writing the process's %s: %w", name, err)
-		}
-		err := bindOnto(tmp, at(name), true, name)
-		os.Remove(tmp)
-		if err != nil {
+	for name, content := range map[string][]byte{"/etc/passwd": iso.passwd, "/etc/group": iso.group, bootIDFile: iso.bootID} {
+		if err := replaceFile(root, name, content); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// bootIDFile is the kernel's boot id, which a resumed guest's spawns see
+// replaced (keptState.bootID).
+const bootIDFile = "/proc/sys/kernel/random/boot_id"
+
+// replaceFile shows content at name, a regular file of the new root at
+// root, read-only, to the spawn: written into the root, bound over the
+// file (the read-only /etc copy, a /proc file), and unlinked (the bind
+// keeps it). Nothing when content is nil or there is no such file.
+func replaceFile(root, name string, content []byte) error {
+	if content == nil {
+		return nil
+	}
+	at := filepath.Join(root, name)
+	if st, err := os.Lstat(at); err != nil || !st.Mode().IsRegular() {
+		return nil
+	}
+	tmp := filepath.Join(root, ".cowork-"+filepath.Base(name))
+	if err := os.WriteFile(tmp, content, 0o644); err != nil {
+		return fmt.Errorf("writing the process's %s: %w", name, err)
+	}
+	err := bindOnto(tmp, at, true, name)
+	os.Remove(tmp)
+	return err
 }
 
 // bindInto binds the agent's p recursively at the same path below root: a

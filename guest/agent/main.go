@@ -110,16 +110,35 @@ func VMMain() {
 	if atSnapshotPoint(log) {
 		afterRestore(log)
 	}
-	conn, err := dialHost(log, 60*time.Second)
-	if err != nil {
-		log.Error("agent: cannot reach the helper over vsock; powering off", "err", err)
-	} else {
-		err = Run(context.Background(), conn, Options{Logger: log, Egress: proxy.VSockDialer{}, IsolateSessions: true, CgroupRoot: vmCgroupRoot, cgroups: cgroups,
-			DropCachesWhenIdle: idleDropDelay})
-		if !errors.Is(err, ErrShutdown) {
-			log.Error("agent ended", "err", err)
+	serveUntilOff(log, cgroups)
+}
+
+// serveUntilOff dials the helper and serves it; after a suspend it waits
+// to be saved and, in a VM restored from that state, dials and serves the
+// helper again, on the same root. It powers the VM off when a Run ends
+// any other way (or the VMM saved nothing).
+func serveUntilOff(log *slog.Logger, cgroups *cgroups) {
+	keep := &keptState{}
+	for {
+		conn, err := dialHost(log, 60*time.Second)
+		if err != nil {
+			log.Error("agent: cannot reach the helper over vsock; powering off", "err", err)
+			break
 		}
+		err = Run(context.Background(), conn, Options{Logger: log, Egress: proxy.VSockDialer{}, IsolateSessions: true, CgroupRoot: vmCgroupRoot, cgroups: cgroups,
+			DropCachesWhenIdle: idleDropDelay, keep: keep})
 		conn.Close() // waits until the helper has what was sent (deliveringConn)
+		if !errors.Is(err, ErrSuspended) {
+			if !errors.Is(err, ErrShutdown) {
+				log.Error("agent ended", "err", err)
+			}
+			break
+		}
+		if !awaitSave(log) {
+			break
+		}
+		afterRestore(log)
+		keep.resume()
 	}
 	powerOff(log)
 }

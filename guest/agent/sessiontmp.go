@@ -60,6 +60,18 @@ func (m *mounter) startSessionTmp(disk string) error {
 	return nil
 }
 
+// restartSessionTmp gives a resumed guest's sessions a fresh /tmp on the
+// root disk, as every start does (nothing without one).
+func (m *mounter) restartSessionTmp() error {
+	m.mu.Lock()
+	dir := m.sessionTmp
+	m.mu.Unlock()
+	if dir == "" {
+		return nil
+	}
+	return m.startSessionTmp(path.Dir(dir))
+}
+
 // removeStaleTmp removes what earlier starts left of their sessions' /tmp
 // on the disk mounted at disk; what it cannot is logged and tried again at
 // the next start.

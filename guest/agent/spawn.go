@@ -355,7 +355,7 @@ func (t *processTable) isolationFor(sp protocol.SpawnParams) (*isolation, error)
 	if err := t.uids.claim(session, uid); err != nil {
 		return nil, err
 	}
-	iso := &isolation{session: session, binds: binds, tmp: tmp, id: identityFor(uid, owners)}
+	iso := &isolation{session: session, binds: binds, tmp: tmp, id: identityFor(uid, owners), bootID: t.a.opts.keep.bootIDBytes()}
 	home := path.Join(sessionsDir, session)
 	if base, err := os.ReadFile("/etc/passwd"); err == nil {
 		iso.passwd = withUser(base, fmt.Sprintf("%s:x:%d:%d:Cowork session:%s:/bin/sh\n", spawnUserName, uid, uid, home))

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
 	"sync"
 
 	"github.com/cowork-vmm/cowork-vmm/protocol"
@@ -60,10 +61,11 @@ type ServerOptions struct {
 	Logger *slog.Logger
 	// MaxInFlight: see DefaultMaxInFlight.
 	MaxInFlight int
-	// Final names the method served inline, nothing else being read while
-	// it runs; once it has succeeded and its reply is written, Serve
-	// closes the connection and returns nil (the agent's shutdown).
-	Final string
+	// Final names the methods served inline, nothing else being read
+	// while one runs; once one has succeeded and its reply is written,
+	// Serve closes the connection and returns nil (the agent's shutdown
+	// and suspend).
+	Final []string
 }
 
 // Server speaks the agent side of the agent channel (protocol/agent.go):
@@ -121,7 +123,7 @@ func (s *Server) Serve(ctx context.Context) error {
 		if !ok {
 			continue
 		}
-		if f.Method == s.opts.Final && s.opts.Final != "" {
+		if slices.Contains(s.opts.Final, f.Method) {
 			// Served inline: nothing else is read once it starts.
 			result, err := s.dispatch(ctx, f)
 			s.reply(f.ID, result, err)

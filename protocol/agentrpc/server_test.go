@@ -113,7 +113,7 @@ func TestServerFinalMethod(t *testing.T) {
 		}
 		return nil, nil
 	}}
-	c, _, served := serverPair(t, methods, ServerOptions{Final: protocol.AgentMethodShutdown}, nil)
+	c, _, served := serverPair(t, methods, ServerOptions{Final: []string{protocol.AgentMethodShutdown}}, nil)
 	ctx := context.Background()
 	require.ErrorContains(t, c.Call(ctx, protocol.AgentMethodShutdown, nil, nil), "invalid shutdown params")
 	require.NoError(t, c.Call(ctx, protocol.AgentMethodShutdown, nil, nil))

@@ -1,0 +1,211 @@
+package agent
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"slices"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/cowork-vmm/cowork-vmm/protocol"
+	"github.com/cowork-vmm/cowork-vmm/protocol/guesthost"
+)
+
+// Suspend and resume (the VM's; protocol.SuspendParams). At stopVM a host
+// that suspends guests asks the agent to suspend instead of shutting
+// down: it ends every process, removes every mount but setup's, syncs the
+// writable disks and empties their journals, and drops the kernel's
+// caches, so that of the host's files the guest keeps only its mount
+// roots. Run then returns ErrSuspended; VMMain waits at the snapshot
+// point while the VMM saves the VM and ends it. A VM restored from that
+// state goes on from the same wait, dials the helper again and runs a new
+// Run with the same root (keptState), which the helper resumes
+// (protocol.AgentMethodResume) instead of setting up.
+
+// ErrSuspended is returned by Run after a suspend request was served.
+var ErrSuspended = errors.New("agent: suspended on request")
+
+// keptState is what outlives one Run in a guest that may be suspended:
+// the root its first setup laid out and that setup's result. Safe for
+// concurrent use; a nil keptState keeps nothing.
+type keptState struct {
+	mu  sync.Mutex
+	mnt *mounter
+	// setup is the first setup's result; nil until it succeeded.
+	setup *protocol.SetupResult
+	// resumed: this Run is in a guest restored from a suspended state.
+	resumed bool
+	// dropCaches drops the kernel's caches at a suspend (nil:
+	// dropAllCaches; tests count it instead).
+	dropCaches func() error
+	// bootID is the boot id a resumed guest's spawns see ("": the
+	// kernel's, which Linux makes once and never renews: every resume of
+	// a guest would otherwise share the suspended boot's).
+	bootID string
+}
+
+// resumed marks the state as a resumed guest's, with a fresh boot id.
+func (k *keptState) resume() {
+	b := make([]byte, 16)
+	_, _ = rand.Read(b)
+	b[6] = b[6]&0x0f | 0x40 // version 4, as the kernel's
+	b[8] = b[8]&0x3f | 0x80
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.resumed = true
+	k.bootID = fmt.Sprintf("%x-%x-%x-%x-%x\n", b[0:4], b[4:6], b[6:8], b[8:10], b[10:16])
+}
+
+// bootIDBytes is the boot id spawns see in place of the kernel's; nil:
+// the kernel's.
+func (k *keptState) bootIDBytes() []byte {
+	if k == nil {
+		return nil
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.bootID == "" {
+		return nil
+	}
+	return []byte(k.bootID)
+}
+
+// mounter returns the kept mounter, made on first use; a fresh one when
+// nothing is kept.
+func (k *keptState) mounter(log *slog.Logger, isolate bool) *mounter {
+	if k == nil {
+		return newMounter(log, isolate)
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.mnt == nil {
+		k.mnt = newMounter(log, isolate)
+	}
+	return k.mnt
+}
+
+// setUp records setup's result, for a resume.
+func (k *keptState) setUp(r protocol.SetupResult) {
+	if k == nil {
+		return
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.setup = &r
+}
+
+// handleSuspend readies the guest to be saved (protocol.SuspendParams);
+// the server then replies and ends (suspend is a final method). A failure
+// leaves the channel open: the helper then shuts the guest down.
+func (a *agent) handleSuspend(_ context.Context, raw json.RawMessage) (any, error) {
+	if a.opts.keep == nil {
+		return nil, errors.New("this agent cannot be suspended: it is not a VM's")
+	}
+	var p protocol.SuspendParams
+	if len(raw) > 0 && string(raw) != "null" {
+		if err := json.Unmarshal(raw, &p); err != nil {
+			return nil, fmt.Errorf("invalid suspend params: %w", err)
+		}
+	}
+	grace := time.Duration(p.GraceMillis) * time.Millisecond
+	if grace <= 0 || grace > 5*time.Minute {
+		grace = a.opts.ShutdownGrace
+	}
+	a.log.Info("suspending: ending every process", "grace", grace)
+	a.procs.terminateAll(grace)
+	a.idle.busy()
+	if err := a.mnt.withdrawAllButSystem(); err != nil {
+		return nil, fmt.Errorf("suspending: %w", err)
+	}
+	if err := a.mnt.syncRootDisk(); err != nil {
+		return nil, fmt.Errorf("suspending: syncing the disks: %w", err)
+	}
+	drop := a.opts.keep.dropCaches
+	if drop == nil {
+		drop = dropAllCaches
+	}
+	if err := drop(); err != nil {
+		return nil, fmt.Errorf("suspending: dropping the guest's caches: %w", err)
+	}
+	a.end(ErrSuspended)
+	return nil, nil
+}
+
+// dropAllCaches drops the clean page cache and the unused dentries and
+// inodes (drop_caches 3): a resumed guest must look up again every host
+// file it had cached, which may have changed while it was saved. The
+// file-sharing devices hear of each inode dropped (FUSE FORGET, 9p clunk).
+func dropAllCaches() error {
+	return os.WriteFile("/proc/sys/vm/drop_caches", []byte("3\n"), 0)
+}
+
+// withdrawAllButSystem removes every mount the agent made after setup
+// (sessions' homes and mounts, the SDK), deepest first.
+func (m *mounter) withdrawAllButSystem() error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var targets []string
+	for t := range m.mounts {
+		if !slices.Contains(m.system, t) {
+			targets = append(targets, t)
+		}
+	}
+	sort.Slice(targets, func(i, j int) bool { return len(targets[i]) > len(targets[j]) })
+	return withRoot(func(root int) error {
+		for _, t := range targets {
+			if err := detach(root, t); err != nil {
+				return err
+			}
+			delete(m.mounts, t)
+		}
+		return nil
+	})
+}
+
+// resume answers a resumed guest's AgentMethodResume: the wall clock is
+// stepped to the helper's, and the first setup's result is returned with
+// this resume's steps.
+func (a *agent) resume(p protocol.ResumeParams) (*protocol.SetupResult, error) {
+	k := a.opts.keep
+	if k == nil {
+		return nil, errors.New("this agent was not suspended: set it up instead")
+	}
+	k.mu.Lock()
+	setup, resumed := k.setup, k.resumed
+	k.mu.Unlock()
+	if !resumed || setup == nil {
+		return nil, errors.New("this guest was not resumed from a suspended one that was set up: set it up instead")
+	}
+	timer := newStepTimer()
+	timer.steps = append(timer.steps, protocol.TimedStep{Name: "hello", Micros: a.helloTook.Microseconds()})
+	if p.ClockUnixNano != 0 {
+		a.stepClock(time.Unix(0, p.ClockUnixNano))
+		timer.done("clock")
+	}
+	if err := a.mnt.restartSessionTmp(); err != nil {
+		a.log.Warn("the sessions' /tmp keeps what the suspended guest left in it", "err", err)
+	}
+	timer.done("session_tmp")
+	result := *setup
+	result.Steps = timer.steps
+	return &result, nil
+}
+
+// awaitSave waits at the snapshot point while the VMM saves the suspended
+// VM, and says whether this is a VM restored from that state. false: the
+// VMM did not hold the guest there (it saved nothing) or let it go on.
+func awaitSave(log *slog.Logger) (restored bool) {
+	b, err := pollPort(guesthost.SnapshotPointPort, guesthost.SnapshotPointArrive, time.Millisecond, snapshotPointTimeout,
+		func(b uint8) bool { return b != guesthost.SnapshotPointWait })
+	if err != nil {
+		log.Warn("agent: suspended, but the VMM has no snapshot point", "err", err)
+		return false
+	}
+	return b == guesthost.SnapshotPointRestored
+}
