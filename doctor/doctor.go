@@ -44,6 +44,7 @@ func Run(ctx context.Context, opts Options) Report {
 	kernelOK := r.kernelCheck()
 	fileSharingOK := r.fileSharingCheck()
 	r.warmStartCheck()
+	r.suspendedCheck()
 	r.fileLimitCheck()
 	serveOK := r.socketChecks()
 	usernsOK := r.userNSCheck()

@@ -593,3 +593,43 @@ func TestFileLimit(t *testing.T) {
 	wantContains(t, "fix", c.Fix, "LimitNOFILE=", "65536")
 	wantUsable(t, r, BackendKVM, BackendProcess) // a warning, not a failure
 }
+
+// TestSuspendedGuests: doctor lists each profile's suspended guest with
+// its size, its age and whether the next start resumes it.
+func TestSuspendedGuests(t *testing.T) {
+	fake := healthyHost()
+	fake.env["XDG_CACHE_HOME"] = t.TempDir()
+	data := t.TempDir()
+	run := func() Report {
+		h := fake.host()
+		h.DataDir = func() (string, error) { return data, nil }
+		return Run(context.Background(), Options{Host: h})
+	}
+	c := wantStatus(t, run(), CheckSuspended, StatusOK)
+	wantContains(t, "detail", c.Detail, "none: stopVM saves a guest")
+
+	saved := time.Now().Add(-90 * time.Second).UTC().Format(time.RFC3339Nano)
+	for name, gen := range map[string]string{"current-0123": "3", "stale-4567": "4"} {
+		dir := filepath.Join(data, "profiles", name)
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		files := map[string]string{
+			"suspended.json": `{"nonce":"ab","generation":3,"systemExports":{},"nextExport":2,"savedAt":"` + saved + `"}`,
+			"suspended.snap": strings.Repeat("x", 1<<20),
+			"vm-generation":  gen + "\n",
+		}
+		for f, content := range files {
+			if err := os.WriteFile(filepath.Join(dir, f), []byte(content), 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	c = wantStatus(t, run(), CheckSuspended, StatusOK)
+	wantContains(t, "detail", c.Detail, "current-0123: 1.0 MiB, saved 1m3", "resumed by its next start",
+		"stale-4567: 1.0 MiB, not resumed: the profile's guest ran after it was saved")
+
+	fake.env["COWORK_VMM_SNAPSHOT"] = "off"
+	c = wantStatus(t, run(), CheckSuspended, StatusOK)
+	wantContains(t, "detail", c.Detail, "off: stopVM shuts guests down")
+}

@@ -2,7 +2,9 @@ package doctor
 
 import (
 	"fmt"
+	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/cowork-vmm/cowork-vmm/helper/backend/vm"
 	"github.com/cowork-vmm/cowork-vmm/internal/fdlimit"
@@ -70,4 +72,40 @@ func (r *runner) warmStartCheck() {
 	}
 	c.Detail = "on: the next start of the same VM (this build, kernel, memory and vCPUs) restores " + strings.Join(snaps, ", ") +
 		"; remove it to boot cold once, or set " + vm.SnapshotEnv + "=off"
+}
+
+// suspendedCheck lists the profiles' suspended guests (the kvm backend
+// saves a guest at stopVM and resumes it at the next startVM): their
+// size, age and whether the next start would resume them.
+func (r *runner) suspendedCheck() {
+	c := Check{ID: CheckSuspended, Group: GroupCoworkVMM, Title: "Suspended guests (kvm backend)", Status: StatusOK}
+	defer func() { r.add(c) }()
+	if vm.SnapshotDirFor(r.h.Getenv) == "" {
+		c.Detail = "off: stopVM shuts guests down (" + vm.SnapshotEnv + "=off, or no cache directory)"
+		return
+	}
+	data, err := r.h.DataDir()
+	if err != nil {
+		c.Status, c.Detail = StatusSkip, "no data directory: "+err.Error()
+		return
+	}
+	states := vm.SuspendedStates(filepath.Join(data, "profiles"))
+	if len(states) == 0 {
+		c.Detail = "none: stopVM saves a guest in its profile's directory and the next startVM resumes it; " + vm.SnapshotEnv + "=off turns this off"
+		return
+	}
+	var lines []string
+	for _, s := range states {
+		line := fmt.Sprintf("%s: %.1f MiB", s.Profile, float64(s.Bytes)/(1<<20))
+		if !s.SavedAt.IsZero() {
+			line += fmt.Sprintf(", saved %s ago", time.Since(s.SavedAt).Round(time.Second))
+		}
+		if s.Unusable != "" {
+			line += ", not resumed: " + s.Unusable
+		} else {
+			line += ", resumed by its next start (same build, kernel, memory and vCPUs)"
+		}
+		lines = append(lines, line)
+	}
+	c.Detail = strings.Join(lines, "; ")
 }

@@ -29,6 +29,7 @@ const (
 	CheckKernel         = "guest-kernel"
 	CheckFileSharing    = "file-sharing"
 	CheckWarmStart      = "warm-start"
+	CheckSuspended      = "suspended-guests"
 	CheckFileLimit      = "file-limit"
 	CheckRuntimeDir     = "runtime-dir"
 	CheckSocketPath     = "socket-path"

@@ -105,13 +105,21 @@ const e2eTestHosts = "allowed.test=127.0.0.1,blocked.test=127.0.0.1,sub.wild.tes
 // entries (KEY=VALUE) override its environment.
 func startHelper(t *testing.T, backend string, extraEnv ...string) *harness {
 	t.Helper()
+	return startHelperWrapped(t, backend, nil, extraEnv...)
+}
+
+// startHelperWrapped is startHelper with the binary run by the command
+// prefix wrap (nil: none), which must exec it (same pid).
+func startHelperWrapped(t *testing.T, backend string, wrap []string, extraEnv ...string) *harness {
+	t.Helper()
 	bin := helperBinary(t, backend)
 	runtimeDir := t.TempDir()
 	require.NoError(t, os.Chmod(runtimeDir, 0o700)) // as XDG_RUNTIME_DIR is
 	dataDir := t.TempDir()
 	socket := filepath.Join(runtimeDir, "claude-cowork-vm.sock")
 	h := &harness{stderr: &syncBuffer{}, exited: make(chan error, 1), dataDir: dataDir}
-	h.cmd = exec.Command(bin, "-socket", socket)
+	args := append(append(wrap[:len(wrap):len(wrap)], bin), "-socket", socket)
+	h.cmd = exec.Command(args[0], args[1:]...)
 	h.cmd.Env = append(os.Environ(),
 		"XDG_RUNTIME_DIR="+runtimeDir,
 		"XDG_DATA_HOME="+dataDir,

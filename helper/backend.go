@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"net"
+	"time"
 
 	"github.com/cowork-vmm/cowork-vmm/protocol"
 )
@@ -163,4 +164,28 @@ type Restorable interface {
 	// DiscardSnapshot removes the snapshot the guest started from, so the
 	// backend's next start boots cold (and takes a new one).
 	DiscardSnapshot()
+}
+
+// Suspender may be implemented by a Guest that can be saved at stopVM and
+// resumed by the next startVM instead of booting (the kvm backend's, with
+// virtio-fs and snapshots on). The helper asks PrepareSuspend, then the
+// agent (protocol.AgentMethodSuspend), then Suspend; a guest whose
+// PrepareSuspend fails, or whose agent refuses, is shut down as ever.
+type Suspender interface {
+	// PrepareSuspend readies the guest's side before the agent is asked;
+	// an error says why this guest cannot be suspended.
+	PrepareSuspend() error
+	// Suspend waits for the suspended agent, saves the guest and stops
+	// it. On error no state is left.
+	Suspend(ctx context.Context) (SuspendedState, error)
+	// Resumed says the guest was resumed from a suspended state: its
+	// agent is sent AgentMethodResume instead of setup.
+	Resumed() bool
+}
+
+// SuspendedState describes a suspended guest just saved.
+type SuspendedState struct {
+	Path  string
+	Bytes int64         // its size on disk (holes free)
+	Took  time.Duration // the save, from the agent's wait to the file checked
 }

@@ -328,9 +328,11 @@ func (inst *guestInstance) retryCold(cause error) error {
 	select {
 	case <-guest.Done():
 	default:
-		return cause
+		if !resumed(guest) { // a resumed guest is retried however it failed
+			return cause
+		}
 	}
-	inst.s.log.Warn("the guest restored from the snapshot ended before its agent was set up; discarding the snapshot and booting cold", "err", cause)
+	inst.s.log.Warn("the guest restored from the snapshot or resumed failed before its agent was set up; discarding the snapshot and booting cold", "err", cause)
 	warm.DiscardSnapshot()
 	inst.forceStop()
 	inst.mu.Lock()
@@ -365,7 +367,11 @@ func (inst *guestInstance) connect(ctx context.Context) error {
 	}
 
 	s.step(StepGuestSetup, protocol.StepStarted)
-	if err := inst.setUpRoot(); err != nil {
+	setUp := inst.setUpRoot
+	if resumed(inst.guest) {
+		setUp = inst.resumeRoot
+	}
+	if err := setUp(); err != nil {
 		return err
 	}
 	s.step(StepGuestSetup, protocol.StepCompleted)
@@ -569,15 +575,16 @@ func (inst *guestInstance) stop(ctx context.Context) error {
 	}
 }
 
-// shutdown ends the guest cleanly if it cooperates: the agent ends every
-// process (SIGTERM, then SIGKILL after the grace period) and exits. Then,
+// shutdown ends the guest cleanly if it cooperates: it is suspended when
+// it can be (trySuspend), else the agent ends every process (SIGTERM,
+// then SIGKILL after the grace period) and exits. Then,
 // whatever the guest did, the backend frees it (forceStop): a guest that
 // does not read the shutdown request within shutdownSendTimeout, or does
 // not exit within the grace period and shutdownExitMargin, is not waited
 // for any longer.
 func (inst *guestInstance) shutdown() {
 	guest, agent := inst.current()
-	if agent != nil && agent.Err() == nil {
+	if agent != nil && agent.Err() == nil && !inst.trySuspend(guest, agent) {
 		if err := inst.askShutdown(guest, agent); err != nil {
 			inst.s.log.Warn("the guest did not shut down cleanly; stopping it forcibly", "err", err)
 		}

@@ -183,15 +183,35 @@ func (b *Backend) Start(ctx context.Context, cfg helper.GuestConfig) (helper.Gue
 	}
 	step(StepLoadKernel, protocol.StepStarted)
 	loadStart := time.Now()
-	if err := g.start(); err != nil {
+	if g, err = b.startOrBoot(g, memMiB, cpus, fsKind, cfg); err != nil {
 		step(StepLoadKernel, protocol.StepFailed)
-		_ = g.Stop(context.Background())
-		return nil, fmt.Errorf("kvm backend: booting the guest kernel (%s): %w", g.kernelFrom, err)
+		return nil, err
 	}
 	step(StepLoadKernel, protocol.StepCompleted)
 	b.log.Debug("kernel and initramfs loaded, vCPUs started", "took", time.Since(loadStart))
 	g.run(step)
 	b.log.Info("VM started", "memoryMiB", memMiB, "cpus", cpus, "kernel", g.kernelFrom, "fileSharing", fsKind)
+	return g, nil
+}
+
+// startOrBoot starts g; a resumed guest that cannot go on is stopped and
+// the VM created again (its state is spent already, so it boots, or
+// restores the first-boot snapshot) and started. On error nothing is
+// left running.
+func (b *Backend) startOrBoot(g *guest, memMiB, cpus int, fsKind string, cfg helper.GuestConfig) (*guest, error) {
+	err := g.start()
+	if err != nil && g.resumed {
+		b.log.Warn("kvm backend: the suspended guest could not go on; booting", "err", err)
+		_ = g.Stop(context.Background())
+		if g, err = b.create(memMiB, cpus, fsKind, cfg); err != nil {
+			return nil, err
+		}
+		err = g.start()
+	}
+	if err != nil {
+		_ = g.Stop(context.Background())
+		return nil, fmt.Errorf("kvm backend: booting the guest kernel (%s): %w", g.kernelFrom, err)
+	}
 	return g, nil
 }
 
@@ -256,8 +276,19 @@ func (b *Backend) create(memMiB, cpus int, fsKind string, gc helper.GuestConfig)
 		SkipBootProbe: true,
 	}
 	snap := b.snapshotPlan(exe, k, cfg, devs)
+	sus := b.suspendPlan(snap, devs, gc.ProfileDir)
+	if sus != nil {
+		if err := sus.begin(devs.rootDisk); err != nil {
+			b.log.Warn("kvm backend: stopVM will not suspend this guest (the profile's generation cannot be kept)", "err", err)
+			sus = nil
+		} else if g := b.resume(cfg, devs, sus); g != nil {
+			g.kernelFrom = k.From + ", resumed from the profile's suspended guest"
+			return g, nil
+		}
+	}
 	if g := b.createWarm(cfg, devs, snap); g != nil {
 		g.kernelFrom = k.From + ", restored from the snapshot " + snap.path
+		g.suspend = sus
 		return g, nil
 	}
 	located := time.Now()
@@ -265,9 +296,8 @@ func (b *Backend) create(memMiB, cpus int, fsKind string, gc helper.GuestConfig)
 		return nil, err
 	}
 	sized := time.Now()
-	if snap != nil {
-		cfg.SnapshotPoint = platform.NewSnapshotPoint(true)
-	}
+	// Every VM has the point: a suspend holds the agent there too.
+	cfg.SnapshotPoint = platform.NewSnapshotPoint(snap != nil)
 	con := newConsole(b.log, b.opts.Console)
 	cfg.Console = con
 	m, err := machine.New(cfg)
@@ -279,6 +309,7 @@ func (b *Backend) create(memMiB, cpus int, fsKind string, gc helper.GuestConfig)
 	if err != nil {
 		return nil, err
 	}
+	g.point, g.suspend = cfg.SnapshotPoint, sus
 	if snap != nil {
 		go snap.take(b.log, m, cfg.SnapshotPoint)
 	}

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/cowork-vmm/cowork-vmm/devices/balloon"
+	"github.com/cowork-vmm/cowork-vmm/devices/platform"
 	"github.com/cowork-vmm/cowork-vmm/devices/blk"
 	"github.com/cowork-vmm/cowork-vmm/devices/hostfs"
 	"github.com/cowork-vmm/cowork-vmm/devices/rng"
@@ -63,6 +64,15 @@ type guest struct {
 	// snapshotPath is the snapshot file a restored guest started from; ""
 	// for a cold boot.
 	snapshotPath string
+	// point is the machine's snapshot point (nil in tests without a VM).
+	point *platform.SnapshotPoint
+	// suspend is how this boot is suspended (nil: it is not; suspend.go);
+	// resumed: it was resumed from a suspended state.
+	suspend *suspendPlan
+	resumed bool
+	// systemExports are the directory exports of sysFiles, by name: what
+	// a suspended state shares again.
+	systemExports map[string]string
 
 	accepted  chan acceptResult // the agent's connection (capacity 1)
 	connected chan struct{}     // closed when the agent has connected
@@ -100,6 +110,8 @@ func newGuestState(con *console, log *slog.Logger, fsKind string) *guest {
 		accepted:  make(chan acceptResult, 1),
 		connected: make(chan struct{}),
 		done:      make(chan struct{}),
+
+		systemExports: make(map[string]string),
 	}
 }
 
@@ -191,8 +203,9 @@ func (g *guest) raiseFileLimit() uint64 {
 	return limit
 }
 
-// Restored implements helper.Restorable.
-func (g *guest) Restored() bool { return g.snapshotPath != "" }
+// Restored implements helper.Restorable: restored from the first-boot
+// snapshot, or resumed from a suspended state.
+func (g *guest) Restored() bool { return g.snapshotPath != "" || g.resumed }
 
 // DiscardSnapshot implements helper.Restorable: it removes the snapshot
 // the guest was restored from (the next start boots cold and takes a new
@@ -443,6 +456,11 @@ func (g *guest) share(d *ShareDevice, tag, hostPath string, readOnly bool, opts 
 	g.mu.Unlock()
 	if err := d.add(name, hostPath, fi.Mode().IsRegular(), readOnly, opts...); err != nil {
 		return protocol.MountSource{}, fmt.Errorf("kvm backend: sharing %s: %w", hostPath, err)
+	}
+	if d == g.sysFiles && fi.IsDir() {
+		g.mu.Lock()
+		g.systemExports[name] = hostPath
+		g.mu.Unlock()
 	}
 	src := d.source
 	src.Aname = name

@@ -153,7 +153,7 @@ func (b *Backend) createWarm(cfg machine.Config, devs devices, plan *snapshotPla
 	if err == nil {
 		var g *guest
 		if g, err = b.attach(m, con, devs); err == nil {
-			g.restoreFrom, g.snapshotPath = f, plan.path
+			g.restoreFrom, g.snapshotPath, g.point = f, plan.path, cfg.SnapshotPoint
 			b.log.Debug("VM restored", "check_snapshot", checked.Sub(began), "restore_and_devices", time.Since(checked))
 			return g
 		}
