@@ -342,3 +342,25 @@ func FuzzRestoreDeviceState(f *testing.F) {
 		dev.Close()
 	})
 }
+
+// A NoOpen device's restored nodes read by node, as before the snapshot:
+// the reader a node kept is not saved, and the first READ opens another.
+func TestNoOpenNodesReadAfterARestore(t *testing.T) {
+	opts := Options{Cached: true, NoOpen: true, ListNamesOnly: true}
+	r := newRig(t, opts)
+	r.export(t, "e1", false, map[string]string{"bin/tool": "#!/bin/true"})
+	r.initSession(t)
+	bin, tool := r.walk(t, "e1", "bin"), r.walk(t, "e1", "bin", "tool")
+	got, errno := r.read(t, tool, 0, 0, 100)
+	require.Zero(t, errno)
+	require.Equal(t, "#!/bin/true", string(got))
+
+	restored, err := saveRig(t, r, opts).restore(t)
+	require.NoError(t, err)
+	got, errno = restored.read(t, tool, 0, 2, 100)
+	require.Zero(t, errno)
+	require.Equal(t, "/bin/true", string(got))
+	e, errno := restored.lookup(t, bin, "missing")
+	require.Zero(t, errno, "a cached device's negative entry")
+	require.Zero(t, e.NodeId)
+}
