@@ -30,9 +30,10 @@ func saveRig(t *testing.T, r *rig, opts Options) savedRig {
 	t.Helper()
 	device, err := r.dev.SaveDeviceState()
 	require.NoError(t, err)
-	mmio, err := r.drv.MMIO().SaveState()
+	current := r.drv.Regs.(*virtio.MMIO) // the last restore's, not drv.MMIO()
+	mmio, err := current.SaveState()
 	require.NoError(t, err)
-	r.drv.MMIO().Reset()
+	current.Reset()
 	return savedRig{old: r, opts: opts, device: device, mmio: mmio}
 }
 
