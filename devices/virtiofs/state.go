@@ -82,6 +82,9 @@ type restoredSession struct {
 func (d *Device) SaveDeviceState() ([]byte, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	if d.restored != nil {
+		return nil, errors.New("virtio-fs: a restored session not yet activated cannot be saved")
+	}
 	saved := savedDevice{Version: stateVersion}
 	if s := d.session; s != nil {
 		s.initMu.RLock()

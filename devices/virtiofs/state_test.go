@@ -322,6 +322,8 @@ func TestCorruptStatesAreRefused(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, dev.RestoreDeviceState([]byte(spoil(func(*savedSession) {}))), "the unspoiled state")
 	require.Len(t, dev.restored.fs.t.nodes, 3)
+	_, err = dev.SaveDeviceState()
+	require.ErrorContains(t, err, "not yet activated", "a pending session is not lost")
 	dev.Close()
 }
 
