@@ -6,9 +6,13 @@
 // port, address and interrupt, and the default kernel command line — and
 // its lifecycle: New, Start, Wait, Stop, and RunKernel for the CLI; and
 // its snapshots: Snapshot pauses a running machine and writes the VM, each
-// virtio transport and the console to a file (package vmm/snapshot);
-// Restore and StartRestored bring a machine of the same shape back from it
-// with the same devices attached in the same order.
+// virtio transport, the own state of each device that keeps one
+// (virtio.StateSaver: virtio-fs's session), the caller's extra sections
+// and the console to a file (package vmm/snapshot); Restore and
+// StartRestored bring a machine of the same shape back from it with the
+// same devices attached in the same order, each device given its own
+// state before its transport activates it. A snapshot with no state for a
+// device (older ones) restores it to start afresh.
 //
 // The machine has no firmware, no PCI and no ACPI: the kernel is entered
 // directly (64-bit Linux boot protocol, or PVH), CPUs and the IOAPIC are

@@ -10,7 +10,9 @@
 // (node.go: one-component Walk, Clone, Stat, ChildKey, SetAttr, Open,
 // ReadvAt/WritevAt, Readdir, Create/Mkdir/Symlink/Mknod/Link, Rename/
 // RenameAt/UnlinkAt, xattrs; errors are unix.Errno, exactly what the
-// guest gets), the node Key (one per export and host inode), the
+// guest gets), the node Key (one per export and host inode), PathOf (the
+// export name and components that walk to a node again, for a client
+// that keeps its nodes across a VM snapshot), the
 // descriptor budget and the ownership rule below. Neither server's
 // vocabulary appears here: virtio-fs uses Nodes directly, virtio-9p
 // through a p9.File adapter of its own (devices/p9/node.go).

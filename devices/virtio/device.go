@@ -54,6 +54,25 @@ type Quiescer interface {
 	Quiesce()
 }
 
+// StateSaver may be implemented by a Device that keeps state of its own
+// across a snapshot (virtio-fs's FUSE session: the node ids the guest
+// kernel holds). The transport's state (MMIOState) only re-activates a
+// device with its queues where they were; without a StateSaver the device
+// starts afresh at that activation, which is right for devices whose
+// guest driver holds nothing of theirs (the entropy device).
+type StateSaver interface {
+	// SaveDeviceState returns the device's own state. It is called with
+	// the vCPUs paused and the device's transport quiet (nothing in
+	// flight); an error fails the snapshot.
+	SaveDeviceState() ([]byte, error)
+	// RestoreDeviceState gives a fresh device (never activated) a state
+	// SaveDeviceState returned, before its transport's RestoreState
+	// activates it; the next Activate goes on from it. The bytes come
+	// from a file: a state that does not parse or no longer fits the
+	// host is an error, never a panic. An error fails the restore.
+	RestoreDeviceState(state []byte) error
+}
+
 // Interrupt is how an active device signals the driver; the transport
 // provides it to Activate. Safe for concurrent use, never blocks for long.
 // After the device is reset, calls on the old Interrupt are ignored.

@@ -50,6 +50,9 @@ type Device struct {
 
 	mu      sync.Mutex
 	session *session // nil while inactive
+	// restored is the session RestoreDeviceState rebuilt, which the next
+	// Activate goes on from; nil otherwise.
+	restored *restoredSession
 }
 
 // New returns an inactive device.
@@ -109,7 +112,8 @@ func (d *Device) ReadConfig(offset uint64, data []byte) {
 func (d *Device) WriteConfig(uint64, []byte) {}
 
 // Activate implements virtio.Device: a new FUSE session starts (the
-// guest's FUSE_INIT comes first), over a fresh attach of the root.
+// guest's FUSE_INIT comes first), over a fresh attach of the root; or,
+// after RestoreDeviceState, the restored session goes on.
 func (d *Device) Activate(mem virtio.GuestMemory, irq virtio.Interrupt, queues []*virtio.Queue, _ uint64) error {
 	if len(queues) != numQueues || queues[hiprioQueue] == nil || queues[requestQueue] == nil {
 		return errors.New("virtio-fs: the driver did not enable both the high-priority and the request queue")
@@ -119,8 +123,20 @@ func (d *Device) Activate(mem virtio.GuestMemory, irq virtio.Interrupt, queues [
 	if d.session != nil {
 		return errors.New("virtio-fs: activated twice without a reset")
 	}
+	if r := d.restored; r != nil {
+		d.restored = nil
+		d.session = startSession(d, mem, irq, queues, r.fs, r.server)
+		d.session.init = r.init
+		return nil
+	}
 	fsys := newFileSystem(d.opts.Root.Root(), d.opts)
-	server := fuse.NewProtocolServer(fsys, &fuse.MountOptions{
+	d.session = startSession(d, mem, irq, queues, fsys, d.newServer(fsys))
+	return nil
+}
+
+// newServer returns the FUSE protocol server of a session over fsys.
+func (d *Device) newServer(fsys *fileSystem) *fuse.ProtocolServer {
+	return fuse.NewProtocolServer(fsys, &fuse.MountOptions{
 		MaxWrite:     MaxWrite,
 		MaxReadAhead: MaxWrite,
 		// The guest keeps a symlink's target in its page cache instead of
@@ -139,8 +155,6 @@ func (d *Device) Activate(mem virtio.GuestMemory, irq virtio.Interrupt, queues [
 			return fuse.EIO
 		},
 	})
-	d.session = startSession(d, mem, irq, queues, fsys, server)
-	return nil
 }
 
 // Notify implements virtio.Device: it wakes the queue's worker.
@@ -154,14 +168,18 @@ func (d *Device) Notify(queue int) {
 
 // Reset implements virtio.Device: the workers stop, every request in
 // flight finishes (so no guest buffer is touched after Reset returns),
-// and every node and open file of the session is closed.
+// and every node and open file of the session is closed (or of a session
+// restored and not yet activated).
 func (d *Device) Reset() {
 	d.mu.Lock()
-	s := d.session
-	d.session = nil
+	s, r := d.session, d.restored
+	d.session, d.restored = nil, nil
 	d.mu.Unlock()
 	if s != nil {
 		s.end()
+	}
+	if r != nil {
+		r.fs.t.closeAll() // restored, never activated
 	}
 }
 

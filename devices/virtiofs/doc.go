@@ -77,6 +77,26 @@
 //   - a request the server cannot take is answered with an error header,
 //     never left pending.
 //
+// Snapshots (state.go, restore.go; virtio.StateSaver): a guest suspended
+// with its mounts in place keeps its FUSE node ids, so the device saves
+// its session with the VM: the FUSE_INIT request go-fuse accepted
+// (replayed into the restored session's server, so its negotiated
+// settings are the guest's), the id counters (ids stay never reused
+// across the restore), and each node the guest holds with its lookup
+// count, file type, host device and inode and its place (export name and
+// path components, hostfs.PathOf). Restored over a fresh Exports holding
+// the same exports under the same names, each node is walked to again
+// from the attach root, each directory on the way once, and kept only if
+// it is still the same inode: a file the host replaced meanwhile is left
+// out (ESTALE under its old id, and the guest looks its name up again),
+// a file edited in place reads its new bytes, and an export root the
+// guest holds that is gone or another directory fails the restore (the
+// caller boots cold). A session holding open handles refuses to be
+// saved; an inactive device saves "no session" and restores to start
+// afresh. The state (JSON, versioned) is checked as guest input: counts
+// within the table's limits, ids within the counters, names as Walk
+// takes them.
+//
 // Not offered: DAX, notifications, locks (the guest kernel keeps them
 // local), xattrs, fallocate, lseek, copy_file_range and RENAME2 flags
 // (ENOSYS: the guest kernel stops asking and answers for itself).

@@ -31,9 +31,15 @@ type fileSystem struct {
 }
 
 func newFileSystem(root hostfs.Node, opts Options) *fileSystem {
+	return fileSystemOver(newTable(root, opts.MaxNodes, opts.MaxHandles), opts)
+}
+
+// fileSystemOver returns a file system serving the nodes of t (a session
+// restored from a snapshot goes on with the table it had).
+func fileSystemOver(t *table, opts Options) *fileSystem {
 	return &fileSystem{
 		RawFileSystem: fuse.NewDefaultRawFileSystem(),
-		t:             newTable(root, opts.MaxNodes, opts.MaxHandles),
+		t:             t,
 		cached:        opts.Cached,
 		noOpen:        opts.NoOpen,
 	}

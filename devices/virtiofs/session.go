@@ -36,6 +36,10 @@ type session struct {
 	// request: go-fuse's INIT rewrites the negotiated settings other
 	// requests' parsing reads, and a guest may send INIT again at any time.
 	initMu sync.RWMutex
+	// init is the guest's last FUSE_INIT request that go-fuse accepted
+	// (nil before one), guarded by initMu: a session saved with a
+	// snapshot replays it into the restored session's server.
+	init []byte
 }
 
 func startSession(d *Device, mem virtio.GuestMemory, irq virtio.Interrupt, queues []*virtio.Queue, fsys *fileSystem, server *fuse.ProtocolServer) *session {
@@ -189,7 +193,8 @@ func (s *session) handle(chain *virtio.Chain) uint32 {
 // run calls the protocol server; a panic in it (go-fuse parsing a request
 // it did not expect, or a file operation) is EIO for this request only.
 func (s *session) run(in, out [][]byte) (n int, st fuse.Status) {
-	if opcodeOf(in) == fuseInit {
+	init := opcodeOf(in) == fuseInit
+	if init {
 		s.initMu.Lock()
 		defer s.initMu.Unlock()
 	} else {
@@ -202,8 +207,45 @@ func (s *session) run(in, out [][]byte) (n int, st fuse.Status) {
 			n, st = 0, fuse.EIO
 		}
 	}()
+	if init {
+		return s.serveInit(in, out)
+	}
 	return s.server.HandleRequest(in, out)
 }
+
+// serveInit serves a FUSE_INIT from a copy of its request into a reply of
+// its own, then copied to the guest's buffers: the session records
+// exactly the request go-fuse took, and whether go-fuse accepted it,
+// whatever the guest writes to its buffers meanwhile. initMu is held.
+func (s *session) serveInit(in, out [][]byte) (int, fuse.Status) {
+	if iovLen(out) < initReplySize {
+		return 0, fuse.EIO // as go-fuse refuses it, before serving it
+	}
+	req := make([]byte, min(iovLen(in), initRequestSize))
+	copyFromIov(req, in)
+	reply := make([]byte, initReplySize)
+	n, st := s.server.HandleRequest([][]byte{req}, [][]byte{reply})
+	if !st.Ok() {
+		return 0, st
+	}
+	if initAccepted(reply[:n]) {
+		s.init = req
+	}
+	copyToIov(out, reply[:n])
+	return n, st
+}
+
+// initAccepted says whether an INIT reply carries no error.
+func initAccepted(reply []byte) bool {
+	return len(reply) >= outHeaderSize && binary.LittleEndian.Uint32(reply[4:8]) == 0
+}
+
+// FUSE_INIT's sizes: the request go-fuse reads (the header, 40 bytes, and
+// fuse_init_in, 64) and its reply (the header and fuse_init_out, 64).
+const (
+	initRequestSize = 40 + 64
+	initReplySize   = outHeaderSize + 64
+)
 
 // syncFS answers FUSE_SYNCFS, the guest's sync(2) or syncfs(2) of the
 // mount, which go-fuse does not serve (the guest would take its ENOSYS as
@@ -256,6 +298,26 @@ func errorReply(chain *virtio.Chain, in [][]byte, st fuse.Status) uint32 {
 	}
 	n, _ := chain.Writer().Write(out[:])
 	return uint32(n)
+}
+
+// iovLen is the number of bytes of iov.
+func iovLen(iov [][]byte) int {
+	n := 0
+	for _, b := range iov {
+		n += len(b)
+	}
+	return n
+}
+
+// copyToIov copies src over the first bytes of iov.
+func copyToIov(iov [][]byte, src []byte) {
+	for _, b := range iov {
+		n := copy(b, src)
+		src = src[n:]
+		if len(src) == 0 {
+			return
+		}
+	}
 }
 
 // copyFromIov copies the first bytes of iov into dst.

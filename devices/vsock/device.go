@@ -20,7 +20,7 @@ import (
 const (
 	rxQueue    = 0 // device → driver packets, into guest-posted buffers
 	txQueue    = 1 // driver → device packets
-	eventQueue = 2 // transport events (unused: we never migrate)
+	eventQueue = 2 // transport events: TRANSPORT_RESET after a restore
 )
 
 // queueSize is the largest queue the device accepts per queue.
@@ -110,6 +110,9 @@ type Device struct {
 	life sync.Mutex
 	stop chan struct{}
 	done chan struct{}
+	// resetGuest (guarded by life) is set by RestoreDeviceState: the next
+	// activation tells the guest its transport was reset.
+	resetGuest bool
 }
 
 var _ virtio.Device = (*Device)(nil)
@@ -173,17 +176,19 @@ func (d *Device) Activate(mem virtio.GuestMemory, irq virtio.Interrupt, queues [
 	d.m.active = true
 	d.m.mu.Unlock()
 	w := &worker{d: d, irq: irq, rx: queues[rxQueue], tx: queues[txQueue], scratch: make([]byte, MaxPacketData)}
+	if d.resetGuest && queues[eventQueue] != nil {
+		w.event, w.resetPending = queues[eventQueue], true
+	}
+	d.resetGuest = false
 	go w.run(d.stop, d.done)
 	d.wakeWorker()
 	return nil
 }
 
-// Notify implements virtio.Device: the guest posted tx packets or rx
-// buffers. It only wakes the worker.
+// Notify implements virtio.Device: the guest posted tx packets, rx
+// buffers or event buffers. It only wakes the worker.
 func (d *Device) Notify(queue int) {
-	if queue == rxQueue || queue == txQueue {
-		d.wakeWorker()
-	}
+	d.wakeWorker() // any queue: an event buffer may carry a pending reset
 }
 
 // Reset implements virtio.Device: it stops the worker and resets every
@@ -276,6 +281,10 @@ type worker struct {
 	irq     virtio.Interrupt
 	rx, tx  *virtio.Queue
 	scratch []byte // one packet's payload
+	// event is the event queue while resetPending: a TRANSPORT_RESET
+	// waits for the guest's next event buffer.
+	event        *virtio.Queue
+	resetPending bool
 }
 
 func (w *worker) run(stop, done chan struct{}) {
@@ -288,7 +297,14 @@ func (w *worker) run(stop, done chan struct{}) {
 		case <-w.d.kick:
 		}
 		for {
-			more, err := w.processTx()
+			var err error
+			if w.resetPending {
+				w.resetPending, err = w.sendTransportReset()
+			}
+			more := false
+			if err == nil {
+				more, err = w.processTx()
+			}
 			if err == nil {
 				err = w.processRx()
 			}

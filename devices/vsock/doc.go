@@ -9,7 +9,11 @@
 //   - device.go: the virtio Device (rx, tx and event queues, config space);
 //   - netconn.go, listener.go, addr.go, deadline.go: the host-side net API
 //     (a Conn's net.Conn methods, the net.Listener, addresses, deadlines);
-//   - ring.go: the bounded byte FIFO.
+//   - ring.go: the bounded byte FIFO;
+//   - state.go: the device across a VM snapshot (virtio.StateSaver): a
+//     device restored from a snapshot taken with connections open sends
+//     the guest VIRTIO_VSOCK_EVENT_TRANSPORT_RESET on the event queue, so
+//     its kernel resets the connections whose host ends are gone.
 //
 // Guest-caused problems are logged through internal/ratelog, so that a
 // guest cannot flood the host's log.
