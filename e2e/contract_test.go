@@ -63,9 +63,18 @@ func (d helperDirs) dataRoot() string { return filepath.Join(d.dataDir, "cowork-
 // helper replaces a stale one left by a killed helper).
 func (d helperDirs) start(t *testing.T) *harness {
 	t.Helper()
+	return d.startWith(t, nil)
+}
+
+// startWith is start with the binary run by the command prefix wrap (nil:
+// none), which must exec it (same pid), and extraEnv entries (KEY=VALUE)
+// overriding its environment.
+func (d helperDirs) startWith(t *testing.T, wrap []string, extraEnv ...string) *harness {
+	t.Helper()
 	h := &harness{stderr: &syncBuffer{}, exited: make(chan error, 1), dataDir: d.dataDir}
-	h.cmd = exec.Command(d.bin, "-socket", d.socket)
-	h.cmd.Env = d.env()
+	args := append(append(wrap[:len(wrap):len(wrap)], d.bin), "-socket", d.socket)
+	h.cmd = exec.Command(args[0], args[1:]...)
+	h.cmd.Env = append(d.env(), extraEnv...)
 	h.cmd.Stderr = h.stderr
 	h.cmd.Stdout = h.stderr
 	require.NoError(t, h.cmd.Start())
@@ -73,7 +82,11 @@ func (d helperDirs) start(t *testing.T) *harness {
 	t.Cleanup(func() {
 		if h.cmd.ProcessState == nil {
 			_ = h.cmd.Process.Kill()
-			<-h.exited
+			select {
+			case <-h.exited:
+			case <-time.After(callTimeout):
+				t.Errorf("the helper had not exited %v after SIGKILL", callTimeout)
+			}
 		}
 		if strings.Contains(h.stderr.String(), "WARNING: DATA RACE") {
 			t.Error("the race detector found a data race in the helper or its agent")

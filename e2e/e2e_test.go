@@ -101,69 +101,11 @@ type harness struct {
 // connection anywhere else (the networkStatus check included).
 const e2eTestHosts = "allowed.test=127.0.0.1,blocked.test=127.0.0.1,sub.wild.test=127.0.0.1,evil-wild.test=127.0.0.1,wild.test=127.0.0.1"
 
-// startHelper starts the binary as the desktop client does; extraEnv
-// entries (KEY=VALUE) override its environment.
+// startHelper starts the binary as the desktop client does, on fresh
+// directories; extraEnv entries (KEY=VALUE) override its environment.
 func startHelper(t *testing.T, backend string, extraEnv ...string) *harness {
 	t.Helper()
-	return startHelperWrapped(t, backend, nil, extraEnv...)
-}
-
-// startHelperWrapped is startHelper with the binary run by the command
-// prefix wrap (nil: none), which must exec it (same pid).
-func startHelperWrapped(t *testing.T, backend string, wrap []string, extraEnv ...string) *harness {
-	t.Helper()
-	bin := helperBinary(t, backend)
-	runtimeDir := t.TempDir()
-	require.NoError(t, os.Chmod(runtimeDir, 0o700)) // as XDG_RUNTIME_DIR is
-	dataDir := t.TempDir()
-	socket := filepath.Join(runtimeDir, "claude-cowork-vm.sock")
-	h := &harness{stderr: &syncBuffer{}, exited: make(chan error, 1), dataDir: dataDir}
-	args := append(append(wrap[:len(wrap):len(wrap)], bin), "-socket", socket)
-	h.cmd = exec.Command(args[0], args[1:]...)
-	h.cmd.Env = append(os.Environ(),
-		"XDG_RUNTIME_DIR="+runtimeDir,
-		"XDG_DATA_HOME="+dataDir,
-		"COWORK_VMM_BACKEND="+backend,
-		"COWORK_VMM_EGRESS_TEST_HOSTS="+e2eTestHosts,
-	)
-	h.cmd.Env = append(h.cmd.Env, extraEnv...)
-	h.cmd.Stderr = h.stderr
-	h.cmd.Stdout = h.stderr
-	require.NoError(t, h.cmd.Start())
-	go func() { h.exited <- h.cmd.Wait() }()
-	t.Cleanup(func() {
-		if h.cmd.ProcessState == nil {
-			_ = h.cmd.Process.Kill()
-			select {
-			case <-h.exited:
-			case <-time.After(callTimeout):
-				t.Errorf("the helper had not exited %v after SIGKILL", callTimeout)
-			}
-		}
-		if strings.Contains(h.stderr.String(), "WARNING: DATA RACE") {
-			t.Error("the race detector found a data race in the helper or its agent")
-		}
-		if t.Failed() || testing.Verbose() {
-			t.Logf("helper stderr:\n%s", h.stderr.String())
-		}
-	})
-	deadline := time.Now().Add(callTimeout)
-	for {
-		if fi, err := os.Lstat(socket); err == nil && fi.Mode()&os.ModeSocket != 0 {
-			break
-		}
-		select {
-		case err := <-h.exited:
-			t.Fatalf("helper exited before binding its socket: %v\n%s", err, h.stderr.String())
-		default:
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("helper did not bind %s\n%s", socket, h.stderr.String())
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	h.client = &client{t: t, socket: socket}
-	return h
+	return newHelperDirs(t, backend).startWith(t, nil, extraEnv...)
 }
 
 // e2eBackend is the backend under test: $COWORK_VMM_E2E_BACKEND, else the

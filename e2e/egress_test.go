@@ -189,5 +189,18 @@ func egressAllowedDomains(t *testing.T, backend string) {
 
 	assert.Contains(t, h.stderr.String(), "TEST MODE", "the test hook is announced in the log")
 	assert.Contains(t, h.stderr.String(), "egress blocked by allowedDomains", "refusals are logged")
+
+	// The same after stopVM and startVM: on the kvm backend the guest is
+	// suspended and resumed (its proxy's vsock port dialed anew).
+	h.call("stopVM", nil, nil)
+	h.call("startVM", map[string]any{"bundlePath": filepath.Join(t.TempDir(), "bundle")}, nil)
+	waitConnected(t, h.client)
+	t.Logf("the guest after stopVM and startVM: resumed=%v", strings.Contains(h.stderr.String(), "guest resumed"))
+	out, code := run("again-allowed", allowed, "http://allowed.test:"+port+"/again")
+	assert.Equal(t, 0, code, out)
+	assert.Contains(t, out, "answer for /again")
+	out, _ = run("again-blocked", allowed, "http://blocked.test:"+port+"/again-nope")
+	assert.Contains(t, out, "X-Cowork-Egress: blocked-by-allowlist")
+	assert.False(t, sawHit("GET blocked.test:"+port+" /again-nope"))
 	h.call("stopVM", nil, nil)
 }

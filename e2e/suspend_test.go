@@ -45,7 +45,8 @@ var suspendedFiles = []string{"suspended.snap", "suspended.json"}
 func TestKVMSuspendResume(t *testing.T) {
 	backend := kvmBackend(t, "TestNestedKVMSuspend")
 	wrap := ownOptWrapper(t)
-	h := startHelperWrapped(t, backend, wrap)
+	dirs := newHelperDirs(t, backend)
+	h := dirs.startWith(t, wrap)
 	opt := filepath.Join("/proc", strconv.Itoa(h.cmd.Process.Pid), "root", "opt")
 	writeFile(t, filepath.Join(opt, "edited"), "sys-v1\n")
 	writeFile(t, filepath.Join(opt, "replaced"), "sys-v1\n")
@@ -119,7 +120,7 @@ func TestKVMSuspendResume(t *testing.T) {
 	for _, f := range suspendedFiles {
 		assert.NoFileExists(t, filepath.Join(profileDir, f), "no state after a helper was killed")
 	}
-	h2 := startHelperWrapped(t, backend, wrap)
+	h2 := dirs.startWith(t, wrap)
 	a = profilePipe(t, h2.socket, "sus-A")
 	evA = subscribeProfile(t, h2.socket, "sus-A")
 	bootProfile(t, a, "sus-A")

@@ -201,15 +201,9 @@ func Run(ctx context.Context, conn io.ReadWriteCloser, opts Options) error {
 // handleShutdown ends every process; the server then replies and ends
 // (shutdown is its Final method). Params are optional.
 func (a *agent) handleShutdown(_ context.Context, raw json.RawMessage) (any, error) {
-	var p protocol.ShutdownParams
-	if len(raw) > 0 && string(raw) != "null" {
-		if err := json.Unmarshal(raw, &p); err != nil {
-			return nil, fmt.Errorf("invalid shutdown params: %w", err)
-		}
-	}
-	grace := time.Duration(p.GraceMillis) * time.Millisecond
-	if grace <= 0 || grace > 5*time.Minute {
-		grace = a.opts.ShutdownGrace
+	grace, err := a.graceOf(raw, protocol.AgentMethodShutdown)
+	if err != nil {
+		return nil, err
 	}
 	a.log.Info("shutting down: ending every process", "grace", grace)
 	a.procs.terminateAll(grace)
@@ -218,6 +212,23 @@ func (a *agent) handleShutdown(_ context.Context, raw json.RawMessage) (any, err
 	}
 	a.end(ErrShutdown)
 	return nil, nil
+}
+
+// graceOf reads the grace period of a shutdown's or suspend's params
+// (ShutdownParams, SuspendParams; optional): Options.ShutdownGrace when
+// absent or out of bounds.
+func (a *agent) graceOf(raw json.RawMessage, method string) (time.Duration, error) {
+	var p protocol.ShutdownParams
+	if len(raw) > 0 && string(raw) != "null" {
+		if err := json.Unmarshal(raw, &p); err != nil {
+			return 0, fmt.Errorf("invalid %s params: %w", method, err)
+		}
+	}
+	grace := time.Duration(p.GraceMillis) * time.Millisecond
+	if grace <= 0 || grace > 5*time.Minute {
+		grace = a.opts.ShutdownGrace
+	}
+	return grace, nil
 }
 
 // end records that a final request was served: Run returns err once its

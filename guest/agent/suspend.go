@@ -107,15 +107,9 @@ func (a *agent) handleSuspend(_ context.Context, raw json.RawMessage) (any, erro
 	if a.opts.keep == nil {
 		return nil, errors.New("this agent cannot be suspended: it is not a VM's")
 	}
-	var p protocol.SuspendParams
-	if len(raw) > 0 && string(raw) != "null" {
-		if err := json.Unmarshal(raw, &p); err != nil {
-			return nil, fmt.Errorf("invalid suspend params: %w", err)
-		}
-	}
-	grace := time.Duration(p.GraceMillis) * time.Millisecond
-	if grace <= 0 || grace > 5*time.Minute {
-		grace = a.opts.ShutdownGrace
+	grace, err := a.graceOf(raw, protocol.AgentMethodSuspend)
+	if err != nil {
+		return nil, err
 	}
 	a.log.Info("suspending: ending every process", "grace", grace)
 	a.procs.terminateAll(grace)

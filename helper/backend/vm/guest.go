@@ -14,9 +14,9 @@ import (
 	"time"
 
 	"github.com/cowork-vmm/cowork-vmm/devices/balloon"
-	"github.com/cowork-vmm/cowork-vmm/devices/platform"
 	"github.com/cowork-vmm/cowork-vmm/devices/blk"
 	"github.com/cowork-vmm/cowork-vmm/devices/hostfs"
+	"github.com/cowork-vmm/cowork-vmm/devices/platform"
 	"github.com/cowork-vmm/cowork-vmm/devices/rng"
 	"github.com/cowork-vmm/cowork-vmm/devices/vsock"
 	"github.com/cowork-vmm/cowork-vmm/helper"

@@ -147,21 +147,35 @@ func (b *Backend) createWarm(cfg machine.Config, devs devices, plan *snapshotPla
 		return nil
 	}
 	checked := time.Now()
+	g, err := b.restore(cfg, devs, f)
+	if err != nil {
+		f.Close()
+		b.log.Warn("kvm backend: restoring the snapshot failed; booting cold", "snapshot", plan.path, "err", err)
+		removeSnapshot(plan.path)
+		return nil
+	}
+	g.snapshotPath = plan.path
+	b.log.Debug("VM restored", "check_snapshot", checked.Sub(began), "restore_and_devices", time.Since(checked))
+	return g
+}
+
+// restore makes a VM of cfg from the snapshot f, not yet started, with
+// its devices attached and a snapshot point that says it was restored;
+// f is the guest's to close once started. On error f is still the
+// caller's.
+func (b *Backend) restore(cfg machine.Config, devs devices, f *snapshot.File) (*guest, error) {
 	con := newConsole(b.log, b.opts.Console)
 	cfg.Console, cfg.SnapshotPoint = con, platform.NewRestoredSnapshotPoint()
 	m, err := machine.Restore(cfg, f)
-	if err == nil {
-		var g *guest
-		if g, err = b.attach(m, con, devs); err == nil {
-			g.restoreFrom, g.snapshotPath, g.point = f, plan.path, cfg.SnapshotPoint
-			b.log.Debug("VM restored", "check_snapshot", checked.Sub(began), "restore_and_devices", time.Since(checked))
-			return g
-		}
+	if err != nil {
+		return nil, err
 	}
-	f.Close()
-	b.log.Warn("kvm backend: restoring the snapshot failed; booting cold", "snapshot", plan.path, "err", err)
-	removeSnapshot(plan.path)
-	return nil
+	g, err := b.attach(m, con, devs)
+	if err != nil {
+		return nil, err
+	}
+	g.restoreFrom, g.point = f, cfg.SnapshotPoint
+	return g, nil
 }
 
 // take waits for the cold-booted guest of m at the snapshot point, writes

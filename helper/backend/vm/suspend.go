@@ -16,7 +16,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/cowork-vmm/cowork-vmm/devices/platform"
 	"github.com/cowork-vmm/cowork-vmm/helper"
 	"github.com/cowork-vmm/cowork-vmm/machine"
 	"github.com/cowork-vmm/cowork-vmm/protocol"
@@ -242,30 +241,25 @@ func (b *Backend) resume(cfg machine.Config, devs devices, p *suspendPlan) *gues
 		b.log.Info("kvm backend: the suspended guest does not fit this VM; booting", "reason", err)
 		return nil
 	}
-	con := newConsole(b.log, b.opts.Console)
-	cfg.Console, cfg.SnapshotPoint = con, platform.NewRestoredSnapshotPoint()
-	m, err := machine.Restore(cfg, f)
-	if err == nil {
-		var g *guest
-		if g, err = b.attach(m, con, devs); err == nil {
-			if err = g.restoreExports(meta); err == nil {
-				g.restoreFrom, g.resumed, g.point = f, true, cfg.SnapshotPoint
-				g.suspend = p
-				// It boots nothing: one that has not dialed by then will
-				// not, and the helper boots it instead.
-				g.bootTimeout = min(g.bootTimeout, resumeConnectTimeout)
-				return g
-			}
-			g.disk = nil // still the caller's, for the boot
-			_ = g.Stop(context.Background())
-			f.Close()
-			b.log.Warn("kvm backend: the suspended guest's shares cannot be had again; booting", "err", err)
-			return nil
-		}
+	g, err := b.restore(cfg, devs, f)
+	if err != nil {
+		f.Close()
+		b.log.Warn("kvm backend: restoring the suspended guest failed; booting", "err", err)
+		return nil
 	}
-	f.Close()
-	b.log.Warn("kvm backend: restoring the suspended guest failed; booting", "err", err)
-	return nil
+	if err := g.restoreExports(meta); err != nil {
+		g.restoreFrom = nil
+		g.disk = nil // still the caller's, for the boot
+		_ = g.Stop(context.Background())
+		f.Close()
+		b.log.Warn("kvm backend: the suspended guest's shares cannot be had again; booting", "err", err)
+		return nil
+	}
+	g.resumed, g.suspend = true, p
+	// It boots nothing: one that has not dialed by then will not, and
+	// the helper boots it instead.
+	g.bootTimeout = min(g.bootTimeout, resumeConnectTimeout)
+	return g
 }
 
 // restoreExports registers the state's system exports again, under their
@@ -337,10 +331,13 @@ func (g *guest) writeSuspended(p *suspendPlan) (int64, error) {
 		return 0, err
 	}
 	defer os.Remove(f.Name())
+	began := time.Now()
 	err = g.m.Snapshot(f, p.identity(meta.Nonce)) // pauses the VM
+	written := time.Now()
 	if err == nil {
 		err = f.Sync()
 	}
+	synced := time.Now()
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}
@@ -361,10 +358,14 @@ func (g *guest) writeSuspended(p *suspendPlan) (int64, error) {
 		return 0, fmt.Errorf("kvm backend: the suspended guest just saved does not check out: %w", err)
 	}
 	verified.Close()
+	checked := time.Now()
 	raw, _ := json.Marshal(meta)
 	if err := writeDurably(p.dir, suspendedMeta, raw); err != nil {
 		return 0, err
 	}
+	g.log.Info("suspended guest saved", "write", written.Sub(began).Round(time.Millisecond),
+		"sync", synced.Sub(written).Round(time.Millisecond), "check", checked.Sub(synced).Round(time.Millisecond),
+		"record", time.Since(checked).Round(time.Millisecond))
 	return allocatedBytes(path), nil
 }
 
