@@ -43,6 +43,16 @@ const (
 // mounted at disk, setting aside the previous start's, which it removes in
 // the background with any older leftovers.
 func (m *mounter) startSessionTmp(disk string) error {
+	if err := m.renewSessionTmp(disk); err != nil {
+		return err
+	}
+	go m.removeStaleTmp(disk)
+	return nil
+}
+
+// renewSessionTmp makes the sessions' /tmp a fresh directory on the disk
+// mounted at disk, setting the previous one aside (for removeStaleTmp).
+func (m *mounter) renewSessionTmp(disk string) error {
 	dir := path.Join(disk, sessionTmpName)
 	if _, err := os.Lstat(dir); err == nil {
 		aside := path.Join(disk, staleTmpPrefix+strconv.FormatInt(time.Now().UnixNano(), 10))
@@ -56,20 +66,17 @@ func (m *mounter) startSessionTmp(disk string) error {
 	m.mu.Lock()
 	m.sessionTmp = dir
 	m.mu.Unlock()
-	go m.removeStaleTmp(disk)
 	return nil
 }
 
-// restartSessionTmp gives a resumed guest's sessions a fresh /tmp on the
-// root disk, as every start does (nothing without one).
-func (m *mounter) restartSessionTmp() error {
+// sessionTmpDisk is the disk the sessions' /tmp is on ("": none).
+func (m *mounter) sessionTmpDisk() string {
 	m.mu.Lock()
-	dir := m.sessionTmp
-	m.mu.Unlock()
-	if dir == "" {
-		return nil
+	defer m.mu.Unlock()
+	if m.sessionTmp == "" {
+		return ""
 	}
-	return m.startSessionTmp(path.Dir(dir))
+	return path.Dir(m.sessionTmp)
 }
 
 // removeStaleTmp removes what earlier starts left of their sessions' /tmp

@@ -117,6 +117,13 @@ func (a *agent) handleSuspend(_ context.Context, raw json.RawMessage) (any, erro
 	if err := a.mnt.withdrawAllButSystem(); err != nil {
 		return nil, fmt.Errorf("suspending: %w", err)
 	}
+	// The sessions' /tmp starts empty at each start: a resumed guest's
+	// is set aside now, before the sync, and removed after the resume.
+	if disk := a.mnt.sessionTmpDisk(); disk != "" {
+		if err := a.mnt.renewSessionTmp(disk); err != nil {
+			a.log.Warn("the sessions' /tmp keeps what they left in it", "err", err)
+		}
+	}
 	if err := a.mnt.syncRootDisk(); err != nil {
 		return nil, fmt.Errorf("suspending: syncing the disks: %w", err)
 	}
@@ -182,10 +189,9 @@ func (a *agent) resume(p protocol.ResumeParams) (*protocol.SetupResult, error) {
 		a.stepClock(time.Unix(0, p.ClockUnixNano))
 		timer.done("clock")
 	}
-	if err := a.mnt.restartSessionTmp(); err != nil {
-		a.log.Warn("the sessions' /tmp keeps what the suspended guest left in it", "err", err)
+	if disk := a.mnt.sessionTmpDisk(); disk != "" {
+		go a.mnt.removeStaleTmp(disk) // set aside at the suspend
 	}
-	timer.done("session_tmp")
 	result := *setup
 	result.Steps = timer.steps
 	return &result, nil
