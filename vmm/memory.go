@@ -53,7 +53,7 @@ func Layout(size, holeStart uint64) []MemoryRegion {
 type Memory struct {
 	mu      sync.RWMutex
 	regions []mappedRegion // sorted by GPA, non-overlapping
-	image   *imageData     // for RAM mapped from an image: its holes
+	image   *keptImage     // for RAM mapped from an image: its file
 	closed  bool
 }
 
@@ -82,7 +82,8 @@ type MemoryImage struct {
 // (MAP_PRIVATE): a page is read from the file when the guest first
 // touches it, and what the guest writes never reaches the file (see
 // ramap.go for why it is not copied). The caller may close the file once
-// it returns.
+// it returns (Memory keeps a duplicate descriptor until Close, to find
+// the image's holes when it writes RAM: sparse.go).
 func NewMemoryFromImage(regions []MemoryRegion, img MemoryImage) (*Memory, error) {
 	if img.Offset < 0 || img.Offset%pageSize != 0 {
 		return nil, fmt.Errorf("guest memory image offset %d: must be a non-negative multiple of 4 KiB", img.Offset)
@@ -131,7 +132,7 @@ func newMemory(regions []MemoryRegion, img *MemoryImage) (*Memory, error) {
 		offset += int64(r.Size)
 	}
 	if img != nil {
-		m.image = scanImageData(img.FD, img.Offset, offset)
+		m.image = keepImage(*img, offset)
 	}
 	return m, nil
 }
@@ -321,6 +322,7 @@ func (m *Memory) Close() error {
 		return nil
 	}
 	m.closed = true
+	m.image.close()
 	var firstErr error
 	for _, r := range m.regions {
 		if err := unmapRAM(r.host); err != nil && firstErr == nil {

@@ -32,13 +32,49 @@ const (
 // pagemapChunk is how many pagemap entries one read takes (2 MiB of RAM).
 const pagemapChunk = 512
 
-// maxImageExtents bounds the data extents recorded of a memory image
-// (16 bytes each): past them, the image is taken to be all data.
+// maxImageExtents bounds the data extents of a memory image looked up
+// when RAM is written (16 bytes each): past them, the image is taken to
+// be all data.
 const maxImageExtents = 1 << 14
 
-// imageData is where a memory image's file held data when it was mapped,
-// in byte offsets from the image's start. The file is closed soon after
-// mapping, so this is recorded then; the mapping keeps the same inode.
+// keptImage is the file RAM was mapped from, kept to find its holes
+// when RAM is written (not when mapped: on ext4 scanning 16384 extents
+// took 97 ms, which a restore should not wait for). The descriptor is a
+// duplicate; the mapping pins the same inode anyway.
+type keptImage struct {
+	fd     int   // -1: not kept, no hole is known
+	offset int64 // of the image in the file
+	size   int64
+}
+
+// keepImage duplicates img's descriptor; without one (EMFILE), the
+// image is taken to be all data.
+func keepImage(img MemoryImage, size int64) *keptImage {
+	fd, err := unix.FcntlInt(uintptr(img.FD), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		fd = -1
+	}
+	return &keptImage{fd: fd, offset: img.Offset, size: size}
+}
+
+// data returns where the image holds data.
+func (f *keptImage) data() *imageData {
+	if f.fd < 0 {
+		return &imageData{}
+	}
+	return scanImageData(f.fd, f.offset, f.size)
+}
+
+// close closes the kept descriptor (nil-safe, idempotent).
+func (f *keptImage) close() {
+	if f != nil && f.fd >= 0 {
+		unix.Close(f.fd)
+		f.fd = -1
+	}
+}
+
+// imageData is where a memory image's file holds data, in byte offsets
+// from the image's start.
 type imageData struct {
 	extents [][2]int64 // [start, end), sorted, disjoint
 	known   int64      // extents are complete below this; data past it
@@ -94,8 +130,9 @@ func openPagemap() *os.File {
 }
 
 // knownZero fills zero[i] with whether page first+i of r is zeros the
-// host never mapped (see above); all false when pagemap fails.
-func (m *Memory) knownZero(pagemap *os.File, r mappedRegion, first int, zero []bool, buf []byte) {
+// host never mapped (see above), image being where r's image has data
+// (nil for anonymous RAM); all false when pagemap fails.
+func knownZero(pagemap *os.File, image *imageData, r mappedRegion, first int, zero []bool, buf []byte) {
 	clear(zero)
 	if pagemap == nil {
 		return
@@ -111,7 +148,7 @@ func (m *Memory) knownZero(pagemap *os.File, r mappedRegion, first int, zero []b
 			continue
 		}
 		off := r.imageOffset + int64(first+i)*pageSize
-		zero[i] = m.image == nil || m.image.hole(off, pageSize)
+		zero[i] = image == nil || image.hole(off, pageSize)
 	}
 }
 
@@ -128,9 +165,13 @@ func (m *Memory) WriteSparse(w io.Writer, skip func(n int64) error) (int64, erro
 	if pagemap != nil {
 		defer pagemap.Close()
 	}
+	var image *imageData
+	if m.image != nil && pagemap != nil {
+		image = m.image.data()
+	}
 	var total int64
 	for _, r := range m.regions {
-		n, err := m.writeRegionSparse(w, skip, pagemap, r)
+		n, err := writeRegionSparse(w, skip, pagemap, image, r)
 		total += n
 		if err != nil {
 			return total, fmt.Errorf("writing guest memory at %#x: %w", r.GPA, err)
@@ -141,14 +182,14 @@ func (m *Memory) WriteSparse(w io.Writer, skip func(n int64) error) (int64, erro
 
 // writeRegionSparse writes r as WriteSparse does, a chunk of pagemap at a
 // time: runs of known zero pages skipped, the others written.
-func (m *Memory) writeRegionSparse(w io.Writer, skip func(int64) error, pagemap *os.File, r mappedRegion) (int64, error) {
+func writeRegionSparse(w io.Writer, skip func(int64) error, pagemap *os.File, image *imageData, r mappedRegion) (int64, error) {
 	pages := len(r.host) / pageSize
 	zero := make([]bool, pagemapChunk)
 	buf := make([]byte, 8*pagemapChunk)
 	var total int64
 	for first := 0; first < pages; first += pagemapChunk {
 		chunk := zero[:min(pagemapChunk, pages-first)]
-		m.knownZero(pagemap, r, first, chunk, buf)
+		knownZero(pagemap, image, r, first, chunk, buf)
 		for i := 0; i < len(chunk); {
 			j := i + 1
 			for j < len(chunk) && chunk[j] == chunk[i] {

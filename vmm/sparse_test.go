@@ -76,11 +76,15 @@ func knownZeroPages(t *testing.T, m *Memory) []bool {
 		t.Skip("/proc/self/pagemap cannot be read here")
 	}
 	defer pagemap.Close()
+	var image *imageData
+	if m.image != nil {
+		image = m.image.data()
+	}
 	r := m.regions[0]
 	zero := make([]bool, len(r.host)/pageSize)
 	buf := make([]byte, 8*pagemapChunk)
 	for first := 0; first < len(zero); first += pagemapChunk {
-		m.knownZero(pagemap, r, first, zero[first:min(first+pagemapChunk, len(zero))], buf)
+		knownZero(pagemap, image, r, first, zero[first:min(first+pagemapChunk, len(zero))], buf)
 	}
 	return zero
 }
@@ -131,6 +135,8 @@ func TestSparseSnapshotOfImageRAMIsTheSame(t *testing.T) {
 	require.True(t, zero[1], "an untouched page of an image hole is skipped")
 	require.True(t, zero[(2<<20)/pageSize], "a discarded page of an image hole is skipped")
 	requireSameSnapshots(t, m)
+	require.NoError(t, m.Close())
+	require.Equal(t, -1, m.image.fd, "Close closes the image descriptor Memory kept")
 }
 
 // An image with more data extents than are recorded is read past them.
@@ -193,4 +199,17 @@ func TestSparseSnapshotFaultsInOnlyTouchedPages(t *testing.T) {
 	plain := faultsWriting(t, old, true)
 	t.Logf("minor faults writing 256 MiB, 64 pages touched: sparse %d, plain %d", sparse, plain)
 	require.Less(t, sparse, int64(size/pageSize/8), "faults while writing a mostly untouched 256 MiB")
+}
+
+// Without pagemap every page is read and nothing skipped.
+func TestSparseWithoutPagemapReadsEverything(t *testing.T) {
+	m, err := NewMemory([]MemoryRegion{{GPA: 0, Size: 4 << 20}})
+	require.NoError(t, err)
+	defer m.Close()
+	require.NoError(t, m.WriteAt([]byte("data"), 3<<20))
+	var out bytes.Buffer
+	n, err := writeRegionSparse(&out, func(int64) error { return io.ErrUnexpectedEOF }, nil, nil, m.regions[0])
+	require.NoError(t, err, "no skip")
+	require.EqualValues(t, 4<<20, n)
+	require.True(t, bytes.Equal(m.regions[0].host, out.Bytes()))
 }
