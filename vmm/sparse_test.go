@@ -213,3 +213,34 @@ func TestSparseWithoutPagemapReadsEverything(t *testing.T) {
 	require.EqualValues(t, 4<<20, n)
 	require.True(t, bytes.Equal(m.regions[0].host, out.Bytes()))
 }
+
+// A snapshot written through the sparse path maps back as the same RAM,
+// and Reader reads what WriteTo writes.
+func TestSparseSnapshotMapsBackTheSameRAM(t *testing.T) {
+	regions := []MemoryRegion{{GPA: 0, Size: 8 << 20}, {GPA: 1 << 32, Size: 2 << 20}}
+	m, err := NewMemory(regions)
+	require.NoError(t, err)
+	defer m.Close()
+	for _, gpa := range []uint64{0, 5<<20 + 3, 8<<20 - 4, 1 << 32, 1<<32 + 2<<20 - 9} {
+		require.NoError(t, m.WriteAt([]byte("ram!"), gpa))
+	}
+	var want bytes.Buffer
+	_, err = m.WriteTo(&want)
+	require.NoError(t, err)
+	got, err := io.ReadAll(struct{ io.Reader }{m.Reader()})
+	require.NoError(t, err)
+	require.True(t, bytes.Equal(want.Bytes(), got), "Reader reads what WriteTo writes")
+
+	sf, err := snapshot.Open(snapshotFile(t, m, false), sparseID)
+	require.NoError(t, err)
+	defer sf.Close()
+	_, offset, ok := sf.Section(SectionMemory)
+	require.True(t, ok)
+	back, err := NewMemoryFromImage(regions, MemoryImage{FD: int(sf.Fd()), Offset: offset})
+	require.NoError(t, err)
+	defer back.Close()
+	var again bytes.Buffer
+	_, err = back.WriteTo(&again)
+	require.NoError(t, err)
+	require.True(t, bytes.Equal(want.Bytes(), again.Bytes()), "the snapshot maps back as the same RAM")
+}
