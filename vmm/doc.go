@@ -43,6 +43,9 @@
 // RestoreState gives it to a fresh VM of the same configuration before
 // Start (refusing, with snapshot.ErrMismatch, vCPUs given another CPUID
 // table: the guest chose its code and XSAVE layout by it), and Resume lets
-// a paused VM go on.
-// Guest memory and device state are the caller's to save.
+// a paused VM go on. WriteSnapshot writes the state and guest RAM (with
+// the caller's device sections): RAM through Memory.WriteSparse, which
+// skips unread the pages /proc/self/pagemap shows the host never mapped
+// (zeros, or the holes of the image RAM was mapped from; sparse.go), so
+// writing costs the RAM the guest touched, not the RAM it has.
 package vmm

@@ -53,12 +53,14 @@ func Layout(size, holeStart uint64) []MemoryRegion {
 type Memory struct {
 	mu      sync.RWMutex
 	regions []mappedRegion // sorted by GPA, non-overlapping
+	image   *keptImage     // for RAM mapped from an image: its file
 	closed  bool
 }
 
 type mappedRegion struct {
 	MemoryRegion
-	host []byte
+	host        []byte
+	imageOffset int64 // where its bytes start in the image (WriteTo's layout)
 }
 
 // NewMemory maps the regions (each page-aligned, non-empty, non-overlapping).
@@ -80,7 +82,8 @@ type MemoryImage struct {
 // (MAP_PRIVATE): a page is read from the file when the guest first
 // touches it, and what the guest writes never reaches the file (see
 // ramap.go for why it is not copied). The caller may close the file once
-// it returns.
+// it returns (Memory keeps a duplicate descriptor until Close, to find
+// the image's holes when it writes RAM: sparse.go).
 func NewMemoryFromImage(regions []MemoryRegion, img MemoryImage) (*Memory, error) {
 	if img.Offset < 0 || img.Offset%pageSize != 0 {
 		return nil, fmt.Errorf("guest memory image offset %d: must be a non-negative multiple of 4 KiB", img.Offset)
@@ -119,25 +122,26 @@ func newMemory(regions []MemoryRegion, img *MemoryImage) (*Memory, error) {
 	}
 	m := &Memory{}
 	var offset int64
-	if img != nil {
-		offset = img.Offset
-	}
 	for _, r := range sorted {
 		host, err := mapRegion(r, img, offset)
-		offset += int64(r.Size)
 		if err != nil {
 			m.Close()
 			return nil, fmt.Errorf("mapping %d MiB of guest memory at %#x: %w", r.Size>>20, r.GPA, err)
 		}
-		m.regions = append(m.regions, mappedRegion{MemoryRegion: r, host: host})
+		m.regions = append(m.regions, mappedRegion{MemoryRegion: r, host: host, imageOffset: offset})
+		offset += int64(r.Size)
+	}
+	if img != nil {
+		m.image = keepImage(*img, offset)
 	}
 	return m, nil
 }
 
-// mapRegion maps region r: anonymous, or from img at offset.
+// mapRegion maps region r: anonymous, or from img at offset (from the
+// image's start).
 func mapRegion(r MemoryRegion, img *MemoryImage, offset int64) ([]byte, error) {
 	if img != nil {
-		return mapImageRAM(img.FD, offset, r.Size)
+		return mapImageRAM(img.FD, img.Offset+offset, r.Size)
 	}
 	return mapAnonymousRAM(r.Size)
 }
@@ -159,6 +163,55 @@ func (m *Memory) WriteTo(w io.Writer) (int64, error) {
 		}
 	}
 	return total, nil
+}
+
+// Reader returns a reader of the bytes WriteTo writes. It implements
+// io.WriterTo and snapshot.SparseSource (WriteSparse), so a snapshot of it
+// skips the pages the guest never touched without reading them.
+func (m *Memory) Reader() io.Reader { return &memoryReader{m: m} }
+
+// memoryReader reads guest RAM, regions in address order, from off.
+type memoryReader struct {
+	m   *Memory
+	off int64
+}
+
+func (r *memoryReader) Read(p []byte) (int, error) {
+	r.m.mu.RLock()
+	defer r.m.mu.RUnlock()
+	if r.m.closed {
+		return 0, ErrMemoryClosed
+	}
+	start := r.off
+	for _, reg := range r.m.regions {
+		if len(p) == 0 {
+			break
+		}
+		if in := r.off - reg.imageOffset; in >= 0 && in < int64(len(reg.host)) {
+			c := copy(p, reg.host[in:])
+			p, r.off = p[c:], r.off+int64(c)
+		}
+	}
+	if r.off == start && len(p) > 0 {
+		return 0, io.EOF
+	}
+	return int(r.off - start), nil
+}
+
+// WriteTo writes the rest of guest RAM to w.
+func (r *memoryReader) WriteTo(w io.Writer) (int64, error) {
+	return io.Copy(w, struct{ io.Reader }{r})
+}
+
+// WriteSparse implements snapshot.SparseSource from the start of RAM;
+// once Read has begun, it writes the rest unskipped.
+func (r *memoryReader) WriteSparse(w io.Writer, skip func(n int64) error) (int64, error) {
+	if r.off != 0 {
+		return r.WriteTo(w)
+	}
+	n, err := r.m.WriteSparse(w, skip)
+	r.off += n
+	return n, err
 }
 
 // Regions returns the RAM regions, sorted by address.
@@ -269,6 +322,7 @@ func (m *Memory) Close() error {
 		return nil
 	}
 	m.closed = true
+	m.image.close()
 	var firstErr error
 	for _, r := range m.regions {
 		if err := unmapRAM(r.host); err != nil && firstErr == nil {

@@ -20,7 +20,8 @@ const (
 // WriteSnapshot writes a paused VM (Pause) to w as a snapshot of id: its
 // State, its memory, and the caller's extra sections. Devices must be
 // quiet (no request in flight): a device writing guest memory meanwhile
-// would tear the image.
+// would tear the image. Guest RAM is written through Memory.WriteSparse:
+// pages the guest never touched are skipped unread.
 func (v *VM) WriteSnapshot(w io.Writer, id snapshot.Identity, extra ...snapshot.Section) error {
 	if id.MemoryBytes != v.mem.Size() || id.CPUs != len(v.vcpus) {
 		return fmt.Errorf("vmm: snapshot identity says %d bytes and %d vCPUs, the VM has %d and %d",
@@ -34,12 +35,9 @@ func (v *VM) WriteSnapshot(w io.Writer, id snapshot.Identity, extra ...snapshot.
 	if err := gob.NewEncoder(&enc).Encode(state); err != nil {
 		return fmt.Errorf("vmm: encoding the VM state: %w", err)
 	}
-	mem, memW := io.Pipe()
-	go func() { _, err := v.mem.WriteTo(memW); memW.CloseWithError(err) }()
-	defer mem.Close()
 	sections := append([]snapshot.Section{
 		{Name: SectionState, Size: int64(enc.Len()), Data: &enc},
-		{Name: SectionMemory, Size: int64(v.mem.Size()), Data: mem},
+		{Name: SectionMemory, Size: int64(v.mem.Size()), Data: v.mem.Reader()},
 	}, extra...)
 	return snapshot.Write(w, id, sections)
 }

@@ -7,7 +7,9 @@
 // file, and a CRC-32C as the last four bytes. Guest RAM the guest never
 // touched is stored as holes, and the checksum covers only the 4 KiB
 // blocks that hold data (sparse.go), so writing and checking a snapshot
-// cost what the guest used, not what it was given.
+// cost what the guest used, not what it was given. A section's data that
+// knows some of its zero blocks (SparseSource, as guest RAM does) has
+// them skipped without being read.
 //
 // Open refuses, with an error saying why, a file of another format
 // version, taken of another identity, cut short, or whose checksum does

@@ -37,6 +37,8 @@ type Identity struct {
 }
 
 // Section is one named part of a snapshot, written from Data (Size bytes).
+// Data may implement SparseSource, and then its known zero blocks are
+// skipped without being read.
 type Section struct {
 	Name string
 	Size int64
@@ -82,8 +84,8 @@ func Write(w io.Writer, id Identity, sections []Section) error {
 		if err := out.pad(h.Sections[i].Offset); err != nil {
 			return err
 		}
-		if n, err := io.CopyN(out, s.Data, s.Size); err != nil {
-			return fmt.Errorf("snapshot: section %s: wrote %d of %d bytes: %w", s.Name, n, s.Size, err)
+		if err := writeSection(out, s); err != nil {
+			return err
 		}
 	}
 	sum, err := out.finish()
@@ -96,6 +98,49 @@ func Write(w io.Writer, id Identity, sections []Section) error {
 		return fmt.Errorf("snapshot: writing the checksum: %w", err)
 	}
 	return nil
+}
+
+// writeSection writes s's Size bytes to out, which is at the section's
+// (block-aligned) offset: through WriteSparse where s.Data is a
+// SparseSource, else copied.
+func writeSection(out *blockWriter, s Section) error {
+	src, sparse := s.Data.(SparseSource)
+	if !sparse {
+		if n, err := io.CopyN(out, s.Data, s.Size); err != nil {
+			return fmt.Errorf("snapshot: section %s: wrote %d of %d bytes: %w", s.Name, n, s.Size, err)
+		}
+		return nil
+	}
+	sw := &sectionWriter{out: out, end: out.offset() + s.Size}
+	n, err := src.WriteSparse(sw, sw.skip)
+	if got := s.Size - (sw.end - out.offset()); err == nil && (n != s.Size || got != s.Size) {
+		err = fmt.Errorf("the source gave %d bytes (and said %d)", got, n)
+	}
+	if err != nil {
+		return fmt.Errorf("snapshot: section %s of %d bytes: %w", s.Name, s.Size, err)
+	}
+	return nil
+}
+
+// sectionWriter is what a SparseSource writes a section to: it refuses
+// bytes or skips past the section's end (they would land in the next).
+type sectionWriter struct {
+	out *blockWriter
+	end int64 // the section's end offset
+}
+
+func (sw *sectionWriter) Write(p []byte) (int, error) {
+	if int64(len(p)) > sw.end-sw.out.offset() {
+		return 0, errors.New("more bytes than the section's size")
+	}
+	return sw.out.Write(p)
+}
+
+func (sw *sectionWriter) skip(n int64) error {
+	if n > sw.end-sw.out.offset() {
+		return fmt.Errorf("a %d-byte skip past the section's end", n)
+	}
+	return sw.out.skip(n)
 }
 
 // layout fills h's sections with aligned offsets and returns the encoded
