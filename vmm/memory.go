@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"runtime/debug"
 	"sort"
 	"sync"
 
@@ -148,7 +149,9 @@ func mapRegion(r MemoryRegion, img *MemoryImage, offset int64) ([]byte, error) {
 
 // WriteTo writes every region's bytes to w, in address order (the layout
 // NewMemoryFromImage maps back).
-func (m *Memory) WriteTo(w io.Writer) (int64, error) {
+func (m *Memory) WriteTo(w io.Writer) (_ int64, err error) {
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer faultIsError(&err)
 	m.mu.RLock()
 	defer m.mu.RUnlock()
 	if m.closed {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"runtime/debug"
 	"sort"
 
 	"golang.org/x/sys/unix"
@@ -155,7 +156,9 @@ func knownZero(pagemap *os.File, image *imageData, r mappedRegion, first int, ze
 // WriteSparse implements snapshot.SparseSource: it writes what WriteTo
 // writes, but skips pages known to be zero without reading them, so the
 // cost follows the RAM the guest touched, not the RAM it has.
-func (m *Memory) WriteSparse(w io.Writer, skip func(n int64) error) (int64, error) {
+func (m *Memory) WriteSparse(w io.Writer, skip func(n int64) error) (_ int64, err error) {
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer faultIsError(&err)
 	m.mu.RLock()
 	defer m.mu.RUnlock()
 	if m.closed {
@@ -210,4 +213,22 @@ func writeRegionSparse(w io.Writer, skip func(int64) error, pagemap *os.File, im
 		}
 	}
 	return total, nil
+}
+
+// faultIsError, deferred by a function that reads guest RAM on its
+// goroutine with debug.SetPanicOnFault on, turns a fault reading it into
+// *err instead of the end of the process. RAM mapped from an image faults
+// (SIGBUS) where the image cannot be read: a tmpfs that is full allocates
+// a page for a hole read through a mapping, and fails it; a file
+// truncated under the VM.
+func faultIsError(err *error) {
+	r := recover()
+	if r == nil {
+		return
+	}
+	if f, ok := r.(interface{ Addr() uintptr }); ok {
+		*err = fmt.Errorf("vmm: guest memory at host address %#x cannot be read (is the file system of the snapshot it was restored from full?): %v", f.Addr(), r)
+		return
+	}
+	panic(r)
 }

@@ -244,3 +244,18 @@ func TestSparseSnapshotMapsBackTheSameRAM(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, bytes.Equal(want.Bytes(), again.Bytes()), "the snapshot maps back as the same RAM")
 }
+
+// RAM mapped from an image that can no longer be read (here truncated
+// under it: a read through the mapping is a SIGBUS, as on a full tmpfs)
+// fails the write with an error instead of ending the process.
+func TestUnreadableImageRAMFailsTheWrite(t *testing.T) {
+	const size = 1 << 20
+	f := imageFile(t, 0, size, map[int64][]byte{0: []byte("data"), size - 4: []byte("last")})
+	m, err := NewMemoryFromImage([]MemoryRegion{{GPA: 0, Size: size}}, MemoryImage{FD: int(f.Fd()), Offset: 0})
+	require.NoError(t, err)
+	defer m.Close()
+	require.NoError(t, f.Truncate(pageSize))
+	f.Close()
+	_, err = m.WriteTo(new(bytes.Buffer)) // copies: reads every page
+	require.ErrorContains(t, err, "cannot be read")
+}
