@@ -14,13 +14,15 @@
 //   - service.go: Options, the Service, method dispatch, configure, createVM
 //     and the small methods; backend.go: the Backend and Guest interfaces,
 //     and the optional ones for what only some backends do (SystemSharer,
-//     SetupAdjuster, RootDiskAttacher, Restorable, ProgressReporter): the
-//     helper never tests a backend's name.
+//     SetupAdjuster, RootDiskAttacher, Restorable, Suspender,
+//     ProgressReporter): the helper never tests a backend's name.
 //   - state.go: the data directory's layout and state files (what a
 //     restarted helper reloads), saved atomically.
 //   - lifecycle.go: one guest's life — startVM, the agent connection and its
 //     pings, stopVM, guest death — and turning agent events into client
 //     events (the channel's client is protocol/agentrpc's);
+//     suspend.go: stopVM suspending a guest that can be (Suspender), and
+//     a resumed guest's setup;
 //     liveness.go: telling a busy guest from a dead one when its pings
 //     time out (the agent's last frame, ProgressReporter).
 //   - hub.go: a profile's event hub with its backlog.

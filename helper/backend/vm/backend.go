@@ -276,9 +276,9 @@ func (b *Backend) create(memMiB, cpus int, fsKind string, gc helper.GuestConfig)
 		SkipBootProbe: true,
 	}
 	snap := b.snapshotPlan(exe, k, cfg, devs)
-	sus := b.suspendPlan(snap, devs, gc.ProfileDir)
+	sus := b.suspendPlan(exe, k, cfg, devs, gc.ProfileDir)
 	if sus != nil {
-		if err := sus.begin(devs.rootDisk); err != nil {
+		if err := sus.begin(); err != nil {
 			b.log.Warn("kvm backend: stopVM will not suspend this guest (the profile's generation cannot be kept)", "err", err)
 			sus = nil
 		} else if g := b.resume(cfg, devs, sus); g != nil {
@@ -346,6 +346,18 @@ type devices struct {
 	bundle *bundleDisks
 	// balloon attaches the virtio-balloon (not Options.NoBalloon).
 	balloon bool
+}
+
+// writableDisks are the paths of the files the guest keeps its root on:
+// the root disk, or the bundle's layers.
+func (devs devices) writableDisks() []string {
+	if devs.bundle != nil {
+		return devs.bundle.layerPaths()
+	}
+	if devs.rootDisk != nil {
+		return []string{devs.rootDisk.Name()}
+	}
+	return nil
 }
 
 // attach gives the new machine m its guest and devices.

@@ -50,6 +50,8 @@ const (
 // both.
 type imageDisk struct {
 	serial, label string
+	// identity is the served volume's (cow.Base.Identity).
+	identity      string
 	base, overlay *os.File
 	disk          *cow.Disk
 }
@@ -251,7 +253,7 @@ func openImageDisk(path, layers, serial, label string, log *slog.Logger) (_ *ima
 		log.Info("the bundle image's journal needs recovery: the guest replays it into the profile's layer, the image stays as it is",
 			"image", path)
 	}
-	return &imageDisk{serial: serial, label: label, base: base, overlay: overlay, disk: disk}, nil
+	return &imageDisk{serial: serial, label: label, identity: cb.Identity, base: base, overlay: overlay, disk: disk}, nil
 }
 
 // chooseVolume is img's root volume (root) or its volume labelled label.
@@ -346,6 +348,25 @@ func (bd *bundleDisks) attach(m *machine.Machine, log *slog.Logger) error {
 		}
 	}
 	return nil
+}
+
+// identity names the images the guest boots, each by its serial and the
+// identity of the volume served (which its layer was made for).
+func (bd *bundleDisks) identity() string {
+	var ids []string
+	for _, d := range bd.disks {
+		ids = append(ids, d.serial+"="+d.identity)
+	}
+	return strings.Join(ids, ", ")
+}
+
+// layerPaths are the profile's layer files, the guest's writes.
+func (bd *bundleDisks) layerPaths() []string {
+	var paths []string
+	for _, d := range bd.disks {
+		paths = append(paths, d.overlay.Name())
+	}
+	return paths
 }
 
 // imageRoot is what the agent is told of the disks.

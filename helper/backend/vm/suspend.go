@@ -16,6 +16,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/cowork-vmm/cowork-vmm/guest/kernel"
 	"github.com/cowork-vmm/cowork-vmm/helper"
 	"github.com/cowork-vmm/cowork-vmm/machine"
 	"github.com/cowork-vmm/cowork-vmm/protocol"
@@ -86,38 +87,49 @@ type suspendPlan struct {
 	generation uint64
 	// candidate is the state found for this boot to resume (nil: none).
 	candidate *suspendMeta
+	// disks are the paths of the writable disks the guest keeps its root
+	// on (the root disk, or the bundle's layers), whose identity a state
+	// records once they are closed.
+	disks []string
 }
 
 // suspendPlan returns the plan for a VM of cfg booted for a profile
-// (profileDir); nil, with the reason logged, when this VM cannot be
-// suspended: snapshots off, no profile directory, a guest that boots
-// the bundle, or 9p (its device keeps no state across a snapshot).
-func (b *Backend) suspendPlan(base *snapshotPlan, devs devices, profileDir string) *suspendPlan {
+// (profileDir) by exe on k; nil, with the reason logged, when this VM
+// cannot be suspended: snapshots off, no profile directory, 9p (its
+// devices keep no state across a snapshot), or no identity to be had. A
+// guest booting the bundle is identified by its images too.
+func (b *Backend) suspendPlan(exe string, k kernel.Image, cfg machine.Config, devs devices, profileDir string) *suspendPlan {
 	switch {
 	case b.opts.SnapshotDir == "" || profileDir == "":
 		return nil
-	case base == nil:
-		return nil // no identity (logged by snapshotPlan) or a bundle guest
 	case devs.fsKind != protocol.MountKindVirtioFS:
 		b.log.Info("kvm backend: stopVM will not suspend this guest: its 9p devices keep no state across a snapshot")
 		return nil
 	}
-	return &suspendPlan{dir: profileDir, base: base.id}
+	id, err := snapshotIdentity(exe, k, cfg, devs)
+	if err != nil {
+		b.log.Warn("kvm backend: stopVM will not suspend this guest (cannot identify this VM)", "err", err)
+		return nil
+	}
+	if devs.bundle != nil {
+		id.Kernel += " bundle=" + devs.bundle.identity()
+	}
+	return &suspendPlan{dir: profileDir, base: id, disks: devs.writableDisks()}
 }
 
 // begin reads the profile's state and generation, then moves the profile
 // to this boot's generation, durably, before the VM runs: a state found
 // is the candidate to resume only when it was saved at the generation the
-// profile was at. Every state file found is removed (a candidate's
-// snapshot stays readable through its open descriptor). disk is the root
-// disk to be attached (nil: none).
-func (p *suspendPlan) begin(disk *os.File) error {
+// profile was at and the writable disks are as it left them. Every state
+// file found is removed (a candidate's snapshot stays readable through
+// its open descriptor).
+func (p *suspendPlan) begin() error {
 	current, err := readGeneration(p.dir)
 	if err != nil {
 		return err
 	}
 	meta, metaErr := readSuspendMeta(p.dir)
-	if metaErr == nil && meta.Generation == current && meta.Disk == diskIdentity(disk) {
+	if metaErr == nil && meta.Generation == current && meta.Disk == disksIdentity(p.disks) {
 		p.candidate = meta
 	}
 	if err := writeGeneration(p.dir, current+1); err != nil {
@@ -208,20 +220,22 @@ func readSuspendMeta(dir string) (*suspendMeta, error) {
 	return &m, nil
 }
 
-// diskIdentity names the root disk's version: "" for none.
-func diskIdentity(f *os.File) string {
-	if f == nil {
-		return ""
+// disksIdentity names the version of each disk at paths: "" for none.
+func disksIdentity(paths []string) string {
+	var ids []string
+	for _, p := range paths {
+		st, err := os.Stat(p)
+		if err != nil {
+			ids = append(ids, p+" unknown: "+err.Error())
+			continue
+		}
+		id := fmt.Sprintf("%s size=%d mtime=%d", p, st.Size(), st.ModTime().UnixNano())
+		if sys, ok := st.Sys().(*syscall.Stat_t); ok {
+			id += fmt.Sprintf(" dev=%d ino=%d", sys.Dev, sys.Ino)
+		}
+		ids = append(ids, id)
 	}
-	st, err := f.Stat()
-	if err != nil {
-		return "unknown: " + err.Error()
-	}
-	id := fmt.Sprintf("size=%d mtime=%d", st.Size(), st.ModTime().UnixNano())
-	if sys, ok := st.Sys().(*syscall.Stat_t); ok {
-		id += fmt.Sprintf(" dev=%d ino=%d", sys.Dev, sys.Ino)
-	}
-	return id
+	return strings.Join(ids, "; ")
 }
 
 // resume restores the VM of cfg from the plan's candidate state, its
@@ -314,7 +328,6 @@ func (g *guest) Suspend(ctx context.Context) (helper.SuspendedState, error) {
 		p.discard()
 		return helper.SuspendedState{}, err
 	}
-	_ = g.Stop(ctx)
 	return helper.SuspendedState{Path: filepath.Join(p.dir, suspendedSnapshot), Bytes: size, Took: time.Since(began)}, nil
 }
 
@@ -344,9 +357,6 @@ func (g *guest) writeSuspended(p *suspendPlan) (int64, error) {
 	if err != nil {
 		return 0, fmt.Errorf("kvm backend: saving the suspended guest: %w", err)
 	}
-	if g.disk != nil {
-		meta.Disk = diskIdentity(g.disk.file) // the guest is paused: final
-	}
 	g.mu.Lock()
 	meta.SystemExports, meta.NextExport = maps.Clone(g.systemExports), g.nextExport
 	g.mu.Unlock()
@@ -359,6 +369,12 @@ func (g *guest) writeSuspended(p *suspendPlan) (int64, error) {
 	}
 	verified.Close()
 	checked := time.Now()
+	// The disks are what they will be once closed (a layer commits its
+	// map then): the record, written last, names them so.
+	if err := g.Stop(context.Background()); err != nil {
+		return 0, err
+	}
+	meta.Disk = disksIdentity(p.disks)
 	raw, _ := json.Marshal(meta)
 	if err := writeDurably(p.dir, suspendedMeta, raw); err != nil {
 		return 0, err
@@ -415,26 +431,25 @@ func SuspendedStates(profilesDir string) []SuspendedState {
 			s.Unusable = "the profile's guest ran after it was saved (a stale state: the next start removes it)"
 		default:
 			s.SavedAt = meta.SavedAt
-			s.Unusable = diskChanged(dir, meta.Disk)
+			s.Unusable = diskChanged(meta.Disk)
 		}
 		out = append(out, s)
 	}
 	return out
 }
 
-// diskChanged says whether the profile's root disk changed since its
-// guest was saved ("": no).
-func diskChanged(dir, saved string) string {
-	f, err := os.Open(filepath.Join(dir, helper.RootDiskFile))
-	if err != nil {
-		if saved == "" {
-			return ""
+// diskChanged says whether the profile's writable disks changed since
+// its guest was saved ("": no). A state names the disks it was saved
+// with: the root disk, or the bundle's layers.
+func diskChanged(saved string) string {
+	var paths []string
+	for _, id := range strings.Split(saved, "; ") {
+		if p, _, ok := strings.Cut(id, " "); ok {
+			paths = append(paths, p)
 		}
-		return "its root disk is gone"
 	}
-	defer f.Close()
-	if diskIdentity(f) != saved {
-		return "its root disk changed since it was saved"
+	if disksIdentity(paths) != saved {
+		return "its disks changed since it was saved"
 	}
 	return ""
 }

@@ -13,9 +13,9 @@ import (
 
 // writeState writes a suspended state's files as a save at generation
 // gen with the disk's identity now.
-func writeState(t *testing.T, dir string, gen uint64, disk *os.File) {
+func writeState(t *testing.T, dir string, gen uint64, disks ...string) {
 	t.Helper()
-	raw, err := json.Marshal(suspendMeta{Nonce: "n", Generation: gen, Disk: diskIdentity(disk), SavedAt: time.Now()})
+	raw, err := json.Marshal(suspendMeta{Nonce: "n", Generation: gen, Disk: disksIdentity(disks), SavedAt: time.Now()})
 	require.NoError(t, err)
 	require.NoError(t, os.WriteFile(filepath.Join(dir, suspendedMeta), raw, 0o600))
 	require.NoError(t, os.WriteFile(filepath.Join(dir, suspendedSnapshot), []byte("snap"), 0o600))
@@ -30,30 +30,31 @@ func TestSuspendPlanGenerations(t *testing.T) {
 	require.NoError(t, err)
 	defer disk.Close()
 
-	first := &suspendPlan{dir: dir}
-	require.NoError(t, first.begin(disk))
+	disks := []string{disk.Name()}
+	first := &suspendPlan{dir: dir, disks: disks}
+	require.NoError(t, first.begin())
 	assert.EqualValues(t, 1, first.generation)
 	assert.Nil(t, first.candidate, "no state yet")
 	gen, err := readGeneration(dir)
 	require.NoError(t, err)
 	assert.EqualValues(t, 1, gen, "written before the VM runs")
 
-	writeState(t, dir, first.generation, disk) // boot 1 suspended
-	second := &suspendPlan{dir: dir}
-	require.NoError(t, second.begin(disk))
+	writeState(t, dir, first.generation, disks...) // boot 1 suspended
+	second := &suspendPlan{dir: dir, disks: disks}
+	require.NoError(t, second.begin())
 	require.NotNil(t, second.candidate, "the state of the boot before")
 	assert.EqualValues(t, 2, second.generation)
 
 	// The state is spent even if its files stay: the profile moved on.
-	third := &suspendPlan{dir: dir}
-	require.NoError(t, third.begin(disk))
+	third := &suspendPlan{dir: dir, disks: disks}
+	require.NoError(t, third.begin())
 	assert.Nil(t, third.candidate, "a state of an older generation is stale")
 
-	writeState(t, dir, third.generation, disk)
+	writeState(t, dir, third.generation, disks...)
 	_, err = disk.Write([]byte("written by someone else"))
 	require.NoError(t, err)
-	fourth := &suspendPlan{dir: dir}
-	require.NoError(t, fourth.begin(disk))
+	fourth := &suspendPlan{dir: dir, disks: disks}
+	require.NoError(t, fourth.begin())
 	assert.Nil(t, fourth.candidate, "the disk changed since the save")
 	fourth.discard()
 	for _, f := range []string{suspendedMeta, suspendedSnapshot} {
@@ -67,7 +68,7 @@ func TestSuspendPlanDamagedGeneration(t *testing.T) {
 	dir := t.TempDir()
 	require.NoError(t, os.WriteFile(filepath.Join(dir, generationFile), []byte("x\n"), 0o600))
 	p := &suspendPlan{dir: dir}
-	require.ErrorContains(t, p.begin(nil), "damaged")
+	require.ErrorContains(t, p.begin(), "damaged")
 }
 
 // doctor's view: a current state, and why another is not resumed.
@@ -78,12 +79,18 @@ func TestSuspendedStates(t *testing.T) {
 		require.NoError(t, os.MkdirAll(d, 0o700))
 		require.NoError(t, writeGeneration(d, 5))
 	}
-	writeState(t, cur, 5, nil)
-	writeState(t, stale, 4, nil)
+	disk := filepath.Join(cur, "root.img")
+	require.NoError(t, os.WriteFile(disk, []byte("disk"), 0o600))
+	writeState(t, cur, 5, disk)
+	writeState(t, stale, 4)
 	states := SuspendedStates(profiles)
 	require.Len(t, states, 2)
 	assert.Equal(t, "a", states[0].Profile)
 	assert.Empty(t, states[0].Unusable)
 	assert.Positive(t, states[0].Bytes)
 	assert.Contains(t, states[1].Unusable, "ran after it was saved")
+
+	future := time.Now().Add(time.Hour)
+	require.NoError(t, os.Chtimes(disk, future, future))
+	assert.Contains(t, SuspendedStates(profiles)[0].Unusable, "disks changed")
 }
