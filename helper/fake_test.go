@@ -39,6 +39,9 @@ type fakeBackend struct {
 	// restored: the next guests say they were restored from a snapshot
 	// (Restorable).
 	restored bool
+	// suspender makes the guests implement Suspender; resumed: the next
+	// guests say they were resumed.
+	suspender, resumed bool
 }
 
 // setNext sets holdSetup and restored for the guests started next.
@@ -73,10 +76,41 @@ func (b *fakeBackend) Start(ctx context.Context, cfg GuestConfig) (Guest, error)
 	b.guests = append(b.guests, g)
 	b.mu.Unlock()
 	go g.agent.serve()
+	g.resumed = b.resumed
 	if b.systemSharer {
 		return systemSharingGuest{g}, nil
 	}
+	if b.suspender {
+		return suspendingGuest{g}, nil
+	}
 	return g, nil
+}
+
+// suspendingGuest is a fakeGuest that can be suspended (Suspender): its
+// save only counts.
+type suspendingGuest struct{ *fakeGuest }
+
+func (g suspendingGuest) PrepareSuspend() error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.prepared++
+	return nil
+}
+
+func (g suspendingGuest) Suspend(ctx context.Context) (SuspendedState, error) {
+	g.mu.Lock()
+	g.saved++
+	g.mu.Unlock()
+	return SuspendedState{Path: "fake.snap", Bytes: 1}, g.Stop(ctx)
+}
+
+func (g suspendingGuest) Resumed() bool { return g.resumed }
+
+// suspendCalls returns how often PrepareSuspend and Suspend were called.
+func (g *fakeGuest) suspendCalls() (prepared, saved int) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.prepared, g.saved
 }
 
 // Reclaim and Release implement MemoryReclaimer, counting.
@@ -132,9 +166,13 @@ type fakeGuest struct {
 	discarded int
 	// reclaims and releases count MemoryReclaimer's calls.
 	reclaims, releases int
-	err                error
-	done               chan struct{}
-	once               sync.Once
+	// prepared and saved count Suspender's calls (suspendingGuest);
+	// resumed is what Resumed says.
+	prepared, saved int
+	resumed         bool
+	err             error
+	done            chan struct{}
+	once            sync.Once
 }
 
 func (g *fakeGuest) Agent(ctx context.Context) (io.ReadWriteCloser, error) { return g.helperEnd, nil }
@@ -258,6 +296,10 @@ type fakeAgent struct {
 	creditChanged chan struct{}
 	// readGate, while set, holds the agent's reads (stopReading).
 	readGate chan struct{}
+	// refuseSuspend fails suspend; suspends, resumes and shutdowns count
+	// the requests served.
+	refuseSuspend                bool
+	suspends, resumes, shutdowns int
 }
 
 // stopReading makes the agent stop reading its connection, as a hung or
@@ -308,7 +350,7 @@ func newFakeAgent(conn net.Conn, g *fakeGuest) *fakeAgent {
 		answers: map[uint64]protocol.GuestResponseParams{},
 		credits: map[string]int64{}, creditChanged: make(chan struct{}),
 	}
-	a.server = agentrpc.NewServer(gatedConn{a}, a.methods(), agentrpc.ServerOptions{Final: []string{protocol.AgentMethodShutdown}})
+	a.server = agentrpc.NewServer(gatedConn{a}, a.methods(), agentrpc.ServerOptions{Final: []string{protocol.AgentMethodShutdown, protocol.AgentMethodSuspend}})
 	return a
 }
 
@@ -443,7 +485,33 @@ func (a *fakeAgent) methods() map[string]agentrpc.Handler {
 		}),
 		protocol.AgentMethodPing:     a.handlePing,
 		protocol.AgentMethodShutdown: agentrpc.HandleNoResult(a.handleShutdown),
+		protocol.AgentMethodSuspend: agentrpc.HandleNoResult(func(ctx context.Context, p protocol.SuspendParams) error {
+			a.mu.Lock()
+			refuse := a.refuseSuspend
+			a.mu.Unlock()
+			if refuse {
+				return errors.New("a mount would not go")
+			}
+			a.endAll()
+			a.mu.Lock()
+			a.suspends++
+			a.mu.Unlock()
+			return nil
+		}),
+		protocol.AgentMethodResume: agentrpc.Handle(func(_ context.Context, p protocol.ResumeParams) (json.RawMessage, error) {
+			a.mu.Lock()
+			a.resumes++
+			a.mu.Unlock()
+			return json.RawMessage(`{"rootDisk":"mounted","steps":[{"name":"clock","us":1}]}`), nil
+		}),
 	}
+}
+
+// counts returns how many suspends, resumes and shutdowns were served.
+func (a *fakeAgent) counts() (suspends, resumes, shutdowns int) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.suspends, a.resumes, a.shutdowns
 }
 
 func (a *fakeAgent) handleSetup(ctx context.Context, p protocol.SetupParams) (json.RawMessage, error) {
@@ -503,6 +571,15 @@ func (a *fakeAgent) handlePing(ctx context.Context, _ json.RawMessage) (any, err
 // handleShutdown ends every process, as the agent does before its reply
 // (the server then closes the connection: the method is Final).
 func (a *fakeAgent) handleShutdown(_ context.Context, _ protocol.ShutdownParams) error {
+	a.endAll()
+	a.mu.Lock()
+	a.shutdowns++
+	a.mu.Unlock()
+	return nil
+}
+
+// endAll ends every process with SIGTERM, its exit event sent.
+func (a *fakeAgent) endAll() {
 	a.mu.Lock()
 	ids := slices.Collect(maps.Keys(a.running))
 	a.running = map[string]bool{}
@@ -510,7 +587,6 @@ func (a *fakeAgent) handleShutdown(_ context.Context, _ protocol.ShutdownParams)
 	for _, id := range ids {
 		a.emit(protocol.Event{Type: protocol.EventExit, ID: id, Signal: "SIGTERM"})
 	}
-	return nil
 }
 
 // unmountLocked is the unmount method: what is at and below the target

@@ -74,8 +74,9 @@ type snapshotPlan struct {
 // snapshots are off or the identity cannot be made (logged).
 func (b *Backend) snapshotPlan(exe string, k kernel.Image, cfg machine.Config, devs devices) *snapshotPlan {
 	if b.opts.SnapshotDir == "" || devs.bundle != nil {
-		// A guest booting the bundle boots cold: its snapshot would
-		// have to be of the bundle's disks too.
+		// A guest booting the bundle has no first-boot snapshot: it
+		// would have to be of the bundle's disks too (it is resumed
+		// when it was suspended: suspend.go).
 		return nil
 	}
 	id, err := snapshotIdentity(exe, k, cfg, devs)
