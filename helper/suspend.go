@@ -77,6 +77,10 @@ func (inst *guestInstance) resumeRoot() error {
 		return fmt.Errorf("resuming the suspended guest: %w", err)
 	}
 	inst.sessionTmp.Store(result.SessionTmp)
-	inst.s.log.Info("guest resumed", "took", time.Since(began).Round(time.Microsecond), "rootDisk", result.RootDisk)
+	attrs := []any{"took", time.Since(began).Round(time.Microsecond), "rootDisk", result.RootDisk}
+	for _, step := range result.Steps {
+		attrs = append(attrs, "agent."+step.Name, time.Duration(step.Micros)*time.Microsecond)
+	}
+	inst.s.log.Info("guest resumed", attrs...)
 	return nil
 }

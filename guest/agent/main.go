@@ -119,8 +119,11 @@ func VMMain() {
 // any other way (or the VMM saved nothing).
 func serveUntilOff(log *slog.Logger, cgroups *cgroups) {
 	keep := &keptState{}
+	var wake *stepTimer // a resumed guest's steps up to its dial
 	for {
 		conn, err := dialHost(log, 60*time.Second)
+		wake.done("dial")
+		keep.wokeUp(wake)
 		if err != nil {
 			log.Error("agent: cannot reach the helper over vsock; powering off", "err", err)
 			break
@@ -137,8 +140,10 @@ func serveUntilOff(log *slog.Logger, cgroups *cgroups) {
 		if !awaitSave(log) {
 			break
 		}
+		wake = newStepTimer()
 		afterRestore(log)
 		keep.resume()
+		wake.done("reseed")
 	}
 	powerOff(log)
 }

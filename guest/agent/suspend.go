@@ -44,6 +44,9 @@ type keptState struct {
 	// dropCaches drops the kernel's caches at a suspend (nil:
 	// dropAllCaches; tests count it instead).
 	dropCaches func() error
+	// woke are a resumed guest's steps from its restore to its dial,
+	// reported by resume.
+	woke []protocol.TimedStep
 	// bootID is the boot id a resumed guest's spawns see ("": the
 	// kernel's, which Linux makes once and never renews: every resume of
 	// a guest would otherwise share the suspended boot's).
@@ -60,6 +63,16 @@ func (k *keptState) resume() {
 	defer k.mu.Unlock()
 	k.resumed = true
 	k.bootID = fmt.Sprintf("%x-%x-%x-%x-%x\n", b[0:4], b[4:6], b[6:8], b[8:10], b[10:16])
+}
+
+// wokeUp records a resumed guest's steps up to its dial (nil: none).
+func (k *keptState) wokeUp(t *stepTimer) {
+	if t == nil {
+		return
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.woke = t.steps
 }
 
 // bootIDBytes is the boot id spawns see in place of the kernel's; nil:
@@ -178,13 +191,13 @@ func (a *agent) resume(p protocol.ResumeParams) (*protocol.SetupResult, error) {
 		return nil, errors.New("this agent was not suspended: set it up instead")
 	}
 	k.mu.Lock()
-	setup, resumed := k.setup, k.resumed
+	setup, resumed, woke := k.setup, k.resumed, k.woke
 	k.mu.Unlock()
 	if !resumed || setup == nil {
 		return nil, errors.New("this guest was not resumed from a suspended one that was set up: set it up instead")
 	}
 	timer := newStepTimer()
-	timer.steps = append(timer.steps, protocol.TimedStep{Name: "hello", Micros: a.helloTook.Microseconds()})
+	timer.steps = append(slices.Clone(woke), protocol.TimedStep{Name: "hello", Micros: a.helloTook.Microseconds()})
 	if p.ClockUnixNano != 0 {
 		a.stepClock(time.Unix(0, p.ClockUnixNano))
 		timer.done("clock")

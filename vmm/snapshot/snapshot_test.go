@@ -195,3 +195,27 @@ func TestOpenVerifiedChecksAgainAfterAWrite(t *testing.T) {
 	_, err = OpenVerified(path, testID)
 	require.ErrorContains(t, err, "damaged", "a marker naming another file version is not trusted")
 }
+
+// A file its writer marked as written whole opens without a checksum
+// pass (a damaged byte is then not seen), until it changes: a later
+// write makes OpenVerified check it again and refuse it.
+func TestMarkWrittenIsTrustedUntilAChange(t *testing.T) {
+	path := writeFile(t, testID, []string{"vm", "memory"}, [][]byte{[]byte("state"), bytes.Repeat([]byte{3}, 10000)})
+	f, err := Open(path, testID)
+	require.NoError(t, err)
+	_, off, _ := f.Section("memory")
+	require.NoError(t, f.Close())
+	require.NoError(t, MarkWritten(path))
+	f, err = OpenVerified(path, testID)
+	require.NoError(t, err)
+	require.NoError(t, f.Close())
+
+	w, err := os.OpenFile(path, os.O_WRONLY, 0)
+	require.NoError(t, err)
+	_, err = w.WriteAt([]byte{4}, off+100)
+	require.NoError(t, err)
+	require.NoError(t, w.Close())
+	_, err = OpenVerified(path, testID)
+	require.ErrorContains(t, err, "damaged", "a write after the mark is caught")
+	require.ErrorIs(t, MarkWritten(path+".missing"), os.ErrNotExist)
+}

@@ -331,9 +331,9 @@ func (g *guest) Suspend(ctx context.Context) (helper.SuspendedState, error) {
 	return helper.SuspendedState{Path: filepath.Join(p.dir, suspendedSnapshot), Bytes: size, Took: time.Since(began)}, nil
 }
 
-// writeSuspended writes the paused VM's snapshot, then its record; the
-// snapshot's checksum is checked once here, off the next start's path.
-// It returns the snapshot's size on disk.
+// writeSuspended writes the paused VM's snapshot, marked as written whole
+// (the resume does not read it all to check it), stops the VM, then
+// writes the record. It returns the snapshot's size on disk.
 func (g *guest) writeSuspended(p *suspendPlan) (int64, error) {
 	nonce := make([]byte, 8)
 	_, _ = rand.Read(nonce)
@@ -363,11 +363,9 @@ func (g *guest) writeSuspended(p *suspendPlan) (int64, error) {
 	if err := os.Rename(f.Name(), path); err != nil {
 		return 0, err
 	}
-	verified, err := snapshot.OpenVerified(path, p.identity(meta.Nonce))
-	if err != nil {
-		return 0, fmt.Errorf("kvm backend: the suspended guest just saved does not check out: %w", err)
+	if err := snapshot.MarkWritten(path); err != nil {
+		return 0, err
 	}
-	verified.Close()
 	checked := time.Now()
 	// The disks are what they will be once closed (a layer commits its
 	// map then): the record, written last, names them so.
@@ -380,7 +378,7 @@ func (g *guest) writeSuspended(p *suspendPlan) (int64, error) {
 		return 0, err
 	}
 	g.log.Info("suspended guest saved", "write", written.Sub(began).Round(time.Millisecond),
-		"sync", synced.Sub(written).Round(time.Millisecond), "check", checked.Sub(synced).Round(time.Millisecond),
+		"sync", synced.Sub(written).Round(time.Millisecond), "place", checked.Sub(synced).Round(time.Millisecond),
 		"record", time.Since(checked).Round(time.Millisecond))
 	return allocatedBytes(path), nil
 }
