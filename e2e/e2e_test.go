@@ -479,6 +479,13 @@ func waitExited(t *testing.T, c *client, id string) {
 
 func waitConnected(t *testing.T, c *client) {
 	t.Helper()
+	waitConnectedEvery(t, c, 100*time.Millisecond) // the client polls a few times a second
+}
+
+// waitConnectedEvery is waitConnected polling every interval (a figure's
+// finer clock).
+func waitConnectedEvery(t *testing.T, c *client, interval time.Duration) {
+	t.Helper()
 	deadline := time.Now().Add(2 * time.Minute)
 	for {
 		var r struct {
@@ -491,7 +498,7 @@ func waitConnected(t *testing.T, c *client) {
 		if time.Now().After(deadline) {
 			t.Fatal("the guest never connected")
 		}
-		time.Sleep(100 * time.Millisecond) // the client polls a few times a second
+		time.Sleep(interval)
 	}
 }
 

@@ -203,8 +203,8 @@ const suspendRoundsEnv = "COWORK_VMM_BENCH_SUSPEND_ROUNDS"
 // TestKVMSuspendFigures measures, in the same run and interleaved, a
 // helper that suspends its guest at stopVM beside one with snapshots off
 // (COWORK_VMM_SNAPSHOT=off: every start boots and sets up): startVM →
-// connected, stopVM → done (the save included), and the suspended state's
-// size on disk. Each start is followed by a spawn, so that the guest is
+// connected (isGuestConnected polled every 10 ms), stopVM → done (the
+// save included), and the suspended state's size on disk. Each start is followed by a spawn, so that the guest is
 // used as the client uses it. It asserts that every resume was one
 // (logged by the helper) and records the figures.
 func TestKVMSuspendFigures(t *testing.T) {
@@ -235,7 +235,8 @@ func TestKVMSuspendFigures(t *testing.T) {
 	for round := range rounds {
 		for _, s := range sides {
 			began := time.Now()
-			bootProfile(t, s.c, "fig")
+			s.c.call("startVM", map[string]any{"bundlePath": filepath.Join(t.TempDir(), "bundle"), "memoryGB": 1.0, "cpuCount": 1}, nil)
+			waitConnectedEvery(t, s.c, 10*time.Millisecond)
 			s.start = append(s.start, time.Since(began))
 			spawnLook(t, s.c, s.ev, fmt.Sprintf("r%d", round), nil, "true")
 			began = time.Now()

@@ -2,6 +2,7 @@ package helper
 
 import (
 	"context"
+	"crypto/rand"
 	"fmt"
 	"time"
 
@@ -72,8 +73,10 @@ func resumed(guest Guest) bool {
 // already; the agent steps its clock and says what its setup did.
 func (inst *guestInstance) resumeRoot() error {
 	began := time.Now()
+	seed := make([]byte, 64)
+	_, _ = rand.Read(seed)
 	var result protocol.SetupResult
-	if err := inst.call(protocol.AgentMethodResume, protocol.ResumeParams{ClockUnixNano: time.Now().UnixNano()}, &result); err != nil {
+	if err := inst.call(protocol.AgentMethodResume, protocol.ResumeParams{ClockUnixNano: time.Now().UnixNano(), Seed: seed}, &result); err != nil {
 		return fmt.Errorf("resuming the suspended guest: %w", err)
 	}
 	inst.sessionTmp.Store(result.SessionTmp)

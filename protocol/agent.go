@@ -394,10 +394,21 @@ type SuspendParams struct {
 	GraceMillis int `json:"graceMillis"`
 }
 
-// ResumeParams are a resumed guest's: the wall clock to step to.
+// ResumeParams are a resumed guest's: the wall clock to step to, and a
+// seed for its random generator (every restore of one state starts with
+// the same random state), MinResumeSeed to MaxResumeSeed bytes of the
+// helper's randomness; another length: the agent reseeds from
+// virtio-rng.
 type ResumeParams struct {
-	ClockUnixNano int64 `json:"clockUnixNano"`
+	ClockUnixNano int64  `json:"clockUnixNano"`
+	Seed          []byte `json:"seed,omitempty"`
 }
+
+// Bounds of ResumeParams.Seed.
+const (
+	MinResumeSeed = 32
+	MaxResumeSeed = 512
+)
 
 // The guest-request channel: a process in the guest asks the desktop client
 // something, and waits for the answer.

@@ -74,18 +74,27 @@ func afterRestore(log *slog.Logger) {
 }
 
 // reseedFrom credits n bytes read from src to the kernel's entropy pool
-// and has it reseed its generator at once (RNDADDENTROPY, RNDRESEEDCRNG).
+// and has it reseed its generator at once (reseedWith).
 func reseedFrom(src string, n int) error {
 	f, err := os.Open(src)
 	if err != nil {
 		return err
 	}
 	defer f.Close()
-	// struct rand_pool_info: entropy_count (bits), buf_size (bytes), buf.
-	info := make([]byte, 8+n)
-	if _, err := io.ReadFull(f, info[8:]); err != nil {
+	seed := make([]byte, n)
+	if _, err := io.ReadFull(f, seed); err != nil {
 		return fmt.Errorf("reading %s: %w", src, err)
 	}
+	return reseedWith(seed)
+}
+
+// reseedWith credits seed to the kernel's entropy pool and has it reseed
+// its generator at once (RNDADDENTROPY, RNDRESEEDCRNG).
+func reseedWith(seed []byte) error {
+	n := len(seed)
+	// struct rand_pool_info: entropy_count (bits), buf_size (bytes), buf.
+	info := make([]byte, 8+n)
+	copy(info[8:], seed)
 	binary.NativeEndian.PutUint32(info[0:], uint32(8*n))
 	binary.NativeEndian.PutUint32(info[4:], uint32(n))
 	urandom, err := os.OpenFile("/dev/urandom", os.O_WRONLY, 0)

@@ -53,15 +53,22 @@ type keptState struct {
 	bootID string
 }
 
-// resumed marks the state as a resumed guest's, with a fresh boot id.
+// resume marks the state as a resumed guest's.
 func (k *keptState) resume() {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.resumed = true
+}
+
+// newBootID gives the resumed guest's spawns a fresh boot id; call it
+// once the generator is reseeded.
+func (k *keptState) newBootID() {
 	b := make([]byte, 16)
 	_, _ = rand.Read(b)
 	b[6] = b[6]&0x0f | 0x40 // version 4, as the kernel's
 	b[8] = b[8]&0x3f | 0x80
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	k.resumed = true
 	k.bootID = fmt.Sprintf("%x-%x-%x-%x-%x\n", b[0:4], b[4:6], b[6:8], b[8:10], b[10:16])
 }
 
@@ -198,6 +205,13 @@ func (a *agent) resume(p protocol.ResumeParams) (*protocol.SetupResult, error) {
 	}
 	timer := newStepTimer()
 	timer.steps = append(slices.Clone(woke), protocol.TimedStep{Name: "hello", Micros: a.helloTook.Microseconds()})
+	// Every restore of one state starts with the same random state:
+	// reseed before anything secret is made.
+	if err := a.reseedForResume(p.Seed); err != nil {
+		a.log.Warn("agent: resumed, but the random generator could not be reseeded", "err", err)
+	}
+	k.newBootID()
+	timer.done("reseed")
 	if p.ClockUnixNano != 0 {
 		a.stepClock(time.Unix(0, p.ClockUnixNano))
 		timer.done("clock")
@@ -208,6 +222,15 @@ func (a *agent) resume(p protocol.ResumeParams) (*protocol.SetupResult, error) {
 	result := *setup
 	result.Steps = timer.steps
 	return &result, nil
+}
+
+// reseedForResume reseeds the kernel's generator with the helper's seed
+// (protocol.MinResumeSeed to MaxResumeSeed bytes), else from virtio-rng.
+func (a *agent) reseedForResume(seed []byte) error {
+	if len(seed) >= protocol.MinResumeSeed && len(seed) <= protocol.MaxResumeSeed {
+		return reseedWith(seed)
+	}
+	return reseedFrom("/dev/hwrng", 64)
 }
 
 // awaitSave waits at the snapshot point while the VMM saves the suspended
