@@ -49,8 +49,9 @@ type helperRun struct {
 	// the first, as a user's is; empty: a fresh one below Dir.
 	DataDir string
 	// SnapshotCache, when set, is the helper's XDG_CACHE_HOME, where the
-	// kvm backend keeps the snapshot of its warm starts; empty: warm
-	// starts are off (COWORK_VMM_SNAPSHOT=off), every start is cold.
+	// kvm backend keeps the snapshot of its warm starts (suspend off:
+	// each start restores the first-boot snapshot); empty: warm starts
+	// are off (COWORK_VMM_SNAPSHOT=off), every start is cold.
 	SnapshotCache string
 	// Progress, when set, is told what the run is doing.
 	Progress func(step string)
@@ -156,7 +157,9 @@ func (h helperRun) start() (*helperProcess, error) {
 		cmd.Env = append(cmd.Env, "COWORK_VMM_KERNEL="+h.Kernel)
 	}
 	if h.SnapshotCache != "" {
-		cmd.Env = append(cmd.Env, "XDG_CACHE_HOME="+h.SnapshotCache)
+		// A warm start restores the first-boot snapshot: the guest a
+		// run stops is shut down, not suspended for the next run.
+		cmd.Env = append(cmd.Env, "XDG_CACHE_HOME="+h.SnapshotCache, "COWORK_VMM_SUSPEND=off")
 	} else {
 		cmd.Env = append(cmd.Env, "COWORK_VMM_SNAPSHOT=off")
 	}

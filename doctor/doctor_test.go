@@ -629,6 +629,10 @@ func TestSuspendedGuests(t *testing.T) {
 	wantContains(t, "detail", c.Detail, "current-0123: 1.0 MiB, saved 1m3", "resumed by its next start",
 		"stale-4567: 1.0 MiB, not resumed: the profile's guest ran after it was saved")
 
+	fake.env["COWORK_VMM_SUSPEND"] = "off"
+	c = wantStatus(t, run(), CheckSuspended, StatusOK)
+	wantContains(t, "detail", c.Detail, "off: stopVM shuts guests down")
+	delete(fake.env, "COWORK_VMM_SUSPEND")
 	fake.env["COWORK_VMM_SNAPSHOT"] = "off"
 	c = wantStatus(t, run(), CheckSuspended, StatusOK)
 	wantContains(t, "detail", c.Detail, "off: stopVM shuts guests down")

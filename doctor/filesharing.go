@@ -80,8 +80,8 @@ func (r *runner) warmStartCheck() {
 func (r *runner) suspendedCheck() {
 	c := Check{ID: CheckSuspended, Group: GroupCoworkVMM, Title: "Suspended guests (kvm backend)", Status: StatusOK}
 	defer func() { r.add(c) }()
-	if vm.SnapshotDirFor(r.h.Getenv) == "" {
-		c.Detail = "off: stopVM shuts guests down (" + vm.SnapshotEnv + "=off, or no cache directory)"
+	if vm.SnapshotDirFor(r.h.Getenv) == "" || r.h.Getenv(vm.SuspendEnv) == "off" {
+		c.Detail = "off: stopVM shuts guests down (" + vm.SnapshotEnv + "=off or " + vm.SuspendEnv + "=off, or no cache directory)"
 		return
 	}
 	data, err := r.h.DataDir()
@@ -91,7 +91,7 @@ func (r *runner) suspendedCheck() {
 	}
 	states := vm.SuspendedStates(filepath.Join(data, "profiles"))
 	if len(states) == 0 {
-		c.Detail = "none: stopVM saves a guest in its profile's directory and the next startVM resumes it; " + vm.SnapshotEnv + "=off turns this off"
+		c.Detail = "none: stopVM saves a guest in its profile's directory and the next startVM resumes it; " + vm.SuspendEnv + "=off turns this off"
 		return
 	}
 	var lines []string

@@ -25,7 +25,7 @@ func backendFactories(log *slog.Logger, agentLog io.Writer) map[string]helper.Ba
 		helper.BackendKVM: func() (helper.Backend, error) {
 			return vm.New(vm.Options{Logger: log, Console: agentLog, Cmdline: os.Getenv(vm.CmdlineEnv),
 				FileSharing: os.Getenv(vm.FSEnv), SnapshotDir: vm.DefaultSnapshotDir(), Descriptors: descriptors,
-				NoBalloon: os.Getenv(vm.BalloonEnv) == "off"}), nil
+				NoBalloon: os.Getenv(vm.BalloonEnv) == "off", NoSuspend: os.Getenv(vm.SuspendEnv) == "off"}), nil
 		},
 		helper.BackendProcess: func() (helper.Backend, error) {
 			return process.New(process.Options{Logger: log, Stderr: agentLog}), nil

@@ -106,6 +106,10 @@ type Options struct {
 	// restores for warm starts (snapshot.go; the helper uses
 	// DefaultSnapshotDir); empty: every start boots cold.
 	SnapshotDir string
+	// NoSuspend shuts guests down at stopVM instead of suspending them
+	// (SuspendEnv=off; suspend.go); warm starts from the first-boot
+	// snapshot stay.
+	NoSuspend bool
 	// NoBalloon attaches no virtio-balloon (BalloonEnv=off; balloon.go):
 	// the guest's freed memory then stays with it until it stops.
 	NoBalloon bool

@@ -48,6 +48,11 @@ import (
 // memory, vCPUs) with the state's nonce, so the two files of one state go
 // together.
 
+// SuspendEnv set to "off" shuts guests down at stopVM instead of
+// suspending them (Options.NoSuspend); SnapshotEnv=off turns both kinds
+// of snapshot off.
+const SuspendEnv = "COWORK_VMM_SUSPEND"
+
 // Files of a profile's suspended state, in its directory.
 const (
 	suspendedSnapshot = "suspended.snap"
@@ -95,12 +100,12 @@ type suspendPlan struct {
 
 // suspendPlan returns the plan for a VM of cfg booted for a profile
 // (profileDir) by exe on k; nil, with the reason logged, when this VM
-// cannot be suspended: snapshots off, no profile directory, 9p (its
+// cannot be suspended: snapshots or suspend off, no profile directory, 9p (its
 // devices keep no state across a snapshot), or no identity to be had. A
 // guest booting the bundle is identified by its images too.
 func (b *Backend) suspendPlan(exe string, k kernel.Image, cfg machine.Config, devs devices, profileDir string) *suspendPlan {
 	switch {
-	case b.opts.SnapshotDir == "" || profileDir == "":
+	case b.opts.SnapshotDir == "" || b.opts.NoSuspend || profileDir == "":
 		return nil
 	case devs.fsKind != protocol.MountKindVirtioFS:
 		b.log.Info("kvm backend: stopVM will not suspend this guest: its 9p devices keep no state across a snapshot")
