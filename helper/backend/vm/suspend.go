@@ -67,6 +67,9 @@ const suspendWait = 30 * time.Second
 // dials at once (nested emulation: seconds).
 const resumeConnectTimeout = time.Minute
 
+// maxSuspendMeta bounds a record read back (a few exports: a few KiB).
+const maxSuspendMeta = 1 << 20
+
 // suspendMeta is what a suspended state records beside its snapshot.
 type suspendMeta struct {
 	// Nonce is also in the snapshot's identity.
@@ -218,6 +221,9 @@ func readSuspendMeta(dir string) (*suspendMeta, error) {
 	if err != nil {
 		return nil, err
 	}
+	if len(b) > maxSuspendMeta {
+		return nil, fmt.Errorf("%s is damaged: %d bytes", suspendedMeta, len(b))
+	}
 	var m suspendMeta
 	if err := json.Unmarshal(b, &m); err != nil {
 		return nil, fmt.Errorf("%s is damaged: %w", suspendedMeta, err)
@@ -301,7 +307,7 @@ var _ helper.Suspender = (*guest)(nil)
 // point hold the agent's next arrival.
 func (g *guest) PrepareSuspend() error {
 	if g.suspend == nil || g.suspend.generation == 0 || g.point == nil {
-		return errors.New("kvm backend: this guest cannot be suspended (snapshots off, 9p, a bundle guest, or no profile directory)")
+		return errors.New("kvm backend: this guest cannot be suspended (snapshots or suspend off, 9p, or no profile directory)")
 	}
 	g.point.Hold()
 	return nil
