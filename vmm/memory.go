@@ -101,7 +101,69 @@ func NewMemoryFromImage(regions []MemoryRegion, img MemoryImage) (*Memory, error
 	if st.Size-img.Offset < need {
 		return nil, fmt.Errorf("guest memory image: %d bytes from offset %d, guest RAM is %d", max(st.Size-img.Offset, 0), img.Offset, need)
 	}
+	if tmpfsShort(img.FD, st.Blocks*512, need) {
+		return copyImage(regions, img, need)
+	}
 	return newMemory(regions, &img)
+}
+
+// tmpfsShort says whether the image is on a tmpfs with too little room for
+// the holes of a mapping of need bytes of it (allocated is what the file
+// takes). A tmpfs gives a private mapping's touch of a hole a page of its
+// own, charged to its size, and fails the fault when it is full: a SIGBUS
+// in the VMM, EFAULT in KVM, whenever the guest or a device first touches
+// a page it never had. Other file systems map a hole's page from their
+// page cache at no charge.
+func tmpfsShort(fd int, allocated, need int64) bool {
+	var fs unix.Statfs_t
+	if err := unix.Fstatfs(fd, &fs); err != nil || fs.Type != unix.TMPFS_MAGIC {
+		return false
+	}
+	free := int64(fs.Bavail) * fs.Bsize
+	return free < need-allocated+need/8 // the holes, and room for the rest
+}
+
+// copyImage makes anonymous memory of regions holding img's bytes: the
+// image's data extents are read in (holes stay untouched zeros), so the
+// memory depends on the file no longer (tmpfsShort). It costs the image's
+// data in host RAM at once, where a mapping reads it in as touched.
+func copyImage(regions []MemoryRegion, img MemoryImage, need int64) (*Memory, error) {
+	m, err := newMemory(regions, nil)
+	if err != nil {
+		return nil, err
+	}
+	data := scanImageData(img.FD, img.Offset, need)
+	extents := data.extents
+	if data.known < need { // past the extents it could tell: data
+		extents = append(extents, [2]int64{data.known, need})
+	}
+	for _, r := range m.regions {
+		if err := readExtents(img, r, extents); err != nil {
+			m.Close()
+			return nil, fmt.Errorf("guest memory image: %w", err)
+		}
+	}
+	return m, nil
+}
+
+// readExtents reads the parts of extents (image offsets) that fall in r
+// into r's memory.
+func readExtents(img MemoryImage, r mappedRegion, extents [][2]int64) error {
+	start, end := r.imageOffset, r.imageOffset+int64(r.Size)
+	for _, e := range extents {
+		from, to := max(e[0], start), min(e[1], end)
+		for from < to {
+			n, err := unix.Pread(img.FD, r.host[from-start:to-start], img.Offset+from)
+			if err != nil {
+				return err
+			}
+			if n == 0 {
+				return errors.New("the image ends early")
+			}
+			from += int64(n)
+		}
+	}
+	return nil
 }
 
 func newMemory(regions []MemoryRegion, img *MemoryImage) (*Memory, error) {

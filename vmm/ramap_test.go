@@ -8,6 +8,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 )
 
 func TestAnonymousRAMIsHugePageAligned(t *testing.T) {
@@ -71,4 +72,46 @@ func TestMemoryFromImageRefusesAShortImage(t *testing.T) {
 	f := imageFile(t, 4096, 4096, map[int64][]byte{0: []byte("x")})
 	_, err := NewMemoryFromImage([]MemoryRegion{{GPA: 0, Size: 1 << 20}}, MemoryImage{FD: int(f.Fd()), Offset: 4096})
 	assert.ErrorContains(t, err, "guest RAM is 1048576", "an image shorter than guest RAM (mapped, it would fault when touched)")
+}
+
+// RAM restored from an image on a tmpfs too small for its holes is read
+// into anonymous memory instead of mapped: touching a hole of a private
+// mapping there would take a tmpfs page, and fail (SIGBUS) when the tmpfs
+// is full. The memory then holds the image and needs the file no more.
+func TestMemoryFromImageOnAFullTmpfsIsCopied(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to mount a small tmpfs")
+	}
+	dir := t.TempDir()
+	if err := unix.Mount("tmpfs", dir, "tmpfs", 0, "size=4m"); err != nil {
+		t.Skipf("cannot mount a tmpfs: %v", err)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(dir, unix.MNT_DETACH) })
+	const size = 16 << 20
+	f, err := os.Create(dir + "/mem")
+	require.NoError(t, err)
+	defer f.Close()
+	require.NoError(t, f.Truncate(size))
+	data := map[int64][]byte{0: []byte("first"), 5<<20 + 3: []byte("middle"), size - 4: []byte("last")}
+	for at, b := range data {
+		_, err := f.WriteAt(b, at)
+		require.NoError(t, err)
+	}
+	m, err := NewMemoryFromImage([]MemoryRegion{{GPA: 0, Size: 8 << 20}, {GPA: 1 << 32, Size: 8 << 20}}, MemoryImage{FD: int(f.Fd())})
+	require.NoError(t, err)
+	defer m.Close()
+	require.Nil(t, m.image, "copied into anonymous memory, not mapped from the file")
+	require.NoError(t, f.Truncate(0)) // the file no longer matters
+	for at, want := range data {
+		got := make([]byte, len(want))
+		gpa := uint64(at)
+		if at >= 8<<20 {
+			gpa = 1<<32 + uint64(at) - 8<<20
+		}
+		require.NoError(t, m.ReadAt(got, gpa))
+		require.Equal(t, want, got)
+	}
+	hole := make([]byte, pageSize)
+	require.NoError(t, m.ReadAt(hole, 3<<20))
+	require.Equal(t, make([]byte, pageSize), hole)
 }
