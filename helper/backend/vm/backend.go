@@ -279,8 +279,9 @@ func (b *Backend) create(memMiB, cpus int, fsKind string, gc helper.GuestConfig)
 		// preflight probed this host already.
 		SkipBootProbe: true,
 	}
-	snap := b.snapshotPlan(exe, k, cfg, devs)
-	sus := b.suspendPlan(exe, k, cfg, devs, gc.ProfileDir)
+	id := b.vmIdentity(exe, k, cfg, devs)
+	snap := b.snapshotPlan(id, devs)
+	sus := b.suspendPlan(id, devs, gc.ProfileDir)
 	if sus != nil {
 		if err := sus.begin(); err != nil {
 			b.log.Warn("kvm backend: stopVM will not suspend this guest (the profile's generation cannot be kept)", "err", err)

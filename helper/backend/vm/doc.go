@@ -18,7 +18,8 @@
 // log plus a tail kept for error messages), and turning the VM's end into
 // Done/Err, and the VM's snapshots: the first-boot snapshot restored for a
 // warm start (snapshot.go) and a profile's guest suspended at stopVM and
-// resumed by its next start (suspend.go). It refuses fast, with the process-backend hint, on hosts whose
+// resumed by its next start (suspend.go). It refuses fast, with the
+// process-backend hint, on hosts whose
 // KVM cannot boot Linux (PVM) or that have no usable /dev/kvm, and on a
 // COWORK_VMM_FS it does not know.
 package vm

@@ -70,23 +70,34 @@ type snapshotPlan struct {
 	id   snapshot.Identity
 }
 
-// snapshotPlan returns the plan for a VM of cfg run by exe on k; nil when
-// snapshots are off or the identity cannot be made (logged).
-func (b *Backend) snapshotPlan(exe string, k kernel.Image, cfg machine.Config, devs devices) *snapshotPlan {
-	if b.opts.SnapshotDir == "" || devs.bundle != nil {
+// vmIdentity is the snapshot identity of a VM of cfg run by exe on k
+// (snapshotIdentity), which both kinds of snapshot start from; nil when
+// snapshots are off or it cannot be made (logged: no warm start and no
+// suspend).
+func (b *Backend) vmIdentity(exe string, k kernel.Image, cfg machine.Config, devs devices) *snapshot.Identity {
+	if b.opts.SnapshotDir == "" {
+		return nil
+	}
+	id, err := snapshotIdentity(exe, k, cfg, devs)
+	if err != nil {
+		b.log.Warn("kvm backend: no warm start and no suspend (cannot identify this VM)", "err", err)
+		return nil
+	}
+	return &id
+}
+
+// snapshotPlan returns the first-boot snapshot's plan for a VM of
+// identity id (vmIdentity's); nil when there is none.
+func (b *Backend) snapshotPlan(id *snapshot.Identity, devs devices) *snapshotPlan {
+	if id == nil || devs.bundle != nil {
 		// A guest booting the bundle has no first-boot snapshot: it
 		// would have to be of the bundle's disks too (it is resumed
 		// when it was suspended: suspend.go).
 		return nil
 	}
-	id, err := snapshotIdentity(exe, k, cfg, devs)
-	if err != nil {
-		b.log.Warn("kvm backend: no warm start (cannot identify this VM)", "err", err)
-		return nil
-	}
-	raw, _ := json.Marshal(id)
+	raw, _ := json.Marshal(*id)
 	sum := sha256.Sum256(raw)
-	return &snapshotPlan{path: filepath.Join(b.opts.SnapshotDir, hex.EncodeToString(sum[:10])+".snap"), id: id}
+	return &snapshotPlan{path: filepath.Join(b.opts.SnapshotDir, hex.EncodeToString(sum[:10])+".snap"), id: *id}
 }
 
 // snapshotIdentity names what a VM's snapshot depends on: the executable

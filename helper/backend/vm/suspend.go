@@ -16,7 +16,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/cowork-vmm/cowork-vmm/guest/kernel"
 	"github.com/cowork-vmm/cowork-vmm/helper"
 	"github.com/cowork-vmm/cowork-vmm/machine"
 	"github.com/cowork-vmm/cowork-vmm/protocol"
@@ -41,9 +40,10 @@ import (
 // killed with its guest running) makes it stale: it is then removed, and
 // the disk, with its journal, is all that counts.
 //
-// The state also records the root disk's identity at the save (device,
-// inode, size, modification time): a disk changed since (resized, or
-// written by anything else) is not resumed onto. The snapshot's identity
+// The state also records the identity of the writable disks at the save
+// (the root disk, or the bundle's layers: path, size, modification time,
+// device, inode): a disk changed since (resized, or written by anything
+// else) is not resumed onto. The snapshot's identity
 // is the first-boot snapshot's (build, kernel, command line, devices,
 // memory, vCPUs) with the state's nonce, so the two files of one state go
 // together.
@@ -76,8 +76,11 @@ type suspendMeta struct {
 	Nonce string `json:"nonce"`
 	// Generation is the profile's generation during the boot saved.
 	Generation uint64 `json:"generation"`
-	// Disk is the root disk's identity at the save ("" without one).
-	Disk string `json:"disk,omitempty"`
+	// Disks are the writable disks the guest kept its root on (the root
+	// disk, or the bundle's layers), and Disk their identity once closed
+	// at the save ("" without any).
+	Disks []string `json:"disks,omitempty"`
+	Disk  string   `json:"disk,omitempty"`
 	// SystemExports are the system device's directory exports, by attach
 	// name, which the restored device's nodes are found again through.
 	SystemExports map[string]string `json:"systemExports"`
@@ -101,28 +104,24 @@ type suspendPlan struct {
 	disks []string
 }
 
-// suspendPlan returns the plan for a VM of cfg booted for a profile
-// (profileDir) by exe on k; nil, with the reason logged, when this VM
-// cannot be suspended: snapshots or suspend off, no profile directory, 9p (its
-// devices keep no state across a snapshot), or no identity to be had. A
-// guest booting the bundle is identified by its images too.
-func (b *Backend) suspendPlan(exe string, k kernel.Image, cfg machine.Config, devs devices, profileDir string) *suspendPlan {
+// suspendPlan returns the plan for a VM of identity id (vmIdentity's)
+// booted for a profile (profileDir); nil, with the reason logged, when
+// this VM cannot be suspended: snapshots or suspend off, no identity, no
+// profile directory, or 9p (its devices keep no state across a snapshot).
+// A guest booting the bundle is identified by its images too.
+func (b *Backend) suspendPlan(id *snapshot.Identity, devs devices, profileDir string) *suspendPlan {
 	switch {
-	case b.opts.SnapshotDir == "" || b.opts.NoSuspend || profileDir == "":
+	case id == nil || b.opts.NoSuspend || profileDir == "":
 		return nil
 	case devs.fsKind != protocol.MountKindVirtioFS:
 		b.log.Info("kvm backend: stopVM will not suspend this guest: its 9p devices keep no state across a snapshot")
 		return nil
 	}
-	id, err := snapshotIdentity(exe, k, cfg, devs)
-	if err != nil {
-		b.log.Warn("kvm backend: stopVM will not suspend this guest (cannot identify this VM)", "err", err)
-		return nil
-	}
+	base := *id
 	if devs.bundle != nil {
-		id.Kernel += " bundle=" + devs.bundle.identity()
+		base.Kernel += " bundle=" + devs.bundle.identity()
 	}
-	return &suspendPlan{dir: profileDir, base: id, disks: devs.writableDisks()}
+	return &suspendPlan{dir: profileDir, base: base, disks: devs.writableDisks()}
 }
 
 // begin reads the profile's state and generation, then moves the profile
@@ -231,18 +230,14 @@ func readSuspendMeta(dir string) (*suspendMeta, error) {
 	return &m, nil
 }
 
-// disksIdentity names the version of each disk at paths: "" for none.
+// disksIdentity names the version of each disk at paths (fileIdentity):
+// "" for none.
 func disksIdentity(paths []string) string {
 	var ids []string
 	for _, p := range paths {
-		st, err := os.Stat(p)
+		id, err := fileIdentity(p)
 		if err != nil {
-			ids = append(ids, p+" unknown: "+err.Error())
-			continue
-		}
-		id := fmt.Sprintf("%s size=%d mtime=%d", p, st.Size(), st.ModTime().UnixNano())
-		if sys, ok := st.Sys().(*syscall.Stat_t); ok {
-			id += fmt.Sprintf(" dev=%d ino=%d", sys.Dev, sys.Ino)
+			id = p + " unknown: " + err.Error()
 		}
 		ids = append(ids, id)
 	}
@@ -383,7 +378,7 @@ func (g *guest) writeSuspended(p *suspendPlan) (int64, error) {
 	if err := g.Stop(context.Background()); err != nil {
 		return 0, err
 	}
-	meta.Disk = disksIdentity(p.disks)
+	meta.Disks, meta.Disk = p.disks, disksIdentity(p.disks)
 	raw, _ := json.Marshal(meta)
 	if err := writeDurably(p.dir, suspendedMeta, raw); err != nil {
 		return 0, err
@@ -440,24 +435,17 @@ func SuspendedStates(profilesDir string) []SuspendedState {
 			s.Unusable = "the profile's guest ran after it was saved (a stale state: the next start removes it)"
 		default:
 			s.SavedAt = meta.SavedAt
-			s.Unusable = diskChanged(meta.Disk)
+			s.Unusable = diskChanged(meta)
 		}
 		out = append(out, s)
 	}
 	return out
 }
 
-// diskChanged says whether the profile's writable disks changed since
-// its guest was saved ("": no). A state names the disks it was saved
-// with: the root disk, or the bundle's layers.
-func diskChanged(saved string) string {
-	var paths []string
-	for _, id := range strings.Split(saved, "; ") {
-		if p, _, ok := strings.Cut(id, " "); ok {
-			paths = append(paths, p)
-		}
-	}
-	if disksIdentity(paths) != saved {
+// diskChanged says whether the disks a state was saved with changed
+// since ("": no).
+func diskChanged(meta *suspendMeta) string {
+	if disksIdentity(meta.Disks) != meta.Disk {
 		return "its disks changed since it was saved"
 	}
 	return ""

@@ -15,7 +15,7 @@ import (
 // gen with the disk's identity now.
 func writeState(t *testing.T, dir string, gen uint64, disks ...string) {
 	t.Helper()
-	raw, err := json.Marshal(suspendMeta{Nonce: "n", Generation: gen, Disk: disksIdentity(disks), SavedAt: time.Now()})
+	raw, err := json.Marshal(suspendMeta{Nonce: "n", Generation: gen, Disks: disks, Disk: disksIdentity(disks), SavedAt: time.Now()})
 	require.NoError(t, err)
 	require.NoError(t, os.WriteFile(filepath.Join(dir, suspendedMeta), raw, 0o600))
 	require.NoError(t, os.WriteFile(filepath.Join(dir, suspendedSnapshot), []byte("snap"), 0o600))
