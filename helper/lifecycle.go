@@ -596,15 +596,9 @@ func (inst *guestInstance) shutdown() {
 // to exit.
 func (inst *guestInstance) askShutdown(guest Guest, agent *agentrpc.Client) error {
 	grace := inst.s.opts.StopGrace
-	sendCtx, cancelSend := context.WithTimeout(context.Background(), shutdownSendTimeout)
-	call, err := agent.Begin(sendCtx, protocol.AgentMethodShutdown, protocol.ShutdownParams{GraceMillis: int(grace / time.Millisecond)})
-	cancelSend()
-	if err != nil {
-		return err
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), grace+shutdownExitMargin)
 	defer cancel()
-	if err := call.Wait(ctx, nil); err != nil {
+	if err := askFinal(ctx, agent, protocol.AgentMethodShutdown, protocol.ShutdownParams{GraceMillis: int(grace / time.Millisecond)}); err != nil {
 		return err
 	}
 	// The agent exits once its processes are gone; their exit events
@@ -616,6 +610,20 @@ func (inst *guestInstance) askShutdown(guest Guest, agent *agentrpc.Client) erro
 		return errors.New("the guest agent did not exit after its shutdown")
 	}
 	return nil
+}
+
+// askFinal sends the agent a final request (shutdown, suspend) and waits
+// for its answer until ctx ends; the request's write is bounded by
+// shutdownSendTimeout: a guest that does not read it (its agent hung, or
+// hostile) is given up on at once.
+func askFinal(ctx context.Context, agent *agentrpc.Client, method string, params any) error {
+	sendCtx, cancelSend := context.WithTimeout(context.Background(), shutdownSendTimeout)
+	call, err := agent.Begin(sendCtx, method, params)
+	cancelSend()
+	if err != nil {
+		return err
+	}
+	return call.Wait(ctx, nil)
 }
 
 // forceStop frees the guest and waits for the agent's read loop, so every

@@ -39,14 +39,9 @@ func (inst *guestInstance) trySuspend(guest Guest, agent *agentrpc.Client) (trie
 	}
 	began := time.Now()
 	grace := inst.s.opts.StopGrace
-	sendCtx, cancelSend := context.WithTimeout(context.Background(), shutdownSendTimeout)
-	call, err := agent.Begin(sendCtx, protocol.AgentMethodSuspend, protocol.SuspendParams{GraceMillis: int(grace / time.Millisecond)})
-	cancelSend()
-	if err == nil {
-		ctx, cancel := context.WithTimeout(context.Background(), grace+suspendAgentMargin)
-		err = call.Wait(ctx, nil)
-		cancel()
-	}
+	askCtx, cancelAsk := context.WithTimeout(context.Background(), grace+suspendAgentMargin)
+	err := askFinal(askCtx, agent, protocol.AgentMethodSuspend, protocol.SuspendParams{GraceMillis: int(grace / time.Millisecond)})
+	cancelAsk()
 	if err != nil {
 		log.Warn("the guest agent did not suspend; shutting the guest down", "err", err)
 		return false

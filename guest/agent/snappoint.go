@@ -23,8 +23,7 @@ const snapshotPointTimeout = 2 * time.Minute
 // the VM, and says whether this VM was restored from such a snapshot.
 // Without the device (another VMM) it goes on at once, as cold-booted.
 func atSnapshotPoint(log *slog.Logger) (restored bool) {
-	b, err := pollPort(guesthost.SnapshotPointPort, guesthost.SnapshotPointArrive, time.Millisecond, snapshotPointTimeout,
-		func(b uint8) bool { return b != guesthost.SnapshotPointWait })
+	b, err := waitAtPoint()
 	switch {
 	case err != nil:
 		log.Debug("agent: no snapshot point", "err", err)
@@ -32,6 +31,14 @@ func atSnapshotPoint(log *slog.Logger) (restored bool) {
 		log.Warn("agent: the VMM held the snapshot point too long; going on")
 	}
 	return b == guesthost.SnapshotPointRestored
+}
+
+// waitAtPoint arrives at the snapshot point and waits while the VMM
+// holds it there (at most snapshotPointTimeout); it returns the VMM's
+// last answer.
+func waitAtPoint() (uint8, error) {
+	return pollPort(guesthost.SnapshotPointPort, guesthost.SnapshotPointArrive, time.Millisecond, snapshotPointTimeout,
+		func(b uint8) bool { return b != guesthost.SnapshotPointWait })
 }
 
 // pollPort writes value to the I/O port, then reads it every interval

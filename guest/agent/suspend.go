@@ -237,8 +237,7 @@ func (a *agent) reseedForResume(seed []byte) error {
 // VM, and says whether this is a VM restored from that state. false: the
 // VMM did not hold the guest there (it saved nothing) or let it go on.
 func awaitSave(log *slog.Logger) (restored bool) {
-	b, err := pollPort(guesthost.SnapshotPointPort, guesthost.SnapshotPointArrive, time.Millisecond, snapshotPointTimeout,
-		func(b uint8) bool { return b != guesthost.SnapshotPointWait })
+	b, err := waitAtPoint()
 	if err != nil {
 		log.Warn("agent: suspended, but the VMM has no snapshot point", "err", err)
 		return false
