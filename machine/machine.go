@@ -12,20 +12,17 @@ import (
 	"github.com/cowork-vmm/cowork-vmm/devices/platform"
 	"github.com/cowork-vmm/cowork-vmm/devices/serial"
 	"github.com/cowork-vmm/cowork-vmm/devices/virtio"
-	"github.com/cowork-vmm/cowork-vmm/protocol/guesthost"
 	"github.com/cowork-vmm/cowork-vmm/vmm"
 	"github.com/cowork-vmm/cowork-vmm/vmm/kvm"
-	"github.com/cowork-vmm/cowork-vmm/vmm/loader"
 	"github.com/cowork-vmm/cowork-vmm/vmm/snapshot"
-	"github.com/cowork-vmm/cowork-vmm/vmm/x86"
 )
 
-// virtioGSIs are the interrupt lines handed to virtio-mmio devices, in
-// order: ISA lines no legacy device of a PC claims (0 PIT, 1 keyboard, 2
-// cascade, 3/4 COM2/COM1, 8 RTC, 13 FPU are skipped), then the IOAPIC-only
-// pins 16..23. The MP table routes every line to its IOAPIC pin, edge
-// triggered, which is what an irqfd delivers.
-var virtioGSIs = []uint32{5, 6, 7, 9, 10, 11, 12, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23}
+// virtioPlace is where a virtio-mmio transport sits: its window's base
+// and its interrupt line.
+type virtioPlace struct {
+	base uint64
+	gsi  uint32
+}
 
 // Machine is one micro-VM. New assembles it, AddVirtioMMIO attaches
 // devices, Start loads the kernel and runs it, Wait and Stop end it.
@@ -42,7 +39,7 @@ type Machine struct {
 	stopped   bool
 	restoring *snapshot.File // the snapshot StartRestored goes on from
 	virtio    []*virtio.MMIO
-	cmdline   []string // virtio-mmio entries
+	virtioAt  []virtioPlace // where each of virtio sits
 	bootTimer *platform.BootTimer
 	exit      vmm.Exit
 }
@@ -95,24 +92,8 @@ func assembleWith(cfg Config, newVM func(vmm.Config) (*vmm.VM, error)) (_ *Machi
 	}()
 	m := &Machine{cfg: cfg, log: cfg.Logger, vm: vm}
 
-	irq, err := vm.IRQLine(serial.COM1IRQ)
-	if err != nil {
+	if err := m.addPlatformDevices(); err != nil {
 		return nil, err
-	}
-	m.uart = serial.New(cfg.Console, irq)
-	if err := vm.PIO().Register(serial.COM1Port, serial.PortCount, m.uart); err != nil {
-		return nil, err
-	}
-	i8042 := platform.NewI8042(func() {
-		vm.RequestExit(vmm.Exit{Kind: vmm.ExitReset, VCPU: -1, Detail: "the guest reset the machine through the i8042"})
-	})
-	if err := vm.PIO().Register(platform.I8042Port, platform.I8042PortCount, i8042); err != nil {
-		return nil, err
-	}
-	if cfg.SnapshotPoint != nil {
-		if err := vm.PIO().Register(guesthost.SnapshotPointPort, platform.SnapshotPointPortCount, cfg.SnapshotPoint); err != nil {
-			return nil, err
-		}
 	}
 	return m, nil
 }
@@ -132,11 +113,10 @@ func (m *Machine) AddVirtioMMIO(dev virtio.Device) (*virtio.MMIO, error) {
 		return nil, errors.New("machine: AddVirtioMMIO after Start: the guest would not learn of the device")
 	}
 	n := len(m.virtio)
-	if n >= len(virtioGSIs) || n >= x86.VirtioMMIOMaxDevices {
+	base, gsi, ok := virtioSlot(n)
+	if !ok {
 		return nil, fmt.Errorf("machine: no interrupt line left for virtio device %d", n)
 	}
-	base := x86.VirtioMMIOBase + uint64(n)*x86.VirtioMMIOSize
-	gsi := virtioGSIs[n]
 	irq, err := m.vm.IRQLine(gsi)
 	if err != nil {
 		return nil, err
@@ -146,7 +126,7 @@ func (m *Machine) AddVirtioMMIO(dev virtio.Device) (*virtio.MMIO, error) {
 		return nil, err
 	}
 	m.virtio = append(m.virtio, t)
-	m.cmdline = append(m.cmdline, virtio.MMIOCmdline(base, gsi))
+	m.virtioAt = append(m.virtioAt, virtioPlace{base: base, gsi: gsi})
 	m.notifyByEventFD(t, base, len(dev.QueueMaxSizes()))
 	m.absorbAcks(t, base)
 	return t, nil
@@ -185,7 +165,7 @@ func (m *Machine) notifyByEventFD(t *virtio.MMIO, base uint64, n int) {
 func (m *Machine) Cmdline() string {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	return strings.TrimSpace(strings.Join(append([]string{m.cfg.baseCmdline()}, m.cmdline...), " "))
+	return strings.TrimSpace(strings.Join(append([]string{m.cfg.baseCmdline()}, virtioCmdline(m.virtioAt)...), " "))
 }
 
 // Start loads the kernel, initrd, command line and boot tables (zero page or
@@ -199,22 +179,9 @@ func (m *Machine) Start() error {
 	m.mu.Unlock()
 	defer images.release() // in guest memory once loaded, or never to be
 	if images.kernel != nil {
-		setup, err := loader.PrepareBoot(m.vm.Memory(), loader.BootConfig{
-			MemBytes:     uint64(m.cfg.MemMiB) << 20,
-			CPUs:         m.cfg.CPUs,
-			Kernel:       images.kernel,
-			InitrdSource: images.initrd,
-			Cmdline:      cmdline,
-			PVH:          m.cfg.PVH,
-		})
-		if err != nil {
-			return fmt.Errorf("machine: loading the kernel: %w", err)
-		}
-		if err := m.vm.SetBootRegisters(0, setup.Regs, setup.SRegs); err != nil {
+		if err := m.loadKernel(images, cmdline); err != nil {
 			return err
 		}
-		m.log.Debug("kernel loaded", "format", setup.Kernel.Format, "entry", fmt.Sprintf("%#x", setup.Regs.RIP),
-			"initrd_addr", fmt.Sprintf("%#x", setup.InitrdAddr), "cmdline", cmdline)
 	}
 	return m.startVCPUs()
 }
@@ -232,7 +199,7 @@ func (m *Machine) startVCPUs() error {
 	m.bootTimer = platform.NewBootTimer(time.Now(), func(d time.Duration) {
 		m.log.Info("guest reported boot", "boot_time", d)
 	})
-	if err := m.vm.PIO().Register(guesthost.BootTimerPort, platform.BootTimerPortCount, m.bootTimer); err != nil {
+	if err := m.registerBootTimer(); err != nil {
 		return err
 	}
 	if err := m.vm.Start(); err != nil {

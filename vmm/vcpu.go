@@ -204,18 +204,3 @@ func (v *VM) handleExit(t *vcpuThread) (Exit, bool) {
 	}
 	return Exit{}, false
 }
-
-// dumpState renders the vCPU's registers and the code at RIP for an exit
-// report; failures to read them are noted, not fatal.
-func (v *VM) dumpState(c *kvm.VCPU) string {
-	r, err := c.GetRegs()
-	if err != nil {
-		return fmt.Sprintf("(registers unavailable: %v)\n", err)
-	}
-	s, err := c.GetSregs()
-	if err != nil {
-		return fmt.Sprintf("RIP=%016x (special registers unavailable: %v)\n", r.RIP, err)
-	}
-	code, before := codeAround(v.mem, r, s, 16, 16)
-	return formatRegisters(r, s, code, before)
-}

@@ -4,42 +4,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/cowork-vmm/cowork-vmm/vmm/kvm"
-	"github.com/cowork-vmm/cowork-vmm/vmm/x86"
 )
-
-// setLINT wires the vCPU's LINT0 to ExtINT (the 8259) and LINT1 to NMI, as
-// the MP table says and Linux expects (vmm/x86's SetLAPICLINTs).
-func setLINT(c *kvm.VCPU) error {
-	s, err := c.GetLAPIC()
-	if err != nil {
-		return err
-	}
-	if err := x86.SetLAPICLINTs(s.Regs[:]); err != nil {
-		return err
-	}
-	if err := c.SetLAPIC(s); err != nil {
-		return fmt.Errorf("setting LINT0/LINT1 of vCPU %d: %w", c.ID(), err)
-	}
-	return nil
-}
-
-// Addresses KVM needs in the MMIO hole on Intel (real mode support): three
-// pages for the TSS and one for the EPT identity map, just below the BIOS
-// area at the top of 4 GiB, as Firecracker and qemu place them.
-const (
-	TSSAddr         = x86.KVMTSSAddr
-	IdentityMapAddr = x86.KVMIdentityMapAddr
-)
-
-// MaxVCPUs bounds Config.CPUs (APIC IDs and the IOAPIC ID share 8 bits).
-const MaxVCPUs = x86.MaxCPUs
 
 // Config describes a VM to create.
 type Config struct {
@@ -74,6 +44,8 @@ type VM struct {
 	pio  *Bus
 	mmio *Bus
 	pvm  bool
+	// arch is what the architecture adds to a VM (arm64: the GIC device).
+	arch archVM
 
 	vcpus []*vcpuThread
 	// kvmStats are the vCPUs' KVM statistics, opened before they run (Exits);
@@ -135,6 +107,9 @@ func New(cfg Config) (_ *VM, err error) {
 	if err = v.createVCPUs(cfg.CPUs, policy); err != nil {
 		return nil, err
 	}
+	if err = v.finishVM(); err != nil {
+		return nil, err
+	}
 	return v, nil
 }
 
@@ -143,22 +118,15 @@ func (cfg Config) check() (hole uint64, err error) {
 	if cfg.CPUs < 1 || cfg.CPUs > MaxVCPUs {
 		return 0, fmt.Errorf("vmm: %d vCPUs requested, must be 1..%d", cfg.CPUs, MaxVCPUs)
 	}
-	if cfg.MemoryBytes == 0 || cfg.MemoryBytes%pageSize != 0 || cfg.MemoryBytes > x86.MaxGuestMemory {
-		return 0, fmt.Errorf("vmm: memory size %d must be a non-zero multiple of 4 KiB, at most %d", cfg.MemoryBytes, x86.MaxGuestMemory)
+	if cfg.MemoryBytes == 0 || cfg.MemoryBytes%pageSize != 0 || cfg.MemoryBytes > MaxGuestMemory {
+		return 0, fmt.Errorf("vmm: memory size %d must be a non-zero multiple of 4 KiB, at most %d", cfg.MemoryBytes, MaxGuestMemory)
 	}
-	hole = cfg.MMIOHoleStart
-	if hole == 0 {
-		hole = DefaultMMIOHoleStart
-	}
-	if hole%pageSize != 0 || hole > TSSAddr {
-		return 0, fmt.Errorf("vmm: MMIO hole start %#x must be 4 KiB aligned and below %#x", hole, TSSAddr)
-	}
-	return hole, nil
+	return cfg.mmioHole()
 }
 
-// openKVM opens the KVM device at path (empty: kvm.DevicePath), notes
-// whether it is PVM, warns about a host that does not know its TSC
-// frequency and refuses more vCPUs than this KVM allows.
+// openKVM opens the KVM device at path (empty: kvm.DevicePath), looks at
+// the host as its architecture needs (checkHost) and refuses more vCPUs
+// than this KVM allows.
 func (v *VM) openKVM(path string, cpus int) error {
 	if path == "" {
 		path = kvm.DevicePath
@@ -167,35 +135,11 @@ func (v *VM) openKVM(path string, cpus int) error {
 	if v.sys, err = kvm.OpenPath(path); err != nil {
 		return err
 	}
-	v.pvm, _ = kvm.IsPVM()
-	if !hostTSCKnown() {
-		v.log.Warn("the host kernel does not know its TSC frequency (cpu MHz 0 in /proc/cpuinfo): " +
-			"KVM then never enters the guest (it keeps retrying the guest clock update) and the VM hangs; " +
-			"if this host is itself a VM, boot it with tsc_early_khz=<TSC kHz>")
-	}
+	v.checkHost()
 	if n, cerr := v.sys.CheckExtension(kvm.CapMaxVCPUs); cerr == nil && n > 0 && cpus > n {
 		return fmt.Errorf("vmm: %d vCPUs requested, this KVM allows %d", cpus, n)
 	}
 	return nil
-}
-
-// createVM creates the KVM VM with its real-mode pages (TSS, EPT identity
-// map), the in-kernel irqchip and the PIT.
-func (v *VM) createVM() error {
-	var err error
-	if v.kvm, err = v.sys.CreateVM(); err != nil {
-		return err
-	}
-	if err := v.kvm.SetTSSAddr(TSSAddr); err != nil {
-		return err
-	}
-	if err := v.kvm.SetIdentityMapAddr(IdentityMapAddr); err != nil {
-		return err
-	}
-	if err := v.kvm.CreateIRQChip(); err != nil {
-		return err
-	}
-	return v.kvm.CreatePIT2()
 }
 
 // mapMemory makes the guest's RAM (zeroed, or image's copy-on-write),
@@ -203,9 +147,9 @@ func (v *VM) createVM() error {
 func (v *VM) mapMemory(size, hole uint64, image *MemoryImage) error {
 	var err error
 	if image != nil {
-		v.mem, err = NewMemoryFromImage(Layout(size, hole), *image)
+		v.mem, err = NewMemoryFromImage(ramLayout(size, hole), *image)
 	} else {
-		v.mem, err = NewMemory(Layout(size, hole))
+		v.mem, err = NewMemory(ramLayout(size, hole))
 	}
 	if err != nil {
 		return err
@@ -214,41 +158,6 @@ func (v *VM) mapMemory(size, hole uint64, image *MemoryImage) error {
 		if err := v.kvm.SetUserMemoryRegion(kvm.UserspaceMemoryRegion{
 			Slot: uint32(slot), GuestPhysAddr: r.GPA, MemorySize: r.Size, UserspaceAddr: hostAddress(r.host),
 		}); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// createVCPUs creates cpus vCPUs, each with policy's CPUID, the boot MSRs
-// and its LAPIC's LINT pins wired (setLINT).
-func (v *VM) createVCPUs(cpus int, policy CPUIDPolicy) error {
-	supported, err := v.sys.GetSupportedCPUID()
-	if err != nil {
-		return err
-	}
-	tscDeadline, _ := v.sys.CheckExtension(kvm.CapTSCDeadlineTimer)
-	msrs := bootMSRs()
-	for i := 0; i < cpus; i++ {
-		c, err := v.kvm.CreateVCPU(i)
-		if err != nil {
-			return err
-		}
-		t := &vcpuThread{index: i, vcpu: c}
-		v.vcpus = append(v.vcpus, t)
-		v.kvmStats = append(v.kvmStats, openStats(c))
-		entries, err := policy(supported, CPUIDContext{CPU: i, CPUs: cpus, PVM: v.pvm, TSCDeadlineTimer: tscDeadline > 0})
-		if err != nil {
-			return fmt.Errorf("CPUID policy for vCPU %d: %w", i, err)
-		}
-		t.cpuid = entries
-		if err := c.SetCPUID2(entries); err != nil {
-			return err
-		}
-		if err := c.SetMSRs(msrs); err != nil {
-			return err
-		}
-		if err := setLINT(c); err != nil {
 			return err
 		}
 	}
@@ -282,27 +191,6 @@ func (v *VM) DumpVCPU(i int) string {
 		return fmt.Sprintf("no vCPU %d", i)
 	}
 	return v.dumpState(c)
-}
-
-// hostTSCKnown reports whether the host kernel calibrated its CPU/TSC
-// frequency; "cpu MHz : 0.000" in /proc/cpuinfo means it did not (seen
-// under qemu's emulator, where PIT calibration fails), and KVM then cannot
-// run a vCPU. Unknown (unreadable) counts as known.
-func hostTSCKnown() bool {
-	b, err := os.ReadFile("/proc/cpuinfo")
-	if err != nil {
-		return true
-	}
-	return cpuinfoTSCKnown(string(b))
-}
-
-func cpuinfoTSCKnown(cpuinfo string) bool {
-	for _, line := range strings.Split(cpuinfo, "\n") {
-		if k, v, ok := strings.Cut(line, ":"); ok && strings.TrimSpace(k) == "cpu MHz" {
-			return strings.TrimSpace(v) != "0.000"
-		}
-	}
-	return true
 }
 
 // Memory returns guest RAM.
@@ -366,7 +254,7 @@ func (v *VM) irqLine(gsi uint32, high bool) error {
 	if v.closed {
 		return ErrIRQClosed
 	}
-	return v.kvm.IRQLine(gsi, high)
+	return v.kvm.IRQLine(irqLineNumber(gsi), high)
 }
 
 // Start launches one OS thread per vCPU running KVM_RUN. It may be called once.
@@ -513,6 +401,9 @@ func (v *VM) release() error {
 		if err := t.vcpu.Close(); err != nil {
 			errs = append(errs, err)
 		}
+	}
+	if err := v.arch.close(); err != nil {
+		errs = append(errs, err)
 	}
 	if v.kvm != nil {
 		if err := v.kvm.Close(); err != nil {

@@ -23,6 +23,16 @@ const (
 	BootTimerMagic = 123
 )
 
+// Where the boot timer and the snapshot point are on arm64, which has no
+// I/O ports: a page of guest-physical MMIO space each, below RAM, beside
+// the console (vmm/arm64's layout). The device tree does not list them, so
+// no guest driver claims them; the agent maps them through /dev/mem. A
+// register's offset in its page is its port's offset in its x86 window.
+const (
+	BootTimerMMIO     = 0x0901_0000
+	SnapshotPointMMIO = 0x0902_0000
+)
+
 // The snapshot point (devices/platform.SnapshotPoint): an I/O port through
 // which the agent says it has started and dialled nothing yet (the moment
 // a snapshot is worth taking), and learns when to go on and whether it

@@ -1,0 +1,115 @@
+package vmm
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/cowork-vmm/cowork-vmm/vmm/arm64"
+	"github.com/cowork-vmm/cowork-vmm/vmm/kvm"
+)
+
+// MaxVCPUs bounds Config.CPUs: the redistributor region vmm/arm64 lays out
+// below the distributor holds that many.
+const MaxVCPUs = arm64.MaxCPUs
+
+// MaxGuestMemory bounds Config.MemoryBytes.
+const MaxGuestMemory = arm64.MaxRAM
+
+// archVM is what an arm64 VM adds: the in-kernel GICv3, a device of its
+// own (KVM_CREATE_DEVICE) rather than a part of the VM fd.
+type archVM struct {
+	gic *kvm.Device
+}
+
+func (a *archVM) close() error {
+	if a.gic == nil {
+		return nil
+	}
+	err := a.gic.Close()
+	a.gic = nil
+	return err
+}
+
+// mmioHole: arm64 RAM is one region from arm64.RAMBase, with every device
+// below it, so there is no hole to place.
+func (cfg Config) mmioHole() (uint64, error) {
+	if cfg.MMIOHoleStart != 0 {
+		return 0, errors.New("vmm: MMIOHoleStart is an x86 setting; arm64 RAM starts above the devices")
+	}
+	return 0, nil
+}
+
+// ramLayout is arm64's single RAM region.
+func ramLayout(size, _ uint64) []MemoryRegion {
+	return []MemoryRegion{{GPA: arm64.RAMBase, Size: size}}
+}
+
+// checkHost has nothing to look at on arm64: the arch timer's rate comes
+// from the hardware (CNTFRQ_EL0), and there is no PVM.
+func (v *VM) checkHost() {}
+
+// createVM creates the KVM VM. Its GIC comes after the vCPUs (finishVM).
+func (v *VM) createVM() error {
+	var err error
+	v.kvm, err = v.sys.CreateVM()
+	return err
+}
+
+// createVCPUs creates cpus vCPUs of KVM's preferred target with PSCI 0.2,
+// which KVM then serves itself (CPU_ON, CPU_OFF, SYSTEM_OFF and
+// SYSTEM_RESET, the last two as system-event exits). Every vCPU but the
+// first starts powered off, waiting for the guest's CPU_ON. The CPUID
+// policy is x86's and has no use here.
+func (v *VM) createVCPUs(cpus int, _ CPUIDPolicy) error {
+	target, err := v.kvm.ARMPreferredTarget()
+	if err != nil {
+		return err
+	}
+	target.SetFeature(kvm.ARMVCPUPSCI02)
+	for i := 0; i < cpus; i++ {
+		c, err := v.kvm.CreateVCPU(i)
+		if err != nil {
+			return err
+		}
+		v.vcpus = append(v.vcpus, &vcpuThread{index: i, vcpu: c})
+		v.kvmStats = append(v.kvmStats, openStats(c))
+		init := target
+		if i > 0 {
+			init.SetFeature(kvm.ARMVCPUPowerOff)
+		}
+		if err := c.ARMInit(init); err != nil {
+			return fmt.Errorf("vCPU %d: %w", i, err)
+		}
+	}
+	return nil
+}
+
+// finishVM creates the in-kernel GICv3 at vmm/arm64's addresses, with
+// arm64.GICSPIs shared interrupts, and initialises it: KVM wants every
+// vCPU created before that.
+func (v *VM) finishVM() error {
+	gic, err := v.kvm.CreateDevice(kvm.DeviceARMVGICv3)
+	if err != nil {
+		return fmt.Errorf("vmm: creating the GICv3: %w", err)
+	}
+	v.arch.gic = gic
+	dist, redist := uint64(arm64.GICDistBase), arm64.GICRedistBase(len(v.vcpus))
+	if err := gic.SetAttr(kvm.VGICGroupAddr, kvm.VGICV3AddrDist, &dist); err != nil {
+		return fmt.Errorf("vmm: GICv3 distributor at %#x: %w", dist, err)
+	}
+	if err := gic.SetAttr(kvm.VGICGroupAddr, kvm.VGICV3AddrRedist, &redist); err != nil {
+		return fmt.Errorf("vmm: GICv3 redistributors at %#x: %w", redist, err)
+	}
+	irqs := uint64(arm64.GICInterrupts)
+	if err := gic.SetAttr(kvm.VGICGroupNrIRQs, 0, &irqs); err != nil {
+		return fmt.Errorf("vmm: GICv3 with %d interrupts: %w", irqs, err)
+	}
+	if err := gic.SetAttr(kvm.VGICGroupCtrl, kvm.VGICCtrlInit, nil); err != nil {
+		return fmt.Errorf("vmm: initialising the GICv3: %w", err)
+	}
+	return nil
+}
+
+// irqLineNumber is KVM_IRQ_LINE's irq for a GSI, which on arm64 is an SPI
+// index (as irqfd's default routing takes it): the SPI's INTID, typed.
+func irqLineNumber(gsi uint32) uint32 { return kvm.ARMIRQLineSPI(arm64.SPIBase + gsi) }
