@@ -205,3 +205,6 @@ func restoreVCPU(c *kvm.VCPU, s *VCPUState) error {
 	}
 	return c.SetVCPUEvents(s.Events)
 }
+
+// StateSupported says whether SaveState and RestoreState work here.
+const StateSupported = true

@@ -12,3 +12,6 @@ func (v *VM) SaveState() (*State, error) { return nil, ErrStateUnsupported }
 
 // RestoreState gives a fresh VM a saved state: not yet on arm64.
 func (v *VM) RestoreState(*State) error { return ErrStateUnsupported }
+
+// StateSupported says whether SaveState and RestoreState work here.
+const StateSupported = false

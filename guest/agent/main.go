@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/cowork-vmm/cowork-vmm/egress/fdpass"
+	"github.com/cowork-vmm/cowork-vmm/guest/platformreg"
 	"github.com/cowork-vmm/cowork-vmm/guest/proxy"
 	"github.com/cowork-vmm/cowork-vmm/guest/timerslack"
 	"github.com/cowork-vmm/cowork-vmm/protocol/guesthost"
@@ -242,26 +243,19 @@ func mountKernelFilesystems(log *slog.Logger) {
 }
 
 // writeBootTimer tells the VMM that the guest reached userspace: one byte,
-// guesthost.BootTimerMagic, to port guesthost.BootTimerPort, with outb after ioperm; where that
-// is refused it goes through /dev/port (CONFIG_DEVPORT). Failure is only
-// logged.
+// guesthost.BootTimerMagic, to the boot timer's register. On x86 it tries
+// outb after ioperm first, which needs no /dev. Failure is only logged.
 func writeBootTimer(log *slog.Logger) {
 	err := writePortByte(guesthost.BootTimerPort, guesthost.BootTimerMagic)
 	if err == nil {
 		return
 	}
-	if _, serr := os.Stat("/dev/port"); serr != nil {
+	if _, serr := os.Stat(platformreg.BootTimer.Device()); serr != nil {
 		_ = os.MkdirAll("/dev", 0o755)
 		_ = unix.Mount("devtmpfs", "/dev", "devtmpfs", unix.MS_NOSUID, "mode=0755")
 	}
-	f, ferr := os.OpenFile("/dev/port", os.O_WRONLY, 0)
-	if ferr != nil {
-		log.Warn("boot timer not written", "ioperm", err, "devport", ferr)
-		return
-	}
-	defer f.Close()
-	if _, werr := f.WriteAt([]byte{guesthost.BootTimerMagic}, guesthost.BootTimerPort); werr != nil {
-		log.Warn("boot timer not written", "ioperm", err, "devport", werr)
+	if rerr := platformreg.WriteOnce(platformreg.BootTimer, guesthost.BootTimerMagic); rerr != nil {
+		log.Warn("boot timer not written", "outb", err, "register", rerr)
 	}
 }
 

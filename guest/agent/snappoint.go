@@ -11,6 +11,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/cowork-vmm/cowork-vmm/guest/platformreg"
 	"github.com/cowork-vmm/cowork-vmm/protocol/guesthost"
 )
 
@@ -19,7 +20,7 @@ import (
 const snapshotPointTimeout = 2 * time.Minute
 
 // atSnapshotPoint tells the VMM that the agent has started and dialed
-// nothing yet (guesthost.SnapshotPointPort), waits while the VMM snapshots
+// nothing yet (platformreg.SnapshotPoint), waits while the VMM snapshots
 // the VM, and says whether this VM was restored from such a snapshot.
 // Without the device (another VMM) it goes on at once, as cold-booted.
 func atSnapshotPoint(log *slog.Logger) (restored bool) {
@@ -37,31 +38,30 @@ func atSnapshotPoint(log *slog.Logger) (restored bool) {
 // holds it there (at most snapshotPointTimeout); it returns the VMM's
 // last answer.
 func waitAtPoint() (uint8, error) {
-	return pollPort(guesthost.SnapshotPointPort, guesthost.SnapshotPointArrive, time.Millisecond, snapshotPointTimeout,
+	return pollRegister(platformreg.SnapshotPoint, guesthost.SnapshotPointArrive, time.Millisecond, snapshotPointTimeout,
 		func(b uint8) bool { return b != guesthost.SnapshotPointWait })
 }
 
-// pollPort writes value to the I/O port, then reads it every interval
-// until done says stop or timeout passes, and returns the last byte read.
-// It goes through /dev/port (CONFIG_DEVPORT): the guest kernel has no
-// ioperm (CONFIG_X86_IOPL_IOPERM is off).
-func pollPort(port int64, value uint8, interval, timeout time.Duration, done func(uint8) bool) (uint8, error) {
-	f, err := os.OpenFile("/dev/port", os.O_RDWR, 0)
+// pollRegister writes value to the VMM's platform register reg, then
+// reads it every interval until done says stop or timeout passes, and
+// returns the last byte read.
+func pollRegister(reg platformreg.Register, value uint8, interval, timeout time.Duration, done func(uint8) bool) (uint8, error) {
+	r, err := platformreg.Open(reg)
 	if err != nil {
 		return 0, err
 	}
-	defer f.Close()
-	if _, err := f.WriteAt([]byte{value}, port); err != nil {
-		return 0, fmt.Errorf("writing port %#x: %w", port, err)
+	defer r.Close()
+	if err := r.WriteByte(value); err != nil {
+		return 0, err
 	}
 	deadline := time.Now().Add(timeout)
-	b := make([]byte, 1)
 	for {
-		if _, err := f.ReadAt(b, port); err != nil {
-			return 0, fmt.Errorf("reading port %#x: %w", port, err)
+		b, err := r.ReadByte()
+		if err != nil {
+			return 0, err
 		}
-		if done(b[0]) || time.Now().After(deadline) {
-			return b[0], nil
+		if done(b) || time.Now().After(deadline) {
+			return b, nil
 		}
 		time.Sleep(interval)
 	}

@@ -40,6 +40,12 @@ const (
 // BuildInitramfs compiles testinit (static) and writes a gzip initramfs
 // with it as /init to out. Run from inside the cowork-vmm module.
 func BuildInitramfs(ctx context.Context, out string) error {
+	return BuildInitramfsFor(ctx, out, "amd64")
+}
+
+// BuildInitramfsFor is BuildInitramfs for a guest of another architecture
+// (a GOARCH: "amd64", "arm64").
+func BuildInitramfsFor(ctx context.Context, out, goarch string) error {
 	dir, err := os.MkdirTemp("", "guestboot-")
 	if err != nil {
 		return fmt.Errorf("guestboot: %w", err)
@@ -47,7 +53,7 @@ func BuildInitramfs(ctx context.Context, out string) error {
 	defer os.RemoveAll(dir)
 	bin := filepath.Join(dir, "init")
 	cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-ldflags=-s -w", "-o", bin, testInitPkg)
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH=amd64")
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH="+goarch)
 	if msg, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("guestboot: building testinit: %w\n%s", err, msg)
 	}

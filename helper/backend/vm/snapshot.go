@@ -19,6 +19,7 @@ import (
 	"github.com/cowork-vmm/cowork-vmm/devices/platform"
 	"github.com/cowork-vmm/cowork-vmm/guest/kernel"
 	"github.com/cowork-vmm/cowork-vmm/machine"
+	"github.com/cowork-vmm/cowork-vmm/vmm"
 	"github.com/cowork-vmm/cowork-vmm/vmm/snapshot"
 )
 
@@ -76,6 +77,10 @@ type snapshotPlan struct {
 // suspend).
 func (b *Backend) vmIdentity(exe string, k kernel.Image, cfg machine.Config, devs devices) *snapshot.Identity {
 	if b.opts.SnapshotDir == "" {
+		return nil
+	}
+	if !vmm.StateSupported {
+		b.log.Info("kvm backend: no warm start and no suspend on this architecture: the VMM cannot save a VM's state here yet")
 		return nil
 	}
 	id, err := snapshotIdentity(exe, k, cfg, devs)

@@ -3,10 +3,10 @@
 // Command testinit is the smallest useful /init for booting our guest
 // kernel: it mounts devtmpfs, prints "TESTINIT OK" with the online CPUs and
 // the uptime on the console, writes the boot timer (guesthost.BootTimerMagic
-// to guesthost.BootTimerPort, through /dev/port: the kernel needs
-// CONFIG_DEVPORT), prints
-// "TESTINIT DONE" and restarts the machine (with reboot=t a triple fault,
-// which ends our VMM's run and qemu under -no-reboot).
+// to its register, through /dev/port on x86 and /dev/mem on arm64:
+// guest/platformreg), prints "TESTINIT DONE" and restarts the machine (on
+// x86 with reboot=t a triple fault, on arm64 PSCI's SYSTEM_RESET; either
+// ends our VMM's run and qemu under -no-reboot).
 //
 // With guestboot.ticks=N it first prints "TESTINIT TICK i" for i = 1..N,
 // 50 ms apart: a guest that keeps time and talks, to snapshot and restore.
@@ -34,6 +34,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/cowork-vmm/cowork-vmm/guest/platformreg"
 	"github.com/cowork-vmm/cowork-vmm/protocol/guesthost"
 )
 
@@ -66,13 +67,7 @@ func main() {
 }
 
 func writeBootTimer() error {
-	port, err := os.OpenFile("/dev/port", os.O_WRONLY, 0)
-	if err != nil {
-		return err
-	}
-	defer port.Close()
-	_, err = port.WriteAt([]byte{guesthost.BootTimerMagic}, guesthost.BootTimerPort)
-	return err
+	return platformreg.WriteOnce(platformreg.BootTimer, guesthost.BootTimerMagic)
 }
 
 func readTrimmed(path string) string {
