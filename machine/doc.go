@@ -1,8 +1,11 @@
-// Package machine assembles a bootable x86-64 micro-VM from the VMM
-// (package vmm), the platform devices (8250 console on COM1, i8042 for
-// Linux's reset path, the boot timer port) and the kernel loader
-// (vmm/loader with the vmm/x86 table builders), and offers virtio-mmio
-// device slots. It owns the machine's shape — which device sits at which
+// Package machine assembles a bootable micro-VM from the VMM (package
+// vmm), the platform devices and the kernel loader, and offers virtio-mmio
+// device slots. On x86-64 (machine_amd64.go) the platform is the 8250
+// console on COM1, the i8042 for Linux's reset path and the boot timer
+// port, and the loader is vmm/loader with the vmm/x86 table builders; on
+// arm64 (machine_arm64.go) it is a 16550 console on MMIO, the boot timer's
+// MMIO page, PSCI (served by KVM) for reset and power-off, and vmm/arm64's
+// Image loader and device tree. It owns the machine's shape — which device sits at which
 // port, address and interrupt, and the default kernel command line — and
 // its lifecycle: New, Start, Wait, Stop, and RunKernel for the CLI; and
 // its snapshots: Snapshot pauses a running machine and writes the VM, each
@@ -15,7 +18,9 @@
 // device (older ones) restores it to start afresh.
 //
 // The machine has no firmware, no PCI and no ACPI: the kernel is entered
-// directly (64-bit Linux boot protocol, or PVH), CPUs and the IOAPIC are
-// described by an MP table, and virtio devices are announced on the
-// command line (virtio_mmio.device=4K@0x…:irq).
+// directly. On x86-64 that is the 64-bit Linux boot protocol or PVH, CPUs
+// and the IOAPIC are described by an MP table, and virtio devices are
+// announced on the command line (virtio_mmio.device=4K@0x…:irq). On arm64
+// it is the Image protocol with x0 at a device tree that describes the
+// memory, vCPUs, GICv3, timer, PSCI, console and every virtio device.
 package machine

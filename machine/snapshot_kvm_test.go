@@ -35,6 +35,9 @@ func waitConsole(t *testing.T, console *syncBuffer, want string, within time.Dur
 // tick, its clock running, and ends with its restart.
 func TestKVMSnapshotRestoresALinuxGuest(t *testing.T) {
 	nested.RequireLinuxBoot(t, "TestNestedKVM")
+	if !vmm.StateSupported {
+		t.Skip("the VMM cannot save a VM's state on this architecture yet")
+	}
 	kernelPath, initrdPath := testBootImages(t)
 	const totalTicks = 40
 	cfg := Config{MemMiB: 256, CPUs: 1, Logger: quietLogger(), Cmdline: fmt.Sprintf("guestboot.ticks=%d", totalTicks)}

@@ -9,8 +9,18 @@
 // either a bus access or a reason the VM ended ([Exit]). It knows nothing of
 // what any device does (it imports no device package), nor of boot
 // protocols: CPUID policy, page tables, boot parameters and kernel loading
-// live in vmm/x86 and vmm/loader, and package machine assembles a bootable
-// micro-VM from all of them. The ioctls themselves are in vmm/kvm.
+// live in vmm/x86 and vmm/loader (arm64: layout, device tree and Image
+// loading in vmm/arm64), and package machine assembles a bootable micro-VM
+// from all of them. The ioctls themselves are in vmm/kvm.
+//
+// Architectures: what differs is in _amd64.go and _arm64.go files: the
+// VM's creation (x86: TSS, identity map, irqchip and PIT before the vCPUs,
+// CPUID, MSRs and LINT pins per vCPU; arm64: vCPUs of KVM's preferred
+// target with PSCI 0.2, secondaries powered off, then the in-kernel GICv3),
+// the RAM layout (x86: split around the 32-bit MMIO hole; arm64: one
+// region from 2 GiB), KVM_IRQ_LINE's numbering (arm64: SPIs), the boot
+// registers, the register dump of an exit report, and the saved state
+// (StateSupported: not yet on arm64).
 //
 // Kicking a vCPU: RequestExit sets kvm_run.immediate_exit on every vCPU, so
 // a vCPU not currently in KVM_RUN leaves at its next entry, then sends a
