@@ -26,4 +26,3 @@ import "github.com/cowork-vmm/cowork-vmm/devices/platform"
 //     The wall clock comes from kvm-clock instead.
 const DefaultCmdline = "console=ttyS0 panic=-1 pci=off no_timer_check quiet " +
 	"i8042.nokbd initcall_blacklist=cmos_init " + platform.KernelCmdline
-
