@@ -175,6 +175,10 @@ func writeGIC(w *fdtWriter, cpus int) {
 	w.BeginNode(fmt.Sprintf("intc@%x", GICDistributorBase))
 	w.PropertyString("compatible", "arm,gic-v3")
 	w.PropertyCells("#interrupt-cells", 3)
+	// #address-cells matters only to interrupt-map users (we have none),
+	// but dtc insists on it for an interrupt provider.
+	w.PropertyCells("#address-cells", 2)
+	w.PropertyCells("#size-cells", 2)
 	w.PropertyEmpty("interrupt-controller")
 	w.PropertyU64("reg", GICDistributorBase, GICDistributorSize, GICRedistributorBase, GICRedistributorSize(cpus))
 	w.PropertyCells("phandle", gicPhandle)

@@ -46,7 +46,10 @@ type fdtWriter struct {
 	strings   []byte
 	// nameOffsets deduplicates property names in the strings block.
 	nameOffsets map[string]uint32
-	depth       int
+	// nodeProps holds the property names of each open node, innermost
+	// last: a name may appear once per node.
+	nodeProps []map[string]bool
+	depth     int
 	// rootDone is set when the root node has ended: nothing may follow.
 	rootDone bool
 	err      error
@@ -117,6 +120,7 @@ func (w *fdtWriter) BeginNode(name string) {
 	w.structure = append(w.structure, 0)
 	w.pad4()
 	w.depth++
+	w.nodeProps = append(w.nodeProps, make(map[string]bool))
 }
 
 // EndNode closes the current node.
@@ -133,6 +137,7 @@ func (w *fdtWriter) EndNode() {
 	}
 	w.token(fdtEndNode)
 	w.depth--
+	w.nodeProps = w.nodeProps[:w.depth]
 	w.rootDone = w.depth == 0
 }
 
@@ -149,6 +154,10 @@ func (w *fdtWriter) Property(name string, value []byte) {
 		w.fail("%v", err)
 		return
 	}
+	if w.nodeProps[w.depth-1][name] {
+		w.fail("property %q twice in one node", name)
+		return
+	}
 	off, known := w.nameOffsets[name]
 	extra := 0
 	if !known {
@@ -163,6 +172,7 @@ func (w *fdtWriter) Property(name string, value []byte) {
 		w.strings = append(w.strings, 0)
 		w.nameOffsets[name] = off
 	}
+	w.nodeProps[w.depth-1][name] = true
 	w.token(fdtProp)
 	w.structure = binary.BigEndian.AppendUint32(w.structure, uint32(len(value)))
 	w.structure = binary.BigEndian.AppendUint32(w.structure, off)
