@@ -1,6 +1,12 @@
 package kvm
 
-// ioctl request numbers, from <linux/kvm.h> (x86-64). The layout test checks
+import (
+	"runtime"
+	"slices"
+)
+
+// ioctl request numbers, from <linux/kvm.h> (x86-64; the arm64 ones are in
+// armvcpu.go and armdevice.go). The layout test checks
 // the sizes encoded in them against the Go structures.
 const (
 	ioctlGetAPIVersion       = 0xae00
@@ -67,6 +73,16 @@ const (
 	CapSplitIRQChip       Capability = 121
 	CapX2APICAPI          Capability = 129
 	CapImmediateExit      Capability = 136
+
+	CapOneReg         Capability = 70
+	CapReadonlyMem    Capability = 81
+	CapARMPSCI        Capability = 87
+	CapDeviceCtrl     Capability = 89
+	CapARMPSCI02      Capability = 102
+	CapARMPMUv3       Capability = 126
+	CapVCPUAttributes Capability = 127
+	CapARMVMIPASize   Capability = 165
+	CapARMSVE         Capability = 170
 )
 
 var capabilityNames = map[Capability]string{
@@ -92,6 +108,15 @@ var capabilityNames = map[Capability]string{
 	CapSplitIRQChip:       "KVM_CAP_SPLIT_IRQCHIP",
 	CapX2APICAPI:          "KVM_CAP_X2APIC_API",
 	CapImmediateExit:      "KVM_CAP_IMMEDIATE_EXIT",
+	CapOneReg:             "KVM_CAP_ONE_REG",
+	CapReadonlyMem:        "KVM_CAP_READONLY_MEM",
+	CapARMPSCI:            "KVM_CAP_ARM_PSCI",
+	CapDeviceCtrl:         "KVM_CAP_DEVICE_CTRL",
+	CapARMPSCI02:          "KVM_CAP_ARM_PSCI_0_2",
+	CapARMPMUv3:           "KVM_CAP_ARM_PMU_V3",
+	CapVCPUAttributes:     "KVM_CAP_VCPU_ATTRIBUTES",
+	CapARMVMIPASize:       "KVM_CAP_ARM_VM_IPA_SIZE",
+	CapARMSVE:             "KVM_CAP_ARM_SVE",
 }
 
 // String returns the kernel's name for the capability (KVM_CAP_…).
@@ -102,13 +127,43 @@ func (c Capability) String() string {
 	return "KVM_CAP_" + itoa(uint64(c))
 }
 
-// RequiredCapabilities are the capabilities the VMM cannot work without:
-// an in-kernel irqchip and PIT, user memory, the TSS/identity-map addresses
-// Intel needs for real mode, extended CPUID, MP state (to start APs), irqfd
-// interrupt lines and immediate_exit (to kick a vCPU out of KVM_RUN).
-var RequiredCapabilities = []Capability{
-	CapIRQChip, CapUserMemory, CapSetTSSAddr, CapSetIdentityMapAddr,
-	CapExtCPUID, CapPIT2, CapMPState, CapIRQFD, CapImmediateExit,
+// RequiredCapabilities are the capabilities the VMM cannot work without on
+// the architecture it was built for: RequiredCapabilitiesFor(runtime.GOARCH).
+var RequiredCapabilities = RequiredCapabilitiesFor(runtime.GOARCH)
+
+// RequiredCapabilitiesFor lists the capabilities the VMM needs of a KVM on
+// goarch, nil for an architecture it does not support.
+//
+// On amd64: an in-kernel irqchip and PIT, user memory, the TSS and
+// identity-map addresses Intel needs for real mode, extended CPUID, MP
+// state (to start APs), irqfd interrupt lines and immediate_exit (to kick
+// a vCPU out of KVM_RUN).
+//
+// On arm64, only capabilities arm64 KVM reports (6.1's
+// kvm_vm_ioctl_check_extension and the generic ones): user memory, irqfd
+// and ioeventfd, immediate_exit, ONE_REG (every register goes through
+// it), DEVICE_CTRL (the GICv3 is a device), PSCI 0.2 (secondary vCPUs
+// start through CPU_ON) and IRQCHIP, which arm64 reports when it can
+// emulate a GIC (KVM_IRQ_LINE then reaches it).
+func RequiredCapabilitiesFor(goarch string) []Capability {
+	switch goarch {
+	case "amd64":
+		return []Capability{
+			CapIRQChip, CapUserMemory, CapSetTSSAddr, CapSetIdentityMapAddr,
+			CapExtCPUID, CapPIT2, CapMPState, CapIRQFD, CapImmediateExit,
+		}
+	case "arm64":
+		return []Capability{
+			CapIRQChip, CapUserMemory, CapIRQFD, CapIOEventFD, CapImmediateExit,
+			CapOneReg, CapDeviceCtrl, CapARMPSCI02,
+		}
+	}
+	return nil
+}
+
+// supportedArch says whether the VMM runs guests on goarch's KVM.
+func supportedArch(goarch string) bool {
+	return slices.Contains([]string{"amd64", "arm64"}, goarch)
 }
 
 // ExitReason is kvm_run.exit_reason (KVM_EXIT_*).

@@ -8,7 +8,8 @@ import (
 )
 
 // This file holds every use of unsafe in the package: passing Go structures
-// to ioctl, storing immediate_exit into the shared kvm_run page, taking
+// to ioctl (and the buffers some of them point to: a register's value, a
+// device attribute's, the register list), storing immediate_exit into the shared kvm_run page, taking
 // the address of the probe's guest memory and the two runtime functions
 // blockingSyscall links to.
 
@@ -120,4 +121,59 @@ func storeImmediateExit(run []byte, on bool) {
 // KVM_SET_USER_MEMORY_REGION. b must stay mapped while KVM uses it.
 func sliceAddress(b []byte) uint64 {
 	return uint64(uintptr(unsafe.Pointer(&b[0])))
+}
+
+// oneRegArg mirrors struct kvm_one_reg (16 bytes on 64-bit hosts): the
+// register id and the address of its value. Addr is a pointer, not an
+// integer, so that the garbage collector keeps the buffer and the stack
+// copier moves the address with it.
+type oneRegArg struct {
+	ID   uint64
+	Addr unsafe.Pointer
+}
+
+// oneReg issues KVM_GET_ONE_REG or KVM_SET_ONE_REG with buf (non-empty, its
+// length checked by the caller) as the value.
+func oneReg(fd int, req uintptr, id uint64, buf []byte) error {
+	arg := oneRegArg{ID: id, Addr: unsafe.Pointer(&buf[0])}
+	_, err := ioctlStruct(fd, req, &arg)
+	return err
+}
+
+// regList issues KVM_GET_REG_LIST (struct kvm_reg_list: a 64-bit count,
+// then the ids) with room for len(ids) ids, and returns the count KVM
+// reports: the number copied, or the number needed with E2BIG.
+func regList(fd int, ids []uint64) (uint64, error) {
+	arg := make([]uint64, 1+len(ids))
+	arg[0] = uint64(len(ids))
+	_, err := ioctlPointer(fd, ioctlGetRegList, unsafe.Pointer(&arg[0]))
+	copy(ids, arg[1:])
+	return arg[0], err
+}
+
+// createDeviceArg mirrors struct kvm_create_device (12 bytes).
+type createDeviceArg struct {
+	Type  uint32
+	FD    uint32
+	Flags uint32
+}
+
+// deviceAttrArg mirrors struct kvm_device_attr (24 bytes on 64-bit hosts).
+// Addr is a pointer for the reason oneRegArg's is.
+type deviceAttrArg struct {
+	Flags uint32
+	Group uint32
+	Attr  uint64
+	Addr  unsafe.Pointer
+}
+
+// deviceAttr issues one of the device attribute ioctls, with val (nil for
+// none) as the value addr points to.
+func deviceAttr(fd int, req uintptr, group uint32, attr uint64, val *uint64) error {
+	arg := deviceAttrArg{Group: group, Attr: attr}
+	if val != nil {
+		arg.Addr = unsafe.Pointer(val)
+	}
+	_, err := ioctlStruct(fd, req, &arg)
+	return err
 }
