@@ -5,7 +5,6 @@ import (
 
 	"github.com/cowork-vmm/cowork-vmm/devices/platform"
 	"github.com/cowork-vmm/cowork-vmm/devices/serial"
-	"github.com/cowork-vmm/cowork-vmm/protocol/guesthost"
 	"github.com/cowork-vmm/cowork-vmm/vmm/arm64"
 )
 
@@ -23,7 +22,7 @@ func (m *Machine) addPlatformDevices() error {
 		return err
 	}
 	if m.cfg.SnapshotPoint != nil {
-		if err := m.vm.MMIO().Register(guesthost.SnapshotPointMMIO, platform.SnapshotPointPortCount, m.cfg.SnapshotPoint); err != nil {
+		if err := m.vm.MMIO().Register(arm64.SnapshotPointBase, platform.SnapshotPointPortCount, m.cfg.SnapshotPoint); err != nil {
 			return err
 		}
 	}
@@ -37,7 +36,8 @@ func virtioSlot(n int) (base uint64, gsi uint32, ok bool) {
 	if n < 0 || n >= arm64.VirtioMMIOMaxDevices {
 		return 0, 0, false
 	}
-	return arm64.VirtioMMIOBase + uint64(n)*arm64.VirtioMMIOSize, arm64.FirstVirtioSPI + uint32(n), true
+	d := arm64.VirtioDevice(n)
+	return d.Base, d.SPI, true
 }
 
 // virtioCmdline is empty on arm64: the device tree announces the
@@ -55,25 +55,25 @@ func (m *Machine) loadKernel(images bootImages, cmdline string) error {
 		devices[i] = arm64.MMIODevice{Base: p.base, SPI: p.gsi}
 	}
 	setup, err := arm64.PrepareBoot(m.vm.Memory(), arm64.BootConfig{
-		MemBytes: uint64(m.cfg.MemMiB) << 20,
-		CPUs:     m.cfg.CPUs,
-		Kernel:   images.kernel,
-		Initrd:   images.initrd,
-		Cmdline:  cmdline,
-		Virtio:   devices,
+		MemBytes:     uint64(m.cfg.MemMiB) << 20,
+		CPUs:         m.cfg.CPUs,
+		Kernel:       images.kernel,
+		InitrdSource: images.initrd,
+		Cmdline:      cmdline,
+		Virtio:       devices,
 	})
 	if err != nil {
 		return fmt.Errorf("machine: loading the kernel: %w", err)
 	}
-	if err := m.vm.SetBootEntry(0, setup.Entry, setup.DTBAddr); err != nil {
+	if err := m.vm.SetBootEntry(0, setup.KernelEntry, setup.DTBAddr); err != nil {
 		return err
 	}
-	m.log.Debug("kernel loaded", "entry", fmt.Sprintf("%#x", setup.Entry), "dtb", fmt.Sprintf("%#x", setup.DTBAddr),
+	m.log.Debug("kernel loaded", "entry", fmt.Sprintf("%#x", setup.KernelEntry), "dtb", fmt.Sprintf("%#x", setup.DTBAddr),
 		"initrd_addr", fmt.Sprintf("%#x", setup.InitrdAddr), "cmdline", cmdline)
 	return nil
 }
 
 // registerBootTimer puts the boot timer in its MMIO page.
 func (m *Machine) registerBootTimer() error {
-	return m.vm.MMIO().Register(guesthost.BootTimerMMIO, platform.BootTimerPortCount, m.bootTimer)
+	return m.vm.MMIO().Register(arm64.BootTimerBase, platform.BootTimerPortCount, m.bootTimer)
 }

@@ -85,7 +85,7 @@ func (v *VM) createVCPUs(cpus int, _ CPUIDPolicy) error {
 }
 
 // finishVM creates the in-kernel GICv3 at vmm/arm64's addresses, with
-// arm64.GICSPIs shared interrupts, and initialises it: KVM wants every
+// arm64.GICIRQs interrupts, and initialises it: KVM wants every
 // vCPU created before that.
 func (v *VM) finishVM() error {
 	gic, err := v.kvm.CreateDevice(kvm.DeviceARMVGICv3)
@@ -93,14 +93,14 @@ func (v *VM) finishVM() error {
 		return fmt.Errorf("vmm: creating the GICv3: %w", err)
 	}
 	v.arch.gic = gic
-	dist, redist := uint64(arm64.GICDistBase), arm64.GICRedistBase(len(v.vcpus))
+	dist, redist := arm64.GICDistributorBase, arm64.GICRedistributorBase
 	if err := gic.SetAttr(kvm.VGICGroupAddr, kvm.VGICV3AddrDist, &dist); err != nil {
 		return fmt.Errorf("vmm: GICv3 distributor at %#x: %w", dist, err)
 	}
 	if err := gic.SetAttr(kvm.VGICGroupAddr, kvm.VGICV3AddrRedist, &redist); err != nil {
 		return fmt.Errorf("vmm: GICv3 redistributors at %#x: %w", redist, err)
 	}
-	irqs := uint64(arm64.GICInterrupts)
+	irqs := uint64(arm64.GICIRQs)
 	if err := gic.SetAttr(kvm.VGICGroupNrIRQs, 0, &irqs); err != nil {
 		return fmt.Errorf("vmm: GICv3 with %d interrupts: %w", irqs, err)
 	}

@@ -3,6 +3,8 @@ package arm64
 import (
 	"errors"
 	"fmt"
+
+	"github.com/cowork-vmm/cowork-vmm/protocol/guesthost"
 )
 
 // The guest physical address layout, close to qemu's "virt" machine and
@@ -92,11 +94,12 @@ const (
 	UARTClockHz = 1843200
 
 	// BootTimerBase is the boot-timer page (our own device, not in the
-	// device tree: only our guest agent knows it).
-	BootTimerBase uint64 = 0x0901_0000
+	// device tree: only our guest agent knows it; protocol/guesthost owns
+	// the address, which the guest uses too).
+	BootTimerBase uint64 = guesthost.BootTimerMMIO
 	// SnapshotPointBase is the snapshot-point page (our own device, not in
 	// the device tree).
-	SnapshotPointBase uint64 = 0x0902_0000
+	SnapshotPointBase uint64 = guesthost.SnapshotPointMMIO
 
 	// VirtioMMIOBase is the first virtio-mmio device window; device i is at
 	// VirtioMMIOBase + i*VirtioMMIOSize (see VirtioDevice).
