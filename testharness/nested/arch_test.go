@@ -11,6 +11,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/cowork-vmm/cowork-vmm/testharness/nested/arm64smoke"
 	"github.com/cowork-vmm/cowork-vmm/testharness/nested/job"
 )
 
@@ -130,4 +131,21 @@ func TestBootLedgerScriptCountsARM64(t *testing.T) {
 	out, err := exec.Command("bash", "../../scripts/boot-ledger.sh", ledger).CombinedOutput()
 	require.NoError(t, err, "%s", out)
 	require.Contains(t, string(out), "ran: 4 (directly: 1, in the nested harness: 2, in the arm64 nested harness: 1)")
+}
+
+// TestNestedARM64Smoke runs the arm64smoke payload in the arm64 harness:
+// an arm64 Go test that finds /dev/kvm working (API 12, KVM_CREATE_VM) and
+// busybox's sh, and reports the run's wall time and the outer boot time.
+func TestNestedARM64Smoke(t *testing.T) {
+	RequireARM64Harness(t)
+	res := RunGoTestWith(t, GoTest{
+		Arch:    ArchARM64,
+		Pkg:     "github.com/cowork-vmm/cowork-vmm/testharness/nested/arm64smoke",
+		Run:     "^TestARM64Smoke$",
+		Env:     []string{arm64smoke.InsideEnv + "=1"},
+		Timeout: 5 * time.Minute,
+	})
+	require.Contains(t, res.Output, "--- PASS: TestARM64Smoke", "the payload ran, not skipped")
+	t.Logf("arm64 smoke: wall %v, outer /init after %v wall (%v guest uptime), %s",
+		res.Wall.Round(time.Millisecond), res.InitWall.Round(time.Millisecond), res.InitUptime, res.ClockNote())
 }
