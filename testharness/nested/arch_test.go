@@ -149,3 +149,25 @@ func TestNestedARM64Smoke(t *testing.T) {
 	t.Logf("arm64 smoke: wall %v, outer /init after %v wall (%v guest uptime), %s",
 		res.Wall.Round(time.Millisecond), res.InitWall.Round(time.Millisecond), res.InitUptime, res.ClockNote())
 }
+
+// TestGoTestDirSharesModuleOnARM64: the arm64 outer guest does not see the
+// host's root, so the module is always shared (the tests read testdata in
+// their source directory); on amd64 only where the guest hides it.
+func TestGoTestDirSharesModuleOnARM64(t *testing.T) {
+	if _, err := exec.LookPath("go"); err != nil {
+		t.Skip("no go tool")
+	}
+	const pkg = "github.com/cowork-vmm/cowork-vmm/testharness/nested/arm64smoke"
+	dir, shares := goTestDir(pkg, ArchARM64)
+	wd, err := os.Getwd()
+	require.NoError(t, err)
+	require.Equal(t, filepath.Join(wd, "arm64smoke"), dir)
+	modDir := filepath.Dir(filepath.Dir(wd))
+	require.Equal(t, []string{modDir}, shares)
+	_, amd64Shares := goTestDir(pkg, ArchAMD64)
+	if job.HiddenInGuest(modDir) {
+		require.Equal(t, []string{modDir}, amd64Shares)
+	} else {
+		require.Empty(t, amd64Shares)
+	}
+}
