@@ -15,24 +15,49 @@ DESTDIR   ?=
 
 all: build
 
-EMBED_KERNEL  := guest/kernel/embedded/vmlinux.gz
-GUEST_VMLINUX := $(KERNEL_CACHE)/guest-current/vmlinux
+# The guest kernel for this host's arch: `make kernel` builds it and `make
+# build` embeds it (gzip-compressed) in $(BIN).
+EMBED_DIR          := guest/kernel/embedded
+GUEST_VMLINUX      := $(KERNEL_CACHE)/guest-current/vmlinux
+GUEST_IMAGE_ARM64  := $(KERNEL_CACHE)/guest-arm64-current/Image
+ifeq ($(shell uname -m),aarch64)
+HOST_GUEST_FLAVOUR := guest-arm64
+HOST_GUEST_KERNEL  := $(GUEST_IMAGE_ARM64)
+HOST_EMBED_KERNEL  := $(EMBED_DIR)/Image-arm64.gz
+HOST_KERNEL_MAKE   := make kernel-arm64
+else
+HOST_GUEST_FLAVOUR := guest
+HOST_GUEST_KERNEL  := $(GUEST_VMLINUX)
+HOST_EMBED_KERNEL  := $(EMBED_DIR)/vmlinux.gz
+HOST_KERNEL_MAKE   := make kernel
+endif
 
-# A static binary; when `make kernel` has built the guest kernel, it is
+# $(call build-helper,GOARCH (empty: the host's),guest kernel,its embedded copy,output,how to build the kernel)
+# A static binary; when the guest kernel for its arch is built, it is
 # embedded (gzip-compressed) so the helper needs nothing else on the host.
-build: check-go
+define build-helper
 	@tags=; \
-	if [ -f '$(GUEST_VMLINUX)' ]; then \
-		if [ ! -f $(EMBED_KERNEL) ] || [ '$(GUEST_VMLINUX)' -nt $(EMBED_KERNEL) ]; then \
-			echo "embedding the guest kernel $(GUEST_VMLINUX)"; \
-			gzip -9 -n -c '$(GUEST_VMLINUX)' > $(EMBED_KERNEL).tmp && mv $(EMBED_KERNEL).tmp $(EMBED_KERNEL) || exit 1; \
+	if [ -f '$(2)' ]; then \
+		if [ ! -f $(3) ] || [ '$(2)' -nt $(3) ]; then \
+			echo "embedding the guest kernel $(2)"; \
+			gzip -9 -n -c '$(2)' > $(3).tmp && mv $(3).tmp $(3) || exit 1; \
 		fi; \
 		tags='-tags embedkernel'; \
 	else \
-		rm -f $(EMBED_KERNEL); \
-		echo "no guest kernel built (make kernel): $(BIN) will look for one at run time"; \
+		rm -f $(3); \
+		echo "no guest kernel built ($(5)): $(4) will look for one at run time"; \
 	fi; \
-	CGO_ENABLED=0 $(GO) build $$tags -trimpath -ldflags '$(LDFLAGS)' -o $(BIN) $(PKG)
+	CGO_ENABLED=0 $(if $(1),GOARCH=$(1)) $(GO) build $$tags -trimpath -ldflags '$(LDFLAGS)' -o $(4) $(PKG)
+endef
+
+build: check-go
+	$(call build-helper,,$(HOST_GUEST_KERNEL),$(HOST_EMBED_KERNEL),$(BIN),$(HOST_KERNEL_MAKE))
+
+# The helper for arm64 hosts, built on any host, with the arm64 guest
+# kernel embedded when `make kernel-arm64` has built it.
+.PHONY: build-arm64
+build-arm64: check-go
+	$(call build-helper,arm64,$(GUEST_IMAGE_ARM64),$(EMBED_DIR)/Image-arm64.gz,$(BIN)-arm64,make kernel-arm64)
 
 # A clear message instead of "go: not found" on a fresh machine.
 check-go:
@@ -100,7 +125,7 @@ fuzz:
 	FUZZTIME='$(FUZZTIME)' GO='$(GO)' scripts/fuzz.sh
 
 clean:
-	rm -rf bin build $(EMBED_KERNEL)
+	rm -rf bin build $(EMBED_DIR)/vmlinux.gz $(EMBED_DIR)/Image-arm64.gz
 
 # install does not depend on build, so `sudo make install` never runs the Go
 # build as root.
@@ -117,9 +142,18 @@ install-client-helper:
 	scripts/install-client-helper.sh install $(BIN)
 
 # Guest kernel (and the nested harness's outer kernel), built from Debian's
-# linux-source-6.1 into $(KERNEL_CACHE), rebuilt only when the config changes.
+# linux-source-6.1 into $(KERNEL_CACHE), rebuilt only when the config
+# changes. `make kernel` builds the guest for this host's arch; the -arm64
+# targets cross-build the arm64 kernels on any host (gcc-aarch64-linux-gnu).
 kernel:
-	KERNEL_CACHE='$(KERNEL_CACHE)' guest/kernel/build.sh guest
+	KERNEL_CACHE='$(KERNEL_CACHE)' guest/kernel/build.sh $(HOST_GUEST_FLAVOUR)
+
+.PHONY: kernel-arm64 kernel-outer-arm64
+kernel-arm64:
+	KERNEL_CACHE='$(KERNEL_CACHE)' guest/kernel/build.sh guest-arm64
+
+kernel-outer-arm64:
+	KERNEL_CACHE='$(KERNEL_CACHE)' guest/kernel/build.sh outer-arm64
 
 # The 2-vCPU stress: STRESS_BOOTS boots (default 50) of a 2-vCPU guest
 # through the helper, each with a spawn; in the nested harness with 2 outer

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # boot-ledger.sh LEDGER: prints how many Linux-boot tests ran during
 # `make test` (LEDGER is the file COWORK_VMM_BOOT_LEDGER named: one line per
-# test that booted Linux, "direct|nested <package dir> <test>"), and fails
+# test that booted Linux, "direct|nested|nested-arm64 <package dir> <test>":
+# nested-arm64 is the arm64 harness, counted apart), and fails
 # when none did on a machine that could run them: qemu for the nested
 # harness, and both kernels built.
 set -euo pipefail
@@ -10,8 +11,9 @@ root="$(cd "$(dirname "$0")/.." && pwd)"
 cache="${KERNEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/cowork-vmm/kernels}"
 total=$(grep -c . "$ledger" || true)
 direct=$(grep -c '^direct' "$ledger" || true)
-nested=$(grep -c '^nested' "$ledger" || true)
-echo "ci: Linux-boot tests that ran: $total (directly: $direct, in the nested harness: $nested)"
+nested=$(grep -c $'^nested\t' "$ledger" || true)
+nested_arm64=$(grep -c $'^nested-arm64\t' "$ledger" || true)
+echo "ci: Linux-boot tests that ran: $total (directly: $direct, in the nested harness: $nested, in the arm64 nested harness: $nested_arm64)"
 while IFS=$'\t' read -r mode dir test; do
 	echo "ci:   $mode ${dir#"$root"/} $test"
 done < "$ledger"

@@ -3,9 +3,12 @@
 #
 #   guest/kernel/build.sh guest   # the kernel our VMM boots (guest.fragment + guest-only.fragment)
 #   guest/kernel/build.sh outer   # the nested-test outer kernel (guest + outer-kvm)
+#   guest/kernel/build.sh guest-arm64   # the arm64 guest (guest + guest-only + arm64 + guest-only-arm64)
+#   guest/kernel/build.sh outer-arm64   # the arm64 outer (guest + outer-kvm + arm64 + outer-kvm-arm64)
 #
-# Output: $KERNEL_CACHE/<flavour>-<hash>/{vmlinux,bzImage,config}, and the
-# symlink $KERNEL_CACHE/<flavour>-current pointing at it. <hash> is the sha256
+# Output: $KERNEL_CACHE/<flavour>-<hash>/{vmlinux,bzImage,config} (x86) or
+# {Image,vmlinux,config} (arm64, cross-built with aarch64-linux-gnu- unless
+# the host is aarch64), and the symlink $KERNEL_CACHE/<flavour>-current pointing at it. <hash> is the sha256
 # of the fragments, the source package version and this script's version, so a
 # rebuild happens only when one of them changes. Each flavour has its own
 # source tree ($KERNEL_CACHE/src-<flavour>): an in-tree build blocks O=.
@@ -24,11 +27,17 @@ SCRIPT_VERSION=1
 
 flavour=${1:-}
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# arch: the kernel's ARCH; image: the file the build is for (the cache's
+# "built" marker, and what the script prints).
+arch=x86
+image=vmlinux
 case "$flavour" in
 guest) fragments=("$here/guest.fragment" "$here/guest-only.fragment") ;;
 outer) fragments=("$here/guest.fragment" "$here/outer-kvm.fragment") ;;
+guest-arm64) fragments=("$here/guest.fragment" "$here/guest-only.fragment" "$here/arm64.fragment" "$here/guest-only-arm64.fragment") ;;
+outer-arm64) fragments=("$here/guest.fragment" "$here/outer-kvm.fragment" "$here/arm64.fragment" "$here/outer-kvm-arm64.fragment") ;;
 *)
-	echo "usage: $0 guest|outer" >&2
+	echo "usage: $0 guest|outer|guest-arm64|outer-arm64" >&2
 	exit 2
 	;;
 esac
@@ -38,6 +47,16 @@ KERNEL_SOURCE_TAR=${KERNEL_SOURCE_TAR:-/usr/src/linux-source-6.1.tar.xz}
 JOBS=${JOBS:-$(nproc)}
 source_pkg=linux-source-6.1
 build_deps=(linux-source-6.1 bc flex bison libelf-dev libssl-dev cpio make gcc xz-utils)
+if [[ $flavour == *-arm64 ]]; then
+	arch=arm64
+	image=Image
+	export ARCH=arm64
+	# The kernel's own make picks these up from the environment.
+	if [ "$(uname -m)" != aarch64 ]; then
+		export CROSS_COMPILE=aarch64-linux-gnu-
+		build_deps+=(gcc-aarch64-linux-gnu)
+	fi
+fi
 
 log() { echo "build.sh[$flavour]: $*" >&2; }
 die() {
@@ -77,20 +96,20 @@ out="$KERNEL_CACHE/$flavour-$hash"
 current="$KERNEL_CACHE/$flavour-current"
 mkdir -p "$KERNEL_CACHE"
 
-if [ -z "${FORCE:-}" ] && [ -f "$out/vmlinux" ]; then
+if [ -z "${FORCE:-}" ] && [ -f "$out/$image" ]; then
 	ln -sfn "$(basename "$out")" "$current"
 	log "up to date"
-	echo "$out/vmlinux"
+	echo "$out/$image"
 	exit 0
 fi
 
 # One build per flavour at a time; another may have just finished ours.
 exec 9>"$KERNEL_CACHE/.lock-$flavour"
 flock 9
-if [ -z "${FORCE:-}" ] && [ -f "$out/vmlinux" ]; then
+if [ -z "${FORCE:-}" ] && [ -f "$out/$image" ]; then
 	ln -sfn "$(basename "$out")" "$current"
 	log "up to date (built meanwhile)"
-	echo "$out/vmlinux"
+	echo "$out/$image"
 	exit 0
 fi
 
@@ -153,7 +172,9 @@ if ((${#failed[@]})); then
 fi
 
 # --- build --------------------------------------------------------------------
-log "make -j$JOBS vmlinux bzImage (several minutes)"
+targets=(vmlinux bzImage)
+[ "$arch" = x86 ] || targets=(Image) # Image is objcopy'd from vmlinux
+log "make -j$JOBS ${targets[*]} (several minutes)"
 start=$(date +%s)
 # A line every PROGRESS_SECONDS (default 30; 0: none) while make runs
 # silently, so a first `make run` does not look hung.
@@ -166,7 +187,7 @@ if [ "$progress" -gt 0 ]; then
 	ticker=$!
 	trap 'kill "$ticker" 2>/dev/null || true' EXIT
 fi
-make -s -j"$JOBS" vmlinux bzImage
+make -s -j"$JOBS" "${targets[@]}"
 [ -z "$ticker" ] || kill "$ticker" 2>/dev/null || true
 log "built in $(($(date +%s) - start)) s"
 
@@ -174,10 +195,14 @@ tmp="$out.tmp.$$"
 rm -rf "$tmp"
 mkdir -p "$tmp"
 cp vmlinux "$tmp/vmlinux"
-cp arch/x86/boot/bzImage "$tmp/bzImage"
+if [ "$arch" = x86 ]; then
+	cp arch/x86/boot/bzImage "$tmp/bzImage"
+else
+	cp arch/arm64/boot/Image "$tmp/Image"
+fi
 cp .config "$tmp/config"
 rm -rf "$out"
 mv "$tmp" "$out"
 ln -sfn "$(basename "$out")" "$current"
 log "done: $out"
-echo "$out/vmlinux"
+echo "$out/$image"

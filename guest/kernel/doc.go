@@ -1,9 +1,32 @@
 // Package kernel locates the Linux kernels that guest/kernel/build.sh builds
 // and caches outside the clone: the "guest" flavour our VMM boots and the
-// "outer" flavour the nested test harness runs under qemu.
+// "outer" flavour the nested test harness runs under qemu, each for x86-64
+// and for arm64 ("guest-arm64", "outer-arm64").
 //
-// The build script, the config fragments (guest.fragment, guest-only.fragment, outer-kvm.fragment)
-// and this finder live together so the cache layout has one owner:
-// $KERNEL_CACHE/<flavour>-<hash>/{vmlinux,bzImage,config} with the symlink
-// $KERNEL_CACHE/<flavour>-current naming the latest build.
+// The build script, the config fragments and this finder live together so
+// the cache layout has one owner: $KERNEL_CACHE/<flavour>-<hash>/ holds
+// {vmlinux,bzImage,config} (x86-64) or {Image,vmlinux,config} (arm64), and
+// the symlink $KERNEL_CACHE/<flavour>-current names the latest build. Find
+// gives the file a VMM boots (vmlinux; Image on arm64); GuestFor and
+// FindGuest pick the guest flavour for a GOARCH.
+//
+// # Fragments
+//
+// Every flavour starts from tinyconfig. guest.fragment is the one list of
+// what a guest needs (virtio, vsock, 9p, virtio-fs, ext4, overlay,
+// namespaces, seccomp, cgroups, ...); guest-only.fragment adds the guest
+// kernel's boot-time cuts and outer-kvm.fragment the harness kernel's KVM,
+// TUN, VETH, THP and debugfs. The arm64 flavours add arm64.fragment, which
+// names only what differs on arm64: guest.fragment's x86-only options as
+// "# allow-drop:", no PCI (every device comes from the device tree or
+// virtio_mmio.device=), GICv3, the architected timer, PSCI, 4 KiB pages,
+// HZ 250, no KASLR (from guest-only.fragment) and two consoles, the device
+// tree's 16550 on MMIO (our VMM) and the PL011 (qemu -M virt's ttyAMA0).
+// guest-only-arm64.fragment adds /dev/mem, through which the agent writes
+// the boot timer and snapshot point MMIO pages; outer-kvm-arm64.fragment
+// lets outer-kvm.fragment's AMD options drop: qemu -M virt,virtualization=on
+// boots the outer kernel at EL2, where KVM runs in VHE mode.
+//
+// The arm64 kernels are cross-built with gcc-aarch64-linux-gnu (natively on
+// an arm64 host): `make kernel-arm64`, `make kernel-outer-arm64`.
 package kernel

@@ -6,12 +6,14 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 
 	"github.com/cowork-vmm/cowork-vmm/guest/kernel/embedded"
 )
 
-// Env overrides where the guest kernel comes from (a vmlinux path).
+// Env overrides where the guest kernel comes from (the path of a vmlinux
+// on x86-64, an arm64 Image on arm64).
 const Env = "COWORK_VMM_KERNEL"
 
 // BesideExecutable are the names of a guest kernel shipped next to the
@@ -28,7 +30,7 @@ var (
 
 // Fix is what to do when no kernel is found.
 const Fix = "build one with `make kernel` in the cowork-vmm repository (then `make build` embeds it in the binary), " +
-	"or set " + Env + " to a vmlinux built from guest/kernel/guest.fragment"
+	"or set " + Env + " to a kernel guest/kernel/build.sh built (a vmlinux on x86-64, an Image on arm64)"
 
 // Image is a located kernel: a file, or the bytes themselves.
 type Image struct {
@@ -48,7 +50,8 @@ type Sources struct {
 	Embedded func() (Image, error)
 	// Executable is the helper's own path ("" if unknown).
 	Executable string
-	// Cache is the latest `make kernel` build (Find(Guest)); nil skips it.
+	// Cache is the latest `make kernel` build for this binary's arch
+	// (FindGuest(runtime.GOARCH)); nil skips it.
 	Cache func() (string, error)
 	// Stat defaults to os.Stat.
 	Stat func(string) (fs.FileInfo, error)
@@ -61,7 +64,7 @@ func DefaultSources(override, executable string, embedded func() (Image, error))
 		override = os.Getenv(Env)
 	}
 	return Sources{Override: override, Embedded: embedded, Executable: executable,
-		Cache: func() (string, error) { return Find(Guest) }}
+		Cache: func() (string, error) { return FindGuest(runtime.GOARCH) }}
 }
 
 // Locate finds the guest kernel, in order: the override, the embedded

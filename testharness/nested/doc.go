@@ -16,4 +16,16 @@
 // freezes (qemu's TCG with nested SVM sometimes stops for good) is found by
 // qemu's CPU time standing still and ends its run with ErrOuterFroze, which
 // RunThroughFreezes (TryGoTest's and cowork-bench's) runs again (freeze.go).
+//
+// Options.Arch (GoTest.Arch) "arm64" selects the arm64 harness (arch.go):
+// qemu-system-aarch64 -M virt,virtualization=on,gic-version=3 -cpu max
+// boots the "outer-arm64" kernel flavour's Image at EL2, so its KVM runs in
+// VHE mode with a real /dev/kvm; outerinit and the test binaries are
+// cross-built with GOARCH=arm64. The host's x86 root is of no use there:
+// outerinit builds a tmpfs root from the static arm64 busybox that
+// scripts/arm64-userland.sh caches (busybox-static:arm64), with /payload
+// and the shares (the module, for testdata) over virtio-9p on virtio-mmio.
+// AvailableArch says what is missing; RequireARM64Harness gates a wrapper;
+// its boots enter the ledger as "nested-arm64". The outer clock there is
+// the architected counter (arch_sys_counter), reported as on x86.
 package nested

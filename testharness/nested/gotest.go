@@ -17,6 +17,8 @@ import (
 
 // GoTest describes a package's tests to run inside the outer guest.
 type GoTest struct {
+	// Arch is the outer guest's (Options.Arch); the tests are built for it.
+	Arch string
 	// Pkg is an import path or a ./relative package pattern naming one package.
 	Pkg string
 	// Run is the -test.run pattern; empty runs every test.
@@ -87,17 +89,21 @@ func RunThroughFreezes(ctx context.Context, opts Options, again func(retry, of i
 // unavailable and fails it when the tests do not build.
 func TryGoTest(t testing.TB, gt GoTest) (Result, error) {
 	t.Helper()
-	if err := Available(); err != nil {
+	arch, err := normalArch(gt.Arch)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := AvailableArch(arch); err != nil {
 		t.Skipf("nested harness unavailable: %v", err)
 	}
 	payload := t.TempDir()
 	bin := filepath.Join(payload, "pkg.test")
 	build := exec.Command("go", "test", "-c", "-o", bin, gt.Pkg)
-	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0", "GOARCH="+arch)
 	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("building the tests of %s: %v\n%s", gt.Pkg, err, out)
+		t.Fatalf("building the tests of %s for %s: %v\n%s", gt.Pkg, arch, err, out)
 	}
-	dir, shares := goTestDir(gt.Pkg)
+	dir, shares := goTestDir(gt.Pkg, arch)
 	args := []string{"/payload/pkg.test", "-test.v", "-test.count=1"}
 	if gt.Run != "" {
 		args = append(args, "-test.run", gt.Run)
@@ -117,6 +123,7 @@ func TryGoTest(t testing.TB, gt GoTest) (Result, error) {
 		}
 	}
 	opts := Options{
+		Arch:            arch,
 		PayloadDir:      payload,
 		Files:           gt.Files,
 		Cmd:             args,
@@ -138,27 +145,28 @@ func TryGoTest(t testing.TB, gt GoTest) (Result, error) {
 			t.Errorf("nested run of %s: %v", gt.Pkg, rmErr)
 		}
 	})
-	if mergeErr := mergeNestedLedger(payload); mergeErr != nil {
+	if mergeErr := mergeNestedLedger(payload, ledgerMode(arch)); mergeErr != nil {
 		t.Errorf("nested run of %s: %v", gt.Pkg, mergeErr)
 	}
 	if err != nil {
 		return res, err
 	}
-	t.Logf("nested run of %s: exit %d, wall %v, outer /init after %v wall (%v guest uptime), %s", gt.Pkg, res.ExitCode, res.Wall.Round(time.Millisecond), res.InitWall.Round(time.Millisecond), res.InitUptime, res.ClockNote())
+	t.Logf("nested %s run of %s: exit %d, wall %v, outer /init after %v wall (%v guest uptime), %s", gt.Pkg, arch, res.ExitCode, res.Wall.Round(time.Millisecond), res.InitWall.Round(time.Millisecond), res.InitUptime, res.ClockNote())
 	return res, nil
 }
 
 // goTestDir is where a package's tests run in the outer guest: its source
 // directory (visible read-only through the host root) so they find their
 // testdata, and the directories to share for that: the module, when it
-// lies where the outer guest's root hides the host's (a clone in /tmp).
-func goTestDir(pkg string) (dir string, shares []string) {
+// lies where the outer guest's root hides the host's (a clone in /tmp), and
+// always on arm64, whose outer guest does not see the host's root.
+func goTestDir(pkg, arch string) (dir string, shares []string) {
 	out, err := exec.Command("go", "list", "-f", "{{.Dir}}\t{{.Module.Dir}}", pkg).Output()
 	if err != nil {
 		return job.PayloadDir, nil
 	}
 	pkgDir, modDir, _ := strings.Cut(strings.TrimSpace(string(out)), "\t")
-	if job.HiddenInGuest(modDir) {
+	if modDir != "" && (arch == ArchARM64 || job.HiddenInGuest(modDir)) {
 		shares = []string{modDir}
 	}
 	return pkgDir, shares

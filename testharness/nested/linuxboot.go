@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 
@@ -33,11 +34,21 @@ const LedgerEnv = "COWORK_VMM_BOOT_LEDGER"
 // payloadLedger is the ledger inside the outer guest, on the payload.
 const payloadLedger = "boot-ledger"
 
-// Ledger modes.
+// Ledger modes: booted directly, inside the x86 harness, inside the arm64
+// harness (Options.Arch ArchARM64).
 const (
-	LedgerDirect = "direct"
-	LedgerNested = "nested"
+	LedgerDirect      = "direct"
+	LedgerNested      = "nested"
+	LedgerNestedARM64 = "nested-arm64"
 )
+
+// ledgerMode is the mode of the boots a harness of arch records.
+func ledgerMode(arch string) string {
+	if arch == ArchARM64 {
+		return LedgerNestedARM64
+	}
+	return LedgerNested
+}
 
 // RequireKVM skips t unless this host has a KVM the VMM can use at all
 // (tiny guests run even on PVM), and returns the probe.
@@ -73,6 +84,35 @@ func RequireHarness(t testing.TB) {
 	if err := Available(); err != nil {
 		t.Skipf("nested harness unavailable: %v", err)
 	}
+}
+
+// RequireHarnessArch is RequireHarness for the harness of arch (Options.
+// Arch): a wrapper whose tests run in the arm64 outer guest. Where arch is
+// not this host's, its KVM cannot run those tests directly, whatever it
+// boots, so only the harness's availability and -short count; inside the
+// arm64 outer guest (arch is the host's there, and its KVM boots Linux)
+// it skips, which stops recursion.
+func RequireHarnessArch(t testing.TB, arch string) {
+	t.Helper()
+	arch, err := normalArch(arch)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if arch == runtime.GOARCH && kvm.ProbeHost(kvm.DevicePath).BootsLinux() == nil {
+		t.Skip("this host's KVM boots Linux: the wrapped tests run directly")
+	}
+	if testing.Short() {
+		t.Skip("boots a qemu guest; skipped in -short mode")
+	}
+	if err := AvailableArch(arch); err != nil {
+		t.Skipf("nested %s harness unavailable: %v", arch, err)
+	}
+}
+
+// RequireARM64Harness is RequireHarnessArch(t, ArchARM64).
+func RequireARM64Harness(t testing.TB) {
+	t.Helper()
+	RequireHarnessArch(t, ArchARM64)
 }
 
 // RecordLinuxBoot notes that t has booted Linux and seen it come up: a log
@@ -112,8 +152,8 @@ func appendLedger(path string, lines []string) error {
 }
 
 // mergeNestedLedger copies the boots recorded inside the outer guest (the
-// payload's ledger) into the host's, as nested boots.
-func mergeNestedLedger(payload string) error {
+// payload's ledger) into the host's, as boots of mode (ledgerMode).
+func mergeNestedLedger(payload, mode string) error {
 	host := os.Getenv(LedgerEnv)
 	if host == "" {
 		return nil
@@ -133,7 +173,7 @@ func mergeNestedLedger(payload string) error {
 		if len(fields) != 3 || fields[0] != LedgerDirect {
 			return fmt.Errorf("nested boot ledger: bad line %q", sc.Text())
 		}
-		lines = append(lines, ledgerLine(LedgerNested, fields[1], fields[2]))
+		lines = append(lines, ledgerLine(mode, fields[1], fields[2]))
 	}
 	if err := sc.Err(); err != nil {
 		return err

@@ -42,6 +42,11 @@ const (
 
 // Options describe one harness run.
 type Options struct {
+	// Arch is the outer guest's architecture, a GOARCH: "" or ArchAMD64
+	// (qemu-system-x86_64 with nested SVM, the host's root shared), or
+	// ArchARM64 (qemu-system-aarch64 -M virt at EL2, a busybox root).
+	// Payload programs must be built for it.
+	Arch string
 	// PayloadDir is shared read-write with the outer guest at /payload.
 	// Empty: a temporary directory, removed after the run.
 	PayloadDir string
@@ -49,13 +54,14 @@ type Options struct {
 	// ("bin/x" or "/payload/bin/x") -> host path. Modes are kept.
 	Files map[string]string
 	// Cmd is the payload command. A Cmd[0] without a slash is looked up in
-	// the guest's PATH (the host's /usr/bin etc.).
+	// the guest's PATH (the host's /usr/bin etc.; busybox on arm64).
 	Cmd []string
 	// Env is added to the payload's environment (KEY=value).
 	Env []string
 	// Dir is the payload's working directory in the guest; default /payload.
 	// The host's directories are visible read-only at their own paths,
-	// except those under /tmp, /run, /root and /var/tmp (job.HiddenInGuest).
+	// except those under /tmp, /run, /root and /var/tmp (job.HiddenInGuest);
+	// on arm64 none of them are.
 	Dir string
 	// Shares are host directories to make visible read-only at their own
 	// paths even there (at most job.MaxShares).
@@ -72,7 +78,8 @@ type Options struct {
 	Timeout time.Duration
 	// Stdout, when set, receives the outer guest's serial console live.
 	Stdout io.Writer
-	// Kernel overrides the outer kernel (default: kernel.Find("outer")).
+	// Kernel overrides the outer kernel (default: kernel.Find("outer"), on
+	// arm64 the "outer-arm64" flavour's Image).
 	Kernel string
 	// Append is added to the outer kernel's command line (e.g. loglevel=7
 	// to see its boot messages; later words win).
@@ -168,9 +175,14 @@ func Run(ctx context.Context, opts Options) (Result, error) {
 	if len(opts.Cmd) == 0 {
 		return Result{}, errors.New("nested: empty command")
 	}
+	arch, err := normalArch(opts.Arch)
+	if err != nil {
+		return Result{}, err
+	}
+	opts.Arch = arch
 	opts.setDefaults()
 	if opts.Kernel == "" {
-		k, err := kernel.Find(kernel.Outer)
+		k, err := outerKernel(arch)
 		if err != nil {
 			return Result{}, fmt.Errorf("nested: %w", err)
 		}
@@ -198,15 +210,17 @@ func Run(ctx context.Context, opts Options) (Result, error) {
 	if err != nil {
 		return Result{}, err
 	}
-	j := job.Job{Token: token, Cmd: opts.Cmd, Env: opts.Env, Dir: opts.Dir, Timeout: opts.Timeout, Shares: opts.Shares}
+	j := job.Job{Token: token, Cmd: opts.Cmd, Env: opts.Env, Dir: opts.Dir, Timeout: opts.Timeout, Shares: opts.Shares, BusyboxRoot: arch == ArchARM64}
 	if err := j.Validate(); err != nil {
 		return Result{}, fmt.Errorf("nested: %w", err)
 	}
 	initrd := filepath.Join(work, "outer.cpio.gz")
-	if err := buildOuterInitramfs(ctx, work, initrd, j); err != nil {
+	if err := buildOuterInitramfs(ctx, work, initrd, arch, j); err != nil {
 		return Result{}, err
 	}
-	opts.tscKHz = hostTSCkHz(tscWindow)
+	if arch == ArchAMD64 {
+		opts.tscKHz = hostTSCkHz(tscWindow)
+	}
 	return runQemu(ctx, opts, payload, initrd, token)
 }
 
@@ -278,12 +292,12 @@ func copyFile(dst, src string) error {
 	return os.Chmod(dst, info.Mode().Perm())
 }
 
-// buildOuterInitramfs compiles outerinit (static) and packs it as /init
-// with the job.
-func buildOuterInitramfs(ctx context.Context, work, initrd string, j job.Job) error {
+// buildOuterInitramfs compiles outerinit (static, for arch) and packs it
+// as /init with the job, and on arm64 the cached busybox as job.Busybox.
+func buildOuterInitramfs(ctx context.Context, work, initrd, arch string, j job.Job) error {
 	initBin := filepath.Join(work, "outerinit")
 	cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-ldflags=-s -w", "-o", initBin, outerInitPkg)
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH=amd64")
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH="+arch)
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("nested: building the outer /init (run from inside the cowork-vmm module): %w\n%s", err, out)
 	}
@@ -295,6 +309,13 @@ func buildOuterInitramfs(ctx context.Context, work, initrd string, j job.Job) er
 		{Path: "init", Mode: 0o755, HostPath: initBin},
 		{Path: "dev/console", Mode: fs.ModeDevice | fs.ModeCharDevice | 0o600, Major: 5, Minor: 1},
 		{Path: strings.TrimPrefix(job.Path, "/"), Mode: 0o644, Data: jobJSON},
+	}
+	if j.BusyboxRoot {
+		busybox, err := arm64Busybox()
+		if err != nil {
+			return err
+		}
+		files = append(files, initramfs.File{Path: strings.TrimPrefix(job.Busybox, "/"), Mode: 0o755, HostPath: busybox})
 	}
 	f, err := os.Create(initrd)
 	if err != nil {
@@ -346,6 +367,9 @@ const outerCPU = "qemu64,+svm,+npt,+ssse3,+sse4.1,+sse4.2,+popcnt,+cx16,+lahf_lm
 
 // qemuArgs is the outer guest's command line (NESTED-TEST.md's recipe).
 func qemuArgs(opts Options, payload, initrd string) []string {
+	if opts.Arch == ArchARM64 {
+		return qemuArgsARM64(opts, payload, initrd)
+	}
 	accel := "tcg"
 	if opts.CPUs > 1 && !opts.SingleThreadTCG {
 		accel = "tcg,thread=multi"
@@ -370,12 +394,7 @@ func qemuArgs(opts Options, payload, initrd string) []string {
 	if opts.QemuLog != "" {
 		args = append(args, "-d", "cpu_reset,guest_errors", "-D", opts.QemuLog)
 	}
-	for i, dir := range opts.Shares {
-		tag := job.ShareTag(i)
-		args = append(args, "-fsdev", "local,id="+tag+",path="+dir+",security_model=none,readonly=on",
-			"-device", "virtio-9p-device,fsdev="+tag+",mount_tag="+tag)
-	}
-	return args
+	return append(args, shareArgs(opts.Shares)...)
 }
 
 func runQemu(ctx context.Context, opts Options, payload, initrd, token string) (Result, error) {
@@ -384,7 +403,7 @@ func runQemu(ctx context.Context, opts Options, payload, initrd, token string) (
 	defer cancel()
 	runCtx, kill := context.WithCancel(ctx) // kill: the outer guest froze
 	defer kill()
-	cmd := exec.CommandContext(runCtx, qemuBinary, qemuArgs(opts, payload, initrd)...)
+	cmd := exec.CommandContext(runCtx, qemuBinaryFor(opts.Arch), qemuArgs(opts, payload, initrd)...)
 	cmd.WaitDelay = 5 * time.Second
 	var console bytes.Buffer
 	var mu sync.Mutex

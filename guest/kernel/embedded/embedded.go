@@ -20,8 +20,8 @@ const maxKernelSize = 256 << 20
 // Available reports whether a kernel is embedded.
 func Available() bool { return len(compressed) > 0 }
 
-// Kernel returns the embedded vmlinux, decompressed (a fresh slice on every
-// call), or ErrNotEmbedded.
+// Kernel returns the embedded kernel (vmlinux on amd64, an Image on
+// arm64), decompressed (a fresh slice on every call), or ErrNotEmbedded.
 func Kernel() ([]byte, error) {
 	return decompress(compressed)
 }

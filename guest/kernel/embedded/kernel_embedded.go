@@ -1,4 +1,4 @@
-//go:build embedkernel
+//go:build embedkernel && amd64
 
 package embedded
 

@@ -32,6 +32,10 @@ type Job struct {
 	// path (virtio-9p tag ShareTag(i)): ones the payload's root would not
 	// show, because they lie under a FreshDir (a clone in /tmp, say).
 	Shares []string `json:"shares,omitempty"`
+	// BusyboxRoot makes outerinit build the payload's root from the static
+	// busybox at Busybox in its initramfs (the arm64 outer guest, to which
+	// the host's x86 root is useless) instead of the host's root over 9p.
+	BusyboxRoot bool `json:"busybox_root,omitempty"`
 }
 
 // MaxShares bounds Job.Shares (each is a virtio-mmio device).
@@ -81,6 +85,9 @@ func HiddenInGuest(p string) bool {
 const (
 	// Path is where the job sits in the outer initramfs.
 	Path = "/job.json"
+	// Busybox is where a BusyboxRoot job's static busybox sits in the
+	// outer initramfs, and in the payload's root.
+	Busybox = "/bin/busybox"
 	// HostRootTag and PayloadTag are the virtio-9p mount tags.
 	HostRootTag = "hostroot"
 	PayloadTag  = "payload"

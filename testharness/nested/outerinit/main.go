@@ -6,10 +6,14 @@
 // It mounts proc, sys and devtmpfs, mounts the host's root (virtio-9p, read
 // only) and builds a root for the payload out of it: a tmpfs with the host's
 // top-level directories bind-mounted read-only and fresh tmpfs on /tmp, /run,
-// /var/tmp and /root (as virtme-ng does). The payload directory (virtio-9p,
-// read-write) appears at /payload. It then runs the job's command with a
-// timeout, its output going to the serial console between marker lines, and
-// restarts the machine, which ends qemu (-no-reboot).
+// /var/tmp and /root (as virtme-ng does). A job with BusyboxRoot (the arm64
+// outer guest, to which the host's root is useless) gets a tmpfs root
+// instead whose /bin, /sbin, /usr/bin and /usr/sbin hold the initramfs's
+// static busybox and its applets, with a minimal /etc. The payload
+// directory (virtio-9p, read-write) appears at /payload. It then runs the
+// job's command with a timeout, its output going to the serial console
+// between marker lines, and restarts the machine, which ends qemu
+// (-no-reboot: a triple fault on x86, PSCI SYSTEM_RESET on arm64).
 //
 // The harness builds it with CGO_ENABLED=0 at run time; it must stay static.
 package main
@@ -50,7 +54,9 @@ func main() {
 	}
 	unix.Sync()
 	// reboot=t on the command line: a restart is a triple fault, which ends
-	// qemu under -no-reboot. (Power-off would leave microvm halted.)
+	// qemu under -no-reboot. (Power-off would leave microvm halted.) On
+	// arm64 a restart is PSCI SYSTEM_RESET, which ends qemu -M virt under
+	// -no-reboot as well.
 	if err := unix.Reboot(unix.LINUX_REBOOT_CMD_RESTART); err != nil {
 		fmt.Fprintln(console, "outerinit: reboot:", err)
 	}
@@ -75,7 +81,11 @@ func run(console *os.File, token *string) (int, error) {
 	*token = j.Token
 	fmt.Fprintln(console, job.Marker(job.MarkerInit, j.Token, "uptime="+uptime()))
 
-	if err := buildRoot(); err != nil {
+	build := buildRoot
+	if j.BusyboxRoot {
+		build = buildBusyboxRoot
+	}
+	if err := build(); err != nil {
 		return 0, err
 	}
 	if err := mountShares(j.Shares); err != nil {
@@ -213,6 +223,21 @@ func buildRoot() error {
 			}
 		}
 	}
+	if err := mountFreshDirs(); err != nil {
+		return err
+	}
+	// /var comes from the host read-only; programs expect /var/tmp writable.
+	if _, err := os.Stat(filepath.Join(newRoot, "var/tmp")); err == nil {
+		if err := mount("tmpfs", filepath.Join(newRoot, "var/tmp"), "tmpfs", 0, "mode=1777"); err != nil {
+			return err
+		}
+	}
+	return mountDevExtras()
+}
+
+// mountFreshDirs gives the payload's root its own proc, sys, dev, payload
+// and tmpfs directories (job.FreshDir).
+func mountFreshDirs() error {
 	for _, name := range job.FreshDirNames() {
 		kind, _ := job.FreshDir(name)
 		dst := filepath.Join(newRoot, name)
@@ -233,12 +258,11 @@ func buildRoot() error {
 			return err
 		}
 	}
-	// /var comes from the host read-only; programs expect /var/tmp writable.
-	if _, err := os.Stat(filepath.Join(newRoot, "var/tmp")); err == nil {
-		if err := mount("tmpfs", filepath.Join(newRoot, "var/tmp"), "tmpfs", 0, "mode=1777"); err != nil {
-			return err
-		}
-	}
+	return nil
+}
+
+// mountDevExtras mounts dev/pts and dev/shm in the payload's root.
+func mountDevExtras() error {
 	for _, m := range []struct{ target, fstype, data string }{
 		{"dev/pts", "devpts", "newinstance,ptmxmode=0666"},
 		{"dev/shm", "tmpfs", "mode=1777"},
@@ -269,7 +293,7 @@ func ensureKVMNode(devDir string) error {
 	}
 	numbers, err := os.ReadFile("/sys/class/misc/kvm/dev")
 	if err != nil {
-		return fmt.Errorf("no /dev/kvm and no /sys/class/misc/kvm (is KVM_AMD built into the outer kernel and svm in the qemu -cpu?): %w", err)
+		return fmt.Errorf("no /dev/kvm and no /sys/class/misc/kvm (is KVM built into the outer kernel, with svm in the x86 qemu -cpu or virtualization=on on the arm64 virt machine?): %w", err)
 	}
 	var major, minor uint32
 	if _, err := fmt.Sscanf(strings.TrimSpace(string(numbers)), "%d:%d", &major, &minor); err != nil {

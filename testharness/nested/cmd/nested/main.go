@@ -2,9 +2,12 @@
 // (qemu TCG with nested SVM, so /dev/kvm works inside) and exits with its
 // status:
 //
-//	go run ./testharness/nested/cmd/nested [--payload DIR] [--mem MiB] [--cpus N] [--timeout D] -- CMD ARGS...
+//	go run ./testharness/nested/cmd/nested [--arch amd64|arm64] [--payload DIR] [--mem MiB] [--cpus N] [--timeout D] -- CMD ARGS...
 //
-// DIR is shared read-write at /payload; the host's root is visible read-only.
+// DIR is shared read-write at /payload; the host's root is visible read-only
+// (amd64). With --arch arm64 the outer guest is qemu-system-aarch64's virt
+// machine with a busybox root: CMD must be an arm64 program (in DIR) or a
+// busybox applet.
 package main
 
 import (
@@ -24,6 +27,8 @@ func main() {
 }
 
 func run() int {
+	arch := flag.String("arch", nested.ArchAMD64, "outer guest architecture: amd64 or arm64")
+	kernelPath := flag.String("kernel", "", "outer kernel (default: the built outer or outer-arm64 flavour)")
 	payload := flag.String("payload", "", "host directory shared read-write at /payload (default: an empty temporary one)")
 	mem := flag.Int("mem", nested.DefaultMemMiB, "outer guest memory in MiB")
 	cpus := flag.Int("cpus", nested.DefaultCPUs, "outer guest vCPUs")
@@ -40,14 +45,14 @@ func run() int {
 		flag.Usage()
 		return 2
 	}
-	if err := nested.Available(); err != nil {
+	if err := nested.AvailableArch(*arch); err != nil && *kernelPath == "" {
 		fmt.Fprintln(os.Stderr, "nested:", err)
 		return 1
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	opts := nested.Options{
-		PayloadDir: *payload, Cmd: flag.Args(), MemMiB: *mem, CPUs: *cpus,
+		Arch: *arch, Kernel: *kernelPath, PayloadDir: *payload, Cmd: flag.Args(), MemMiB: *mem, CPUs: *cpus,
 		Timeout: *timeout, Dir: *dir, Append: *appendArgs,
 	}
 	if !*quiet {

@@ -1,0 +1,171 @@
+package nested
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+
+	"github.com/cowork-vmm/cowork-vmm/guest/kernel"
+	"github.com/cowork-vmm/cowork-vmm/internal/cachedir"
+	"github.com/cowork-vmm/cowork-vmm/testharness/nested/job"
+)
+
+// Architectures of the outer guest (Options.Arch, GoTest.Arch), as GOARCH
+// names; "" is ArchAMD64.
+const (
+	ArchAMD64 = "amd64"
+	ArchARM64 = "arm64"
+)
+
+// The arm64 outer guest: its qemu, its kernel (guest/kernel's flavour and
+// the file qemu boots) and where scripts/arm64-userland.sh caches its
+// userland (Debian's busybox-static:arm64, unpacked).
+const (
+	qemuBinaryARM64   = "qemu-system-aarch64"
+	outerARM64Flavour = "outer-arm64"
+	outerARM64Image   = "Image"
+	userlandEnv       = "COWORK_VMM_ARM64_USERLAND"
+	userlandBusybox   = "current/root/bin/busybox"
+)
+
+// normalArch maps "" to ArchAMD64 and rejects what the harness cannot run.
+func normalArch(arch string) (string, error) {
+	switch arch {
+	case "", ArchAMD64:
+		return ArchAMD64, nil
+	case ArchARM64:
+		return ArchARM64, nil
+	}
+	return "", fmt.Errorf("nested: architecture %q: want %q or %q", arch, ArchAMD64, ArchARM64)
+}
+
+// AvailableArch reports why the harness of arch ("" or "amd64": Available;
+// "arm64": qemu-system-aarch64 with the outer-arm64 kernel and the cached
+// arm64 userland) cannot run here, or nil.
+func AvailableArch(arch string) error {
+	arch, err := normalArch(arch)
+	if err != nil {
+		return err
+	}
+	if arch == ArchAMD64 {
+		return Available()
+	}
+	if runtime.GOOS != "linux" {
+		return fmt.Errorf("nested arm64 harness needs linux, this is %s", runtime.GOOS)
+	}
+	if _, err := exec.LookPath(qemuBinaryARM64); err != nil {
+		return fmt.Errorf("nested arm64 harness needs %s (apt-get install qemu-system-arm): %w", qemuBinaryARM64, err)
+	}
+	if _, err := exec.LookPath("go"); err != nil {
+		return fmt.Errorf("nested arm64 harness cross-builds its outer /init with the go tool, not in PATH: %w", err)
+	}
+	if _, err := outerARM64Kernel(); err != nil {
+		return err
+	}
+	if _, err := arm64Busybox(); err != nil {
+		return err
+	}
+	return nil
+}
+
+// outerKernel is the kernel the outer guest of arch boots by default.
+func outerKernel(arch string) (string, error) {
+	if arch == ArchARM64 {
+		return outerARM64Kernel()
+	}
+	return kernel.Find(kernel.Outer)
+}
+
+func outerARM64Kernel() (string, error) {
+	p, err := kernel.FindImage(outerARM64Flavour, outerARM64Image)
+	if err != nil {
+		return "", fmt.Errorf("nested arm64 harness: outer kernel (make kernel-outer-arm64): %w", err)
+	}
+	return p, nil
+}
+
+// arm64Busybox is the cached static arm64 busybox, from which outerinit
+// builds the arm64 outer guest's root.
+func arm64Busybox() (string, error) {
+	dir, err := cachedir.Dir(userlandEnv, "arm64-userland")
+	if err != nil {
+		return "", fmt.Errorf("nested arm64 harness: userland: %w", err)
+	}
+	p := filepath.Join(dir, userlandBusybox)
+	info, err := os.Stat(p)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return "", fmt.Errorf("nested arm64 harness: no arm64 userland cached (looked for %s): run scripts/arm64-userland.sh (as root: it adds dpkg's arm64 architecture and downloads busybox-static:arm64)", p)
+	case err != nil:
+		return "", fmt.Errorf("nested arm64 harness: userland: %w", err)
+	case !info.Mode().IsRegular():
+		return "", fmt.Errorf("nested arm64 harness: userland %s is not a regular file", p)
+	}
+	return p, nil
+}
+
+// qemuBinaryFor is the emulator of arch's outer guest.
+func qemuBinaryFor(arch string) string {
+	if arch == ArchARM64 {
+		return qemuBinaryARM64
+	}
+	return qemuBinary
+}
+
+// outerCmdlineARM64: the console on the virt machine's PL011; panic=-1 so a
+// panic restarts, which ends qemu under -no-reboot (as outerinit's own
+// restart does: PSCI SYSTEM_RESET); quiet because every console byte is
+// slow under emulation. The arm64 kernel keeps time with the architected
+// counter (arch_sys_counter), which needs no rate on the command line.
+const outerCmdlineARM64 = "console=ttyAMA0 panic=-1 quiet"
+
+// qemuArgsARM64 is the arm64 outer guest's command line (NESTED-TEST.md's
+// "An arm64 harness"): the virt machine with EL2 (virtualization=on), so
+// the outer kernel runs KVM in VHE mode and has a real /dev/kvm, and a
+// GICv3, which KVM's in-kernel GIC emulation needs. The virtio-9p devices
+// sit on virt's virtio-mmio transports, which the device tree announces.
+// The host's root is not shared: it is x86 and useless to arm64 programs;
+// outerinit builds the root from the busybox in the initramfs.
+func qemuArgsARM64(opts Options, payload, initrd string) []string {
+	accel := "tcg"
+	if opts.CPUs > 1 && !opts.SingleThreadTCG {
+		accel = "tcg,thread=multi"
+	}
+	args := []string{
+		"-accel", accel,
+		"-M", "virt,virtualization=on,gic-version=3",
+		"-cpu", "max",
+		"-m", strconv.Itoa(opts.MemMiB),
+		"-smp", strconv.Itoa(opts.CPUs),
+		"-nodefaults", "-no-user-config", "-nographic",
+		"-serial", "stdio",
+		"-kernel", opts.Kernel,
+		"-initrd", initrd,
+		"-append", strings.TrimSpace(outerCmdlineARM64 + " " + opts.Append),
+		"-no-reboot",
+		"-fsdev", "local,id=payload,path=" + payload + ",security_model=none",
+		"-device", "virtio-9p-device,fsdev=payload,mount_tag=" + job.PayloadTag,
+	}
+	if opts.QemuLog != "" {
+		args = append(args, "-d", "cpu_reset,guest_errors", "-D", opts.QemuLog)
+	}
+	return append(args, shareArgs(opts.Shares)...)
+}
+
+// shareArgs are the qemu arguments of Options.Shares: read-only virtio-9p
+// devices tagged job.ShareTag(i).
+func shareArgs(shares []string) []string {
+	var args []string
+	for i, dir := range shares {
+		tag := job.ShareTag(i)
+		args = append(args, "-fsdev", "local,id="+tag+",path="+dir+",security_model=none,readonly=on",
+			"-device", "virtio-9p-device,fsdev="+tag+",mount_tag="+tag)
+	}
+	return args
+}
