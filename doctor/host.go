@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"os"
 	"os/exec"
+	"runtime"
 	"syscall"
 	"time"
 
@@ -55,7 +56,7 @@ type Host struct {
 	// (ListUserlands).
 	Userlands func(dataDir string) ([]Userland, error)
 	// KernelCache is the path of the latest `make kernel` guest vmlinux
-	// (kernel.Find(kernel.Guest)); its error says how to build one.
+	// (kernel.FindGuest for this binary's GOARCH); its error says how to build one.
 	KernelCache func() (string, error)
 	// EmbeddedKernel is the kernel compiled into this binary
 	// (embedded.Kernel); embedded.ErrNotEmbedded when there is none.
@@ -109,7 +110,7 @@ func RealHost() Host {
 		DataDir:        helper.DefaultDataDir,
 		RootDisks:      ListRootDisks,
 		Userlands:      ListUserlands,
-		KernelCache:    func() (string, error) { return kernel.Find(kernel.Guest) },
+		KernelCache:    func() (string, error) { return kernel.FindGuest(runtime.GOARCH) },
 		EmbeddedKernel: embedded.Kernel,
 		ProbeKVM:       kvm.ProbeHost,
 		ProbeUserNS:    probeUserNS,

@@ -64,10 +64,16 @@ func nestedKVMTest(t *testing.T, run string, timeout time.Duration, cpus int, en
 	if bin == "" {
 		bin = nested.BuildCoworkVMM(t)
 	}
+	return nestedE2E(run, timeout, cpus, vmlinux, bin, env)
+}
+
+// nestedE2E is the GoTest of the e2e tests matching run with kernel and a
+// static cowork-vmm bin in the payload.
+func nestedE2E(run string, timeout time.Duration, cpus int, kernel, bin string, env []string) nested.GoTest {
 	return nested.GoTest{
 		Pkg:   "github.com/cowork-vmm/cowork-vmm/e2e",
 		Run:   run,
-		Files: map[string]string{"vmlinux": vmlinux, "cowork-vmm": bin},
+		Files: map[string]string{"vmlinux": kernel, "cowork-vmm": bin},
 		Env: append([]string{
 			"COWORK_VMM_E2E_BIN=/payload/cowork-vmm",
 			"COWORK_VMM_KERNEL=/payload/vmlinux",
@@ -76,6 +82,24 @@ func nestedKVMTest(t *testing.T, run string, timeout time.Duration, cpus int, en
 		MemMiB:  3072,
 		Timeout: timeout,
 	}
+}
+
+// TestNestedARM64ClientFlow runs the kvm backend's client flow
+// (TestKVMClientFlow: configure, startVM, isGuestConnected, spawns with
+// output, stdin, kill and exit, readFile, virtio-fs mounts, stopVM) and
+// its egress allowlist (TestKVMEgressAllowedDomains) inside the arm64
+// harness, with an arm64 cowork-vmm built here and our arm64 guest kernel.
+// It skips where the arm64 harness or the arm64 kernel is missing.
+func TestNestedARM64ClientFlow(t *testing.T) {
+	nested.RequireARM64Harness(t)
+	image, err := kernel.FindGuest(nested.ArchARM64)
+	if err != nil {
+		t.Skipf("no arm64 guest kernel: %v", err)
+	}
+	gt := nestedE2E("^(TestKVMClientFlow|TestKVMEgressAllowedDomains)$", 30*time.Minute, 1,
+		image, nested.BuildCoworkVMMFor(t, nested.ArchARM64), nil)
+	gt.Arch = nested.ArchARM64
+	nested.RunGoTestWith(t, gt)
 }
 
 // TestStartToConnected measures what the desktop client waits for at boot:

@@ -40,3 +40,30 @@ func TestNestedKVM(t *testing.T) {
 		Timeout: 12 * time.Minute,
 	})
 }
+
+// TestNestedARM64KVM runs TestKVMBootLinux (our arm64 guest kernel with
+// the test init, on 1 and 2 vCPUs: the device tree, the GICv3, PSCI's
+// CPU_ON and SYSTEM_RESET, the 16550 on MMIO, the boot timer's MMIO page)
+// inside the arm64 harness (qemu-system-aarch64 TCG at EL2 gives a real
+// arm64 /dev/kvm). It skips where the arm64 harness or the arm64 guest
+// kernel (make kernel-arm64) is missing.
+func TestNestedARM64KVM(t *testing.T) {
+	nested.RequireARM64Harness(t)
+	image, err := kernel.FindGuest(nested.ArchARM64)
+	if err != nil {
+		t.Skipf("no arm64 guest kernel: %v", err)
+	}
+	initrd := filepath.Join(t.TempDir(), "initrd.cpio.gz")
+	if err := guestboot.BuildInitramfsFor(context.Background(), initrd, nested.ArchARM64); err != nil {
+		t.Fatal(err)
+	}
+	nested.RunGoTestWith(t, nested.GoTest{
+		Arch:    nested.ArchARM64,
+		Pkg:     "github.com/cowork-vmm/cowork-vmm/machine",
+		Run:     "^TestKVMBootLinux$",
+		Files:   map[string]string{"Image": image, "initrd.cpio.gz": initrd},
+		Env:     []string{"COWORK_TEST_KERNEL=/payload/Image", "COWORK_TEST_INITRD=/payload/initrd.cpio.gz"},
+		CPUs:    2,
+		Timeout: 15 * time.Minute,
+	})
+}
