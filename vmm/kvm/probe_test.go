@@ -95,7 +95,7 @@ func TestKVMProbeTrial(t *testing.T) {
 	if !p.Tried {
 		t.Fatal("usable KVM, but the trial guest did not run")
 	}
-	t.Logf("PVM marks %v (%s), trial: %v, verdict: %v", p.PVM, p.PVMReason, p.TrialErr, p.BootsLinux())
+	t.Logf("PVM marks %v (%s), trial: %v, arm64 facts: %+v, verdict: %v", p.PVM, p.PVMReason, p.TrialErr, p.ARM64, p.BootsLinux())
 	if runtime.GOARCH == "arm64" {
 		if p.PVM || p.TrialErr != nil || p.ARM64 == nil || !p.ARM64.TargetOK || !p.ARM64.VCPUInit || !p.ARM64.GICv3 {
 			t.Errorf("arm64 KVM: PVM %v, trial %v, facts %+v; want no PVM, the trial passed, every fact true", p.PVM, p.TrialErr, p.ARM64)
