@@ -8,7 +8,6 @@ import (
 	"io"
 	"io/fs"
 	"path/filepath"
-	"runtime"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -27,12 +26,12 @@ const ModulePath = "github.com/cowork-vmm/cowork-vmm"
 
 const vhostVsockPath = "/dev/vhost-vsock"
 
-// gateFirmware is the client's firmware search: the first readable CODE
-// file, with its VARS file beside it.
+// gateFirmware is the client's firmware search on goarch: the first
+// readable CODE file, with its VARS file beside it.
 type firmwarePair struct{ code, vars string }
 
-func gateFirmware() []firmwarePair {
-	if runtime.GOARCH == "arm64" {
+func gateFirmware(goarch string) []firmwarePair {
+	if goarch == "arm64" {
 		return []firmwarePair{{"/usr/share/AAVMF/AAVMF_CODE.fd", "/usr/share/AAVMF/AAVMF_VARS.fd"}}
 	}
 	return []firmwarePair{
@@ -46,11 +45,31 @@ var gateVirtiofsd = []string{"/usr/libexec/virtiofsd", "/usr/bin/virtiofsd"}
 // Where distributions put virtiofsd that the gate does not look at.
 var otherVirtiofsd = []string{"/usr/lib/qemu/virtiofsd", "/usr/lib/virtiofsd"}
 
-func qemuBinary() string {
-	if runtime.GOARCH == "arm64" {
+// qemuBinary is the qemu the client's gate looks for on goarch.
+func qemuBinary(goarch string) string {
+	if goarch == "arm64" {
 		return "qemu-system-aarch64"
 	}
 	return "qemu-system-x86_64"
+}
+
+// How to install the gate's qemu and firmware, per architecture. On arm64
+// Debian's qemu-system-arm holds qemu-system-aarch64, and qemu-efi-aarch64
+// the AAVMF pair.
+func qemuInstallFix(goarch string) string {
+	if goarch == "arm64" {
+		return "install it so the gate passes: sudo apt install qemu-system-arm qemu-efi-aarch64 (Debian/Ubuntu; the firmware the gate also checks comes with the second), " +
+			"sudo dnf install qemu-system-aarch64-core edk2-aarch64 (Fedora), sudo pacman -S qemu-system-aarch64 edk2-aarch64 (Arch)"
+	}
+	return "install it so the gate passes: sudo apt install qemu-system-x86 (Debian/Ubuntu), sudo dnf install qemu-system-x86-core (Fedora), sudo pacman -S qemu-base (Arch)"
+}
+
+func firmwareInstallFix(goarch string) string {
+	if goarch == "arm64" {
+		return "sudo apt install qemu-efi-aarch64 (Debian/Ubuntu); elsewhere install your distribution's AArch64 UEFI firmware " +
+			"(Fedora and Arch: edk2-aarch64) and, if it puts its CODE and VARS files elsewhere, link them to those paths"
+	}
+	return "sudo apt install ovmf (Debian/Ubuntu); elsewhere link your distribution's files to those paths, e.g. Fedora: sudo mkdir -p /usr/share/OVMF && sudo ln -s /usr/share/edk2/ovmf/OVMF_CODE.fd /usr/share/edk2/ovmf/OVMF_VARS.fd /usr/share/OVMF/"
 }
 
 // Menu launches of the client may have a minimal PATH.
@@ -81,7 +100,7 @@ func (r *runner) clientChecks() (passes bool, conclusion string) {
 func (r *runner) gateQEMUCheck() (c Check, failure string) {
 	fail := func(reason string) { c.Status, failure = StatusFail, reason }
 	c = Check{ID: CheckGateQEMU, Group: GroupClient, Title: "Gate: qemu"}
-	name := qemuBinary()
+	name := qemuBinary(r.h.Arch)
 	if p, err := r.h.LookPath(name); err == nil {
 		c.Status = StatusOK
 		c.Detail = p + " (" + gateNote + ")"
@@ -93,7 +112,7 @@ func (r *runner) gateQEMUCheck() (c Check, failure string) {
 	} else {
 		fail("virtualization_tools_missing (" + name + ")")
 		c.Detail = name + " is not on PATH: the gate reports virtualization_tools_missing (" + gateNote + ")"
-		c.Fix = "install it so the gate passes: sudo apt install qemu-system-x86 (Debian/Ubuntu), sudo dnf install qemu-system-x86-core (Fedora), sudo pacman -S qemu-base (Arch)"
+		c.Fix = qemuInstallFix(r.h.Arch)
 	}
 	return c, failure
 }
@@ -102,7 +121,7 @@ func (r *runner) gateQEMUCheck() (c Check, failure string) {
 func (r *runner) gateFirmwareCheck() (c Check, failure string) {
 	fail := func(reason string) { c.Status, failure = StatusFail, reason }
 	c = Check{ID: CheckGateFirmware, Group: GroupClient, Title: "Gate: UEFI firmware"}
-	pairs := gateFirmware()
+	pairs := gateFirmware(r.h.Arch)
 	for _, p := range pairs {
 		if r.h.Access(p.code, unix.R_OK) == nil && r.h.Access(p.vars, unix.R_OK) == nil {
 			c.Status = StatusOK
@@ -113,7 +132,7 @@ func (r *runner) gateFirmwareCheck() (c Check, failure string) {
 	if c.Status == "" {
 		fail("virtualization_tools_missing (firmware)")
 		c.Detail = "none of " + pairsString(pairs) + " is readable with its VARS file: the gate reports the tools missing (" + gateNote + ")"
-		c.Fix = "sudo apt install ovmf (Debian/Ubuntu); elsewhere link your distribution's files to those paths, e.g. Fedora: sudo mkdir -p /usr/share/OVMF && sudo ln -s /usr/share/edk2/ovmf/OVMF_CODE.fd /usr/share/edk2/ovmf/OVMF_VARS.fd /usr/share/OVMF/"
+		c.Fix = firmwareInstallFix(r.h.Arch)
 	}
 	return c, failure
 }

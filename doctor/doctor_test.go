@@ -167,7 +167,7 @@ func TestKVMAPIAndCapabilities(t *testing.T) {
 	wantStatus(t, r, CheckKVMCaps, StatusSkip)
 
 	caps := map[string]bool{}
-	for _, c := range kvm.RequiredCapabilities {
+	for _, c := range kvm.RequiredCapabilitiesFor("amd64") {
 		caps[c.String()] = true
 	}
 	caps["KVM_CAP_IRQFD"] = false

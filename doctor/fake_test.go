@@ -46,6 +46,9 @@ func (i fakeInfo) Sys() any {
 // fakeHost is a host made of a file map and canned probe answers. The zero
 // value of each answer is "works".
 type fakeHost struct {
+	// arch is the host's GOARCH: "amd64" unless a test says otherwise,
+	// whatever machine runs the tests.
+	arch      string
 	uid       int
 	groups    []int
 	env       map[string]string
@@ -78,12 +81,13 @@ const testUID = 1000
 // client's gate tools installed.
 func healthyHost() *fakeHost {
 	caps := map[string]bool{}
-	for _, c := range kvm.RequiredCapabilities {
+	for _, c := range kvm.RequiredCapabilitiesFor("amd64") {
 		caps[c.String()] = true
 	}
 	return &fakeHost{
-		uid: testUID,
-		env: map[string]string{"XDG_RUNTIME_DIR": "/run/user/1000", "HOME": "/home/u"},
+		arch: "amd64",
+		uid:  testUID,
+		env:  map[string]string{"XDG_RUNTIME_DIR": "/run/user/1000", "HOME": "/home/u"},
 		files: map[string]fakeFile{
 			"/dev/kvm":                        {mode: fs.ModeDevice | fs.ModeCharDevice | 0o660},
 			"/dev/vhost-vsock":                {mode: fs.ModeDevice | fs.ModeCharDevice | 0o660},
@@ -118,6 +122,7 @@ func (f *fakeHost) stat(p string) (fs.FileInfo, error) {
 
 func (f *fakeHost) host() *Host {
 	return &Host{
+		Arch:   f.arch,
 		Getenv: func(k string) string { return f.env[k] },
 		FileLimit: func() (uint64, error) {
 			if f.fileLimit == 0 {
@@ -253,6 +258,7 @@ func wantUsable(t *testing.T, r Report, want ...string) {
 func (f *fakeHost) probeKVM(string) kvm.HostProbe {
 	p := f.kvm
 	p.Device = kvm.DevicePath
+	p.Arch = f.arch
 	p.PVM, p.PVMReason = f.pvm, f.pvmWhy
 	if f.pvm && p.Usable() == nil {
 		p.Tried, p.TrialErr = true, errors.New("its instruction emulator cannot execute int3 in protected mode")

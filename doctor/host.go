@@ -27,6 +27,10 @@ import (
 // runtime directory, no kernel, no user namespaces. RealHost probes this
 // machine; a nil field is filled from RealHost.
 type Host struct {
+	// Arch is the GOARCH of the machine (runtime.GOARCH when empty): it
+	// decides the KVM facts reported and the client gate's qemu and
+	// firmware.
+	Arch   string
 	Getenv func(key string) string
 	Getuid func() int
 	Getgid func() int
@@ -95,6 +99,7 @@ type BootResult struct {
 // RealHost probes this machine.
 func RealHost() Host {
 	return Host{
+		Arch:           runtime.GOARCH,
 		Getenv:         os.Getenv,
 		Getuid:         os.Getuid,
 		Getgid:         os.Getgid,
@@ -124,6 +129,9 @@ func RealHost() Host {
 // withDefaults fills h's nil fields from RealHost.
 func (h Host) withDefaults() Host {
 	r := RealHost()
+	if h.Arch == "" {
+		h.Arch = r.Arch
+	}
 	if h.Getenv == nil {
 		h.Getenv = r.Getenv
 	}

@@ -83,6 +83,9 @@ func (r *runner) kvmChecks() kvmFacts {
 		dev.Status = StatusFail
 		dev.Detail = fmt.Sprintf("%s exists but is not a character device (%v)", kvm.DevicePath, info.Mode())
 		dev.Fix = fmt.Sprintf("remove it (sudo rm %s) and reload KVM (sudo modprobe -r kvm_intel kvm_amd; sudo modprobe kvm_intel or kvm_amd)", kvm.DevicePath)
+		if r.h.Arch == "arm64" {
+			dev.Fix = fmt.Sprintf("remove it (sudo rm %s) and recreate the node: sudo udevadm trigger (KVM is built into arm64 kernels; no module to reload)", kvm.DevicePath)
+		}
 	default:
 		f.devicePresent = true
 		dev.Status = StatusOK
@@ -110,6 +113,9 @@ func (r *runner) kvmChecks() kvmFacts {
 			access.Status = StatusFail
 			access.Detail = fmt.Sprintf("%s exists but no KVM answers behind it: %v", kvm.DevicePath, p.OpenErr)
 			access.Fix = "load the KVM module: sudo modprobe kvm_intel (Intel) or sudo modprobe kvm_amd (AMD); or " + processHint
+			if r.h.Arch == "arm64" {
+				access.Fix = arm64EL2Fix
+			}
 		case p.OpenErr != nil:
 			access.Status = StatusFail
 			access.Detail = p.OpenErr.Error()
@@ -151,9 +157,18 @@ func (r *runner) kvmChecks() kvmFacts {
 	return f
 }
 
-// linuxCheck answers "can this KVM boot Linux?": the probe's trial guest
+// arm64EL2Fix is what makes an arm64 KVM appear: the kernel must start at
+// EL2, which firmware or the hypervisor under a VM decides.
+const arm64EL2Fix = "arm64 KVM is built into the kernel and needs it started at EL2 (hypervisor mode): " +
+	"`sudo dmesg | grep -i kvm` says \"VHE mode initialized\" or \"Hyp mode initialized\" when it was, \"HYP mode not available\" when not; " +
+	"in a cloud VM use a bare-metal instance or one with nested virtualization, on a board firmware that starts Linux at EL2; otherwise " + processHint
+
+// linuxCheck answers "can this KVM boot Linux?": the probe's trial
 // decides where the device is usable; otherwise what the host shows.
 func (r *runner) linuxCheck(f *kvmFacts, p kvm.HostProbe, virtFlag string, virtKnown bool) Check {
+	if r.h.Arch == "arm64" {
+		return arm64LinuxCheck(f, p)
+	}
 	linux := Check{ID: CheckKVMLinux, Group: GroupCoworkVMM, Title: "Linux guests on this KVM"}
 	const isolationFix = "; for VM isolation, run on a host with hardware virtualization (VT-x/AMD-V) or with nested virtualization enabled"
 	switch {
@@ -193,6 +208,39 @@ func (r *runner) linuxCheck(f *kvmFacts, p kvm.HostProbe, virtFlag string, virtK
 	return linux
 }
 
+// arm64LinuxCheck is linuxCheck on arm64, where there is no PVM: the
+// probe's arm64 trial (preferred target, vCPU init with PSCI 0.2, GICv3)
+// decides, and without a usable device there is nothing to tell.
+func arm64LinuxCheck(f *kvmFacts, p kvm.HostProbe) Check {
+	linux := Check{ID: CheckKVMLinux, Group: GroupCoworkVMM, Title: "Linux guests on this KVM"}
+	if !f.capsOK {
+		skipAll("the KVM device is not usable (see above)", &linux)
+		return linux
+	}
+	if err := p.BootsLinux(); err != nil {
+		linux.Status = StatusFail
+		linux.Detail = err.Error()
+		linux.Fix = "the VMM needs a GICv3 host (or one whose GIC emulates it) and KVM_ARM_PREFERRED_TARGET; update the host kernel; or " + processHint
+		return linux
+	}
+	f.linuxOK = true
+	linux.Status = StatusOK
+	linux.Detail = "arm64 KVM: " + arm64Facts(p.ARM64) + ": this KVM boots Linux guests"
+	return linux
+}
+
+// arm64Facts says what the arm64 trial found.
+func arm64Facts(a *kvm.ARM64Facts) string {
+	if a == nil {
+		return "the arm64 trial passed"
+	}
+	s := fmt.Sprintf("preferred CPU target %d (%s), a vCPU initialised with PSCI 0.2, a GICv3 can be created", a.Target, kvm.ARMTargetName(a.Target))
+	if a.IPABits > 0 {
+		s += fmt.Sprintf(", guest physical addresses up to %d bits", a.IPABits)
+	}
+	return s
+}
+
 // noKVMDevice explains a missing /dev/kvm from what the host shows.
 func (r *runner) noKVMDevice(pvmModule bool, virtFlag string, virtKnown bool) (detail, fix string) {
 	h := r.h
@@ -204,6 +252,9 @@ func (r *runner) noKVMDevice(pvmModule bool, virtFlag string, virtKnown bool) (d
 		major, minor, _ := strings.Cut(devNum, ":")
 		return fmt.Sprintf("%s does not exist although KVM registered its device (%s, %s): the device node was not created", kvm.DevicePath, kvmMiscDir, devNum),
 			fmt.Sprintf("sudo udevadm trigger, or create it: sudo mknod -m 0660 %s c %s %s && sudo chgrp kvm %s", kvm.DevicePath, major, minor, kvm.DevicePath)
+	}
+	if h.Arch == "arm64" {
+		return fmt.Sprintf("%s does not exist: this arm64 kernel did not start KVM", kvm.DevicePath), arm64EL2Fix
 	}
 	switch {
 	case pvmModule:
@@ -287,7 +338,7 @@ func (r *runner) capabilities(c *Check, p kvm.HostProbe) bool {
 		return false
 	}
 	var have, missing []string
-	for _, capability := range kvm.RequiredCapabilities {
+	for _, capability := range p.Required() {
 		name := capability.String()
 		if p.Capabilities[name] {
 			have = append(have, name)

@@ -39,6 +39,12 @@ func TestARM64IoctlNumbersMatchKernel(t *testing.T) {
 		{"KVM_CHECK_EXTENSION", ioctlCheckExtension, 0xae03},
 		{"KVM_GET_VCPU_MMAP_SIZE", ioctlGetVCPUMmapSize, 0xae04},
 		{"KVM_GET_API_VERSION", ioctlGetAPIVersion, 0xae00},
+		{"KVM_SET_GSI_ROUTING", ioctlSetGSIRouting, 0x4008ae6a},
+		{"KVM_GET_STATS_FD", ioctlGetStatsFD, 0xaece},
+		// arm64's struct kvm_vcpu_events is 64 bytes too (a pending
+		// SError and external data abort): VCPUEvents serves both.
+		{"KVM_GET_VCPU_EVENTS", ioctlGetVCPUEvents, 0x8040ae9f},
+		{"KVM_SET_VCPU_EVENTS", ioctlSetVCPUEvents, 0x4040aea0},
 	} {
 		if c.got != c.want {
 			t.Errorf("%s: Go %#x, kernel %#x", c.name, c.got, c.want)

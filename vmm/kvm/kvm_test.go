@@ -3,6 +3,7 @@ package kvm
 import (
 	"encoding/binary"
 	"errors"
+	"runtime"
 	"strings"
 	"testing"
 
@@ -10,19 +11,31 @@ import (
 )
 
 func TestOpenErrorsNameTheFix(t *testing.T) {
-	err := openError("/dev/kvm", unix.ENOENT)
+	err := openErrorFor("amd64", "/dev/kvm", unix.ENOENT)
 	if !errors.Is(err, ErrNoKVM) || !strings.Contains(err.Error(), "modprobe kvm_intel") ||
 		!strings.Contains(err.Error(), "BIOS") {
 		t.Errorf("ENOENT: %v", err)
 	}
-	err = openError("/dev/kvm", unix.EACCES)
+	err = openErrorFor("amd64", "/dev/kvm", unix.EACCES)
 	if !errors.Is(err, ErrKVMPermission) || !strings.Contains(err.Error(), "usermod -aG kvm") ||
 		!strings.Contains(err.Error(), `KERNEL=="kvm", GROUP="kvm", MODE="0660"`) {
 		t.Errorf("EACCES: %v", err)
 	}
-	err = openError("/dev/kvm", unix.EIO)
+	err = openErrorFor("amd64", "/dev/kvm", unix.EIO)
 	if errors.Is(err, ErrNoKVM) || errors.Is(err, ErrKVMPermission) || !errors.Is(err, unix.EIO) {
 		t.Errorf("EIO: %v", err)
+	}
+}
+
+// On arm64 KVM is built in and needs the kernel at EL2: no module to load.
+func TestOpenErrorsNameTheFixOnARM64(t *testing.T) {
+	err := openErrorFor("arm64", "/dev/kvm", unix.ENOENT)
+	if !errors.Is(err, ErrNoKVM) || !strings.Contains(err.Error(), "EL2") || strings.Contains(err.Error(), "kvm_intel") {
+		t.Errorf("ENOENT: %v", err)
+	}
+	err = openErrorFor("arm64", "/dev/kvm", unix.EACCES)
+	if !errors.Is(err, ErrKVMPermission) || !strings.Contains(err.Error(), "usermod -aG kvm") {
+		t.Errorf("EACCES: %v", err)
 	}
 }
 
@@ -78,17 +91,29 @@ func TestCapabilityAndExitNames(t *testing.T) {
 func TestDetectPVM(t *testing.T) {
 	const vmx = "processor\t: 0\nflags\t\t: fpu vme de pse vmx sse\n"
 	const none = "processor\t: 0\nflags\t\t: fpu vme de pse hypervisor sse\n"
-	if pvm, why := detectPVM(true, vmx); !pvm || !strings.Contains(why, "kvm_pvm") {
+	if pvm, why := detectPVM("amd64", true, vmx); !pvm || !strings.Contains(why, "kvm_pvm") {
 		t.Errorf("module loaded: %v %q", pvm, why)
 	}
-	if pvm, _ := detectPVM(false, vmx); pvm {
+	if pvm, _ := detectPVM("amd64", false, vmx); pvm {
 		t.Error("vmx host detected as PVM")
 	}
-	if pvm, _ := detectPVM(false, strings.Replace(vmx, "vmx", "svm", 1)); pvm {
+	if pvm, _ := detectPVM("amd64", false, strings.Replace(vmx, "vmx", "svm", 1)); pvm {
 		t.Error("svm host detected as PVM")
 	}
-	if pvm, why := detectPVM(false, none); !pvm || !strings.Contains(why, "neither vmx nor svm") {
+	if pvm, why := detectPVM("amd64", false, none); !pvm || !strings.Contains(why, "neither vmx nor svm") {
 		t.Errorf("no vmx/svm: %v %q", pvm, why)
+	}
+}
+
+// An arm64 CPU shows no vmx or svm (its cpuinfo has Features, not flags),
+// which on amd64 marks PVM; on arm64 it must not.
+func TestDetectPVMNeverOnARM64(t *testing.T) {
+	const arm64CPUInfo = "processor\t: 0\nBogoMIPS\t: 48.00\nFeatures\t: fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics cpuid\nCPU implementer\t: 0x41\n"
+	if pvm, why := detectPVM("arm64", false, arm64CPUInfo); pvm {
+		t.Errorf("arm64 host taken for PVM: %s", why)
+	}
+	if pvm, why := detectPVM("arm64", true, arm64CPUInfo); pvm {
+		t.Errorf("arm64 host with a kvm_pvm directory taken for PVM: %s", why)
 	}
 }
 
@@ -171,6 +196,9 @@ func openForTest(t *testing.T) *System {
 }
 
 func TestKVMSystemVMAndVCPU(t *testing.T) {
+	if runtime.GOARCH != "amd64" {
+		t.Skipf("x86 ioctls; on %s see TestARM64KVM…", runtime.GOARCH)
+	}
 	s := openForTest(t)
 	cpuid, err := s.GetSupportedCPUID()
 	if err != nil || len(cpuid) == 0 {

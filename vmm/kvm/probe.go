@@ -3,6 +3,7 @@ package kvm
 import (
 	"errors"
 	"fmt"
+	"runtime"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -33,27 +34,63 @@ type HostProbe struct {
 	// are filled even when the device cannot be opened.
 	PVM       bool
 	PVMReason string
-	// Tried says the trial guest (see trialGuest) ran: it does once the
-	// device is usable. TrialErr is how it differed from what a
-	// hardware-assisted KVM does, or nil.
+	// Tried says the trial ran: it does once the device is usable. On
+	// amd64 it is a trial guest (see trialGuest), on arm64 the steps the
+	// VMM takes to set a VM up (see trialARM64). TrialErr is how it
+	// differed from what a KVM that boots Linux does, or nil.
 	Tried    bool
 	TrialErr error
+	// Arch is the GOARCH whose KVM was probed; "" means runtime.GOARCH
+	// (probes made by hand in tests).
+	Arch string
+	// ARM64 is what the arm64 trial found, nil elsewhere.
+	ARM64 *ARM64Facts
+}
+
+// ARM64Facts is what the arm64 trial learnt of the KVM, for doctor.
+type ARM64Facts struct {
+	// Target is KVM_ARM_PREFERRED_TARGET's CPU model (ARMTargetName);
+	// TargetOK says the ioctl answered.
+	Target   uint32
+	TargetOK bool
+	// VCPUInit says a vCPU initialised with that target and PSCI 0.2.
+	VCPUInit bool
+	// GICv3 says the VM could create an in-kernel GICv3.
+	GICv3 bool
+	// IPABits is the largest guest-physical address size the VMs may have
+	// (KVM_CAP_ARM_VM_IPA_SIZE; 0 when not reported, i.e. 40 bits).
+	IPABits int
+}
+
+// arch is the GOARCH the probe is about.
+func (p HostProbe) arch() string {
+	if p.Arch == "" {
+		return runtime.GOARCH
+	}
+	return p.Arch
+}
+
+// Required is RequiredCapabilitiesFor the probe's architecture.
+func (p HostProbe) Required() []Capability {
+	return RequiredCapabilitiesFor(p.arch())
 }
 
 // ProbeHost probes the KVM behind device ("" = DevicePath): opens it the
 // way the VMM does, reads the API version and capabilities, looks for the
-// marks of PVM and, when everything else allows, runs a trial guest that
-// executes what a Linux kernel's boot does and PVM's emulator cannot.
-// It takes a few milliseconds and leaves nothing behind.
+// marks of PVM and, when everything else allows, runs the trial: on amd64
+// a trial guest that executes what a Linux kernel's boot does and PVM's
+// emulator cannot; on arm64 the preferred CPU target, a vCPU initialised
+// with PSCI 0.2 and a GICv3, on a scratch VM. It takes a few milliseconds
+// and leaves nothing behind.
 func ProbeHost(device string) HostProbe {
 	if device == "" {
 		device = DevicePath
 	}
-	p := HostProbe{Device: device}
+	p := HostProbe{Device: device, Arch: runtime.GOARCH}
 	p.PVM, p.PVMReason = IsPVM()
 	fd, err := unix.Open(device, unix.O_RDWR|unix.O_CLOEXEC, 0)
 	if err != nil {
-		p.OpenErr = openError(device, err)
+		p.OpenErr = openErrorFor(p.Arch, device, err)
 		return p
 	}
 	sys := &System{fd: fd}
@@ -65,8 +102,9 @@ func ProbeHost(device string) HostProbe {
 	if p.APIVersion != APIVersion {
 		return p
 	}
-	p.Capabilities = make(map[string]bool, len(RequiredCapabilities))
-	for _, c := range RequiredCapabilities {
+	required := p.Required()
+	p.Capabilities = make(map[string]bool, len(required))
+	for _, c := range required {
 		n, err := sys.CheckExtension(c)
 		if err != nil {
 			p.CapabilitiesErr = fmt.Errorf("KVM_CHECK_EXTENSION %s: %w", c, err)
@@ -74,18 +112,24 @@ func ProbeHost(device string) HostProbe {
 		}
 		p.Capabilities[c.String()] = n > 0
 	}
-	if p.Usable() == nil {
-		p.Tried = true
+	if p.Usable() != nil {
+		return p
+	}
+	p.Tried = true
+	switch p.Arch {
+	case "arm64":
+		p.ARM64, p.TrialErr = trialARM64(sys)
+	default:
 		p.TrialErr = trialGuest(sys)
 	}
 	return p
 }
 
 // MissingCapabilities names the required capabilities the probe found
-// absent, in RequiredCapabilities' order.
+// absent, in Required's order.
 func (p HostProbe) MissingCapabilities() []string {
 	var missing []string
-	for _, c := range RequiredCapabilities {
+	for _, c := range p.Required() {
 		if name := c.String(); p.Capabilities != nil && !p.Capabilities[name] {
 			missing = append(missing, name)
 		}
@@ -98,6 +142,8 @@ func (p HostProbe) MissingCapabilities() []string {
 // required capability.
 func (p HostProbe) Usable() error {
 	switch {
+	case !supportedArch(p.arch()):
+		return fmt.Errorf("the VMM runs guests on amd64 and arm64 KVM, not on %s", p.arch())
 	case p.OpenErr != nil:
 		return p.OpenErr
 	case p.APIErr != nil:
@@ -123,11 +169,19 @@ func (p HostProbe) BootsLinux() error {
 	}
 	switch {
 	case !p.Tried:
-		return fmt.Errorf("%w: the trial guest was not run", ErrCannotBootLinux)
+		return fmt.Errorf("%w: the %s was not run", ErrCannotBootLinux, p.trialName())
 	case p.TrialErr != nil && p.PVM:
 		return fmt.Errorf("%w: it is PVM, a paravirtual KVM inside another VM (%s): %w", ErrCannotBootLinux, p.PVMReason, p.TrialErr)
 	case p.TrialErr != nil:
 		return fmt.Errorf("%w: %w", ErrCannotBootLinux, p.TrialErr)
 	}
 	return nil
+}
+
+// trialName says what the trial is on the probe's architecture.
+func (p HostProbe) trialName() string {
+	if p.arch() == "arm64" {
+		return "arm64 trial (preferred target, vCPU init, GICv3)"
+	}
+	return "trial guest"
 }

@@ -12,7 +12,9 @@ import (
 
 // VCPUEvents mirrors struct kvm_vcpu_events: pending exceptions,
 // interrupts and NMIs, the interrupt shadow, SMM state. Its flags say
-// which fields are valid; KVM_GET_VCPU_EVENTS sets them for SET.
+// which fields are valid; KVM_GET_VCPU_EVENTS sets them for SET. On arm64
+// the structure (a pending SError or external data abort) has the same
+// 64 bytes and the ioctls the same numbers.
 type VCPUEvents struct{ Raw [64]byte }
 
 // XSAVE mirrors struct kvm_xsave: the extended FPU/SIMD state, the part

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"runtime"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -35,7 +36,7 @@ func Open() (*System, error) {
 func OpenPath(path string) (*System, error) {
 	fd, err := unix.Open(path, unix.O_RDWR|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return nil, openError(path, err)
+		return nil, openErrorFor(runtime.GOARCH, path, err)
 	}
 	s := &System{fd: fd}
 	v, err := s.GetAPIVersion()
@@ -54,10 +55,17 @@ func OpenPath(path string) (*System, error) {
 	return s, nil
 }
 
-// openError turns an open(2) failure on the KVM device into an actionable error.
-func openError(path string, err error) error {
+// openErrorFor turns an open(2) failure on the KVM device into an
+// actionable error for a host of architecture goarch.
+func openErrorFor(goarch, path string, err error) error {
 	switch {
 	case errors.Is(err, unix.ENOENT), errors.Is(err, unix.ENODEV), errors.Is(err, unix.ENXIO):
+		if goarch == "arm64" {
+			return fmt.Errorf("%w: %s does not exist (%v): arm64 KVM needs a host kernel "+
+				"started at EL2 (hypervisor mode) with KVM built in; `dmesg | grep kvm` then says "+
+				"\"VHE mode initialized\" or \"Hyp mode initialized\"; in a cloud VM, "+
+				"use a bare-metal instance or one with nested virtualization", ErrNoKVM, path, err)
+		}
 		return fmt.Errorf("%w: %s does not exist (%v): load the KVM module "+
 			"(sudo modprobe kvm_intel or sudo modprobe kvm_amd) and check that "+
 			"virtualization (VT-x/AMD-V) is enabled in the BIOS/UEFI or, in a cloud VM, "+
@@ -161,13 +169,17 @@ func (s *System) CreateVM() (*VM, error) {
 func IsPVM() (pvm bool, reason string) {
 	cpuinfo, _ := os.ReadFile("/proc/cpuinfo")
 	_, moduleErr := os.Stat("/sys/module/kvm_pvm")
-	return detectPVM(moduleErr == nil, string(cpuinfo))
+	return detectPVM(runtime.GOARCH, moduleErr == nil, string(cpuinfo))
 }
 
 // detectPVM decides from the presence of the kvm_pvm module and the host's
 // CPU flags. Without VMX or SVM the only KVM that can exist is a
-// paravirtual one.
-func detectPVM(pvmModuleLoaded bool, cpuinfo string) (bool, string) {
+// paravirtual one. PVM is x86 only: an arm64 CPU has neither flag (its
+// cpuinfo has no "flags" line at all) and its KVM is never PVM.
+func detectPVM(goarch string, pvmModuleLoaded bool, cpuinfo string) (bool, string) {
+	if goarch != "amd64" {
+		return false, ""
+	}
 	if pvmModuleLoaded {
 		return true, "the kvm_pvm module is loaded"
 	}

@@ -16,7 +16,7 @@ type VCPU struct {
 	run []byte
 }
 
-// ID returns the vCPU's id (its initial APIC ID).
+// ID returns the vCPU's id (on x86 its initial APIC ID).
 func (c *VCPU) ID() int { return c.id }
 
 // Close unmaps kvm_run and closes the vCPU fd.

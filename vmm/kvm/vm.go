@@ -78,7 +78,8 @@ func (vm *VM) SetUserMemoryRegion(r UserspaceMemoryRegion) error {
 }
 
 // IRQLine issues KVM_IRQ_LINE: sets the level of an in-kernel irqchip input
-// (GSI). An edge is a 1 followed by a 0.
+// (GSI). An edge is a 1 followed by a 0. On arm64 gsi is the encoded irq
+// field instead: ARMIRQLineSPI(intid) for a shared peripheral interrupt.
 func (vm *VM) IRQLine(gsi uint32, high bool) error {
 	arg := irqLevelArg{IRQ: gsi}
 	if high {
@@ -91,6 +92,8 @@ func (vm *VM) IRQLine(gsi uint32, high bool) error {
 }
 
 // IRQFD issues KVM_IRQFD: afterwards each write to eventfd pulses GSI gsi.
+// On arm64, through the GICv3's default routing, GSI n is SPI n (INTID
+// 32+n).
 func (vm *VM) IRQFD(eventfd int, gsi uint32) error {
 	arg := irqfdArg{FD: uint32(eventfd), GSI: gsi}
 	if _, err := ioctlStruct(vm.fd, ioctlIRQFD, &arg); err != nil {
@@ -137,8 +140,9 @@ func (vm *VM) SetIOEventFD(e IOEventFD, assign bool) error {
 	return nil
 }
 
-// CreateVCPU issues KVM_CREATE_VCPU with the given APIC ID and maps its
-// kvm_run area. The first vCPU created with id 0 is the bootstrap processor.
+// CreateVCPU issues KVM_CREATE_VCPU with the given id (on x86 its APIC ID,
+// on arm64 the source of its MPIDR_EL1 affinity) and maps its kvm_run
+// area. The vCPU with id 0 is the bootstrap processor.
 func (vm *VM) CreateVCPU(id int) (*VCPU, error) {
 	r, err := ioctlValue(vm.fd, ioctlCreateVCPU, uintptr(id))
 	if err != nil {
