@@ -32,7 +32,7 @@ func TestQemuArgsAMD64Unchanged(t *testing.T) {
 // virtio-mmio 9p devices.
 func TestQemuArgsARM64(t *testing.T) {
 	opts := Options{Arch: ArchARM64, MemMiB: 1024, CPUs: 2, Kernel: "/k/Image", Append: "loglevel=7", Shares: []string{"/work/mod"}}
-	want := []string{"-accel", "tcg,thread=multi", "-M", "virt,virtualization=on,gic-version=3", "-cpu", "max", "-m", "1024", "-smp", "2", "-nodefaults", "-no-user-config", "-nographic", "-serial", "stdio", "-kernel", "/k/Image", "-initrd", "/i.cpio.gz", "-append", "console=ttyAMA0 panic=-1 quiet loglevel=7", "-no-reboot", "-fsdev", "local,id=payload,path=/p,security_model=none", "-device", "virtio-9p-device,fsdev=payload,mount_tag=payload", "-fsdev", "local,id=share0,path=/work/mod,security_model=none,readonly=on", "-device", "virtio-9p-device,fsdev=share0,mount_tag=share0"}
+	want := []string{"-accel", "tcg,thread=multi", "-M", "virt,virtualization=on,gic-version=3", "-cpu", "max,pauth-impdef=on", "-m", "1024", "-smp", "2", "-nodefaults", "-no-user-config", "-nographic", "-serial", "stdio", "-kernel", "/k/Image", "-initrd", "/i.cpio.gz", "-append", "console=ttyAMA0 panic=-1 quiet loglevel=7", "-no-reboot", "-fsdev", "local,id=payload,path=/p,security_model=none", "-device", "virtio-9p-device,fsdev=payload,mount_tag=payload", "-fsdev", "local,id=share0,path=/work/mod,security_model=none,readonly=on", "-device", "virtio-9p-device,fsdev=share0,mount_tag=share0"}
 	require.Equal(t, want, qemuArgs(opts, "/p", "/i.cpio.gz"))
 	one := strings.Join(qemuArgs(Options{Arch: ArchARM64, CPUs: 1, QemuLog: "/q"}, "/p", "/i"), " ")
 	require.Contains(t, one, "-accel tcg -M virt")
