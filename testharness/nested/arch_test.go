@@ -2,6 +2,7 @@ package nested
 
 import (
 	"context"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -170,4 +171,23 @@ func TestGoTestDirSharesModuleOnARM64(t *testing.T) {
 	} else {
 		require.Empty(t, amd64Shares)
 	}
+}
+
+// TestBuildCoworkVMMArch: the helper is built for the asked architecture
+// (an arm64 ELF, e_machine 0xb7), for tests in the arm64 harness.
+func TestBuildCoworkVMMArch(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the helper; skipped in -short mode")
+	}
+	if _, err := exec.LookPath("go"); err != nil {
+		t.Skip("no go tool")
+	}
+	f, err := os.Open(BuildCoworkVMMArch(t, ArchARM64))
+	require.NoError(t, err)
+	defer f.Close()
+	header := make([]byte, 20)
+	_, err = io.ReadFull(f, header)
+	require.NoError(t, err)
+	require.Equal(t, []byte("\x7fELF"), header[:4])
+	require.Equal(t, []byte{0xb7, 0x00}, header[18:20], "ELF machine AArch64")
 }
