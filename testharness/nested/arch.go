@@ -83,10 +83,12 @@ func outerKernel(arch string) (string, error) {
 	return kernel.Find(kernel.Outer)
 }
 
+// outerARM64Kernel is the outer-arm64 flavour's Image; guest/kernel's
+// error says how to build it (make kernel-outer-arm64).
 func outerARM64Kernel() (string, error) {
 	p, err := kernel.FindImage(outerARM64Flavour, outerARM64Image)
 	if err != nil {
-		return "", fmt.Errorf("nested arm64 harness: outer kernel (make kernel-outer-arm64): %w", err)
+		return "", fmt.Errorf("nested arm64 harness: %w", err)
 	}
 	return p, nil
 }
