@@ -29,7 +29,7 @@
 //
 // The arm64 kernels are cross-built with gcc-aarch64-linux-gnu (natively on
 // an arm64 host): `make kernel-arm64`, `make kernel-outer-arm64`. Measured
-// on 2 busy cores: 7-26 min a build; Image 6.4 MiB (guest) and 6.6 MiB
+// on 2 busy cores: 7-26 min a build; Image 6.3 MiB (guest) and 6.6 MiB
 // (outer), 2.7 MiB gzip-embedded. Under qemu-system-aarch64 TCG (-M virt
 // -cpu max) both reach /init in about 1-1.8 s of kernel time; the outer
 // one at EL2 logs "VHE mode initialized successfully" and has /dev/kvm.
