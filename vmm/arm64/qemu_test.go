@@ -70,7 +70,7 @@ func TestPrepareBootQEMU(t *testing.T) {
 	cfg := BootConfig{
 		MemBytes: memBytes, CPUs: 1, Kernel: kernel,
 		Initrd:  bytes.Repeat([]byte{0x5a}, 0x3_0000),
-		Cmdline: "earlycon=pl011,0x9000000 console=ttyS0 ourtree=yes",
+		Cmdline: "earlycon=pl011,0x9000000 console=ttyS0 ourtree=yes memblock=debug",
 		Virtio:  []MMIODevice{VirtioDevice(0)},
 	}
 	mem := newFakeMemory(memBytes)
@@ -97,6 +97,9 @@ func TestPrepareBootQEMU(t *testing.T) {
 		"psci: PSCIv1.1 detected in firmware.",
 		"Hardware name: linux,dummy-virt (DT)",
 		"gic_of_init",
+		// memblock=debug shows the kernel reserving the initrd it found
+		// in /chosen.
+		fmt.Sprintf("memblock_reserve: [0x%016x-0x%016x] arm64_memblock_init", s.InitrdAddr, s.InitrdAddr+s.InitrdSize-1),
 	} {
 		require.Contains(t, out, want)
 	}
