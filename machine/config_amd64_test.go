@@ -15,3 +15,6 @@ func TestVirtioGSIsAvoidLegacyLines(t *testing.T) {
 		seen[g] = true
 	}
 }
+
+// defaultCmdlineWords are words the x86 DefaultCmdline must hold.
+var defaultCmdlineWords = []string{"console=ttyS0", "reboot=k", "panic=-1", "i8042.noaux", "i8042.nokbd", "initcall_blacklist=cmos_init"}

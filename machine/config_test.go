@@ -28,7 +28,7 @@ func TestCmdlineComposition(t *testing.T) {
 	if !strings.HasPrefix(got, DefaultCmdline) || !strings.HasSuffix(got, " loglevel=7") {
 		t.Errorf("appended cmdline %q", got)
 	}
-	for _, want := range []string{"console=ttyS0", "reboot=k", "panic=-1", "i8042.noaux", "i8042.nokbd", "initcall_blacklist=cmos_init"} {
+	for _, want := range defaultCmdlineWords {
 		if !strings.Contains(got, want) {
 			t.Errorf("default cmdline lacks %s: %q", want, got)
 		}

@@ -114,6 +114,14 @@ func TryGoTest(t testing.TB, gt GoTest) (Result, error) {
 		args = append(args, "-test.timeout="+(budget-time.Minute).String())
 	}
 	args = append(args, gt.Args...)
+	return runBuiltTests(t, gt, arch, payload, args, dir, shares)
+}
+
+// runBuiltTests runs the test command cmd, built into payload, in dir of
+// the outer guest of arch with shares (and gt's) visible, and merges what
+// the tests recorded in the boot ledger.
+func runBuiltTests(t testing.TB, gt GoTest, arch, payload string, cmd []string, dir string, shares []string) (Result, error) {
+	t.Helper()
 	ctx := context.Background()
 	if deadline, ok := t.(interface{ Deadline() (time.Time, bool) }); ok {
 		if d, ok := deadline.Deadline(); ok {
@@ -126,7 +134,7 @@ func TryGoTest(t testing.TB, gt GoTest) (Result, error) {
 		Arch:            arch,
 		PayloadDir:      payload,
 		Files:           gt.Files,
-		Cmd:             args,
+		Cmd:             cmd,
 		Env:             append(gt.Env, LedgerEnv+"="+filepath.Join(job.PayloadDir, payloadLedger)),
 		Dir:             dir,
 		Shares:          append(shares, gt.Shares...),

@@ -105,10 +105,17 @@ func run(console *os.File, token *string) (int, error) {
 		// Not fatal: only payloads that use 127.0.0.1 need it.
 		fmt.Fprintln(console, "outerinit: warning:", err)
 	}
+	root := newRoot
+	if j.BusyboxRoot {
+		if err := enterRoot(); err != nil {
+			return 0, err
+		}
+		root = "/"
+	}
 	fmt.Fprintln(console, job.Marker(job.MarkerClock, j.Token, clocksource()))
 	fmt.Fprintln(console, job.Marker(job.MarkerBegin, j.Token, ""))
 	stopBeat := heartbeat(console, j.Token)
-	code, err := runPayload(j, console)
+	code, err := runPayload(j, console, root)
 	stopBeat()
 	fmt.Fprintln(console, job.Marker(job.MarkerClock, j.Token, clocksource()))
 	return code, err
@@ -305,12 +312,34 @@ func ensureKVMNode(devDir string) error {
 	return nil
 }
 
-func runPayload(j job.Job, console *os.File) (int, error) {
+// enterRoot makes newRoot the root of outerinit's mount namespace, as
+// switch_root does (move it onto /, chroot there), so the payload runs at
+// the namespace's root rather than in a chroot: the kernel refuses a new
+// user namespace (EPERM) to a process in a chroot, and the agent's
+// isolated spawns and the process backend's sandbox need one. The
+// busybox root's outer guest gives up nothing by it: its initramfs holds
+// only this program and the job, both read already.
+func enterRoot() error {
+	if err := unix.Chdir(newRoot); err != nil {
+		return fmt.Errorf("entering the payload's root: %w", err)
+	}
+	if err := unix.Mount(newRoot, "/", "", unix.MS_MOVE, ""); err != nil {
+		return fmt.Errorf("moving the payload's root onto /: %w", err)
+	}
+	if err := unix.Chroot("."); err != nil {
+		return fmt.Errorf("entering the payload's root: %w", err)
+	}
+	return unix.Chdir("/")
+}
+
+// runPayload runs the job's command in root (chrooted there unless root
+// is already outerinit's own).
+func runPayload(j job.Job, console *os.File, root string) (int, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), j.Timeout)
 	defer cancel()
 	path := j.Cmd[0]
 	if !strings.Contains(path, "/") {
-		resolved, err := lookPathIn(newRoot, path)
+		resolved, err := lookPathIn(root, path)
 		if err != nil {
 			return 0, err
 		}
@@ -324,7 +353,10 @@ func runPayload(j job.Job, console *os.File) (int, error) {
 		"HOME=/root", "TMPDIR=/tmp", "TERM=dumb", "USER=root", "LANG=C.UTF-8",
 	}, j.Env...)
 	cmd.Stdout, cmd.Stderr = console, console
-	cmd.SysProcAttr = &syscall.SysProcAttr{Chroot: newRoot, Setpgid: true}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if root != "/" {
+		cmd.SysProcAttr.Chroot = root
+	}
 	// On timeout kill the whole process group, not just the leader.
 	cmd.Cancel = func() error { return unix.Kill(-cmd.Process.Pid, unix.SIGKILL) }
 	cmd.WaitDelay = 5 * time.Second
