@@ -28,6 +28,7 @@ const (
 // userland (Debian's busybox-static:arm64, unpacked).
 const (
 	qemuBinaryARM64   = "qemu-system-aarch64"
+	outerCPUARM64     = "max,pauth-impdef=on"
 	outerARM64Flavour = "outer-arm64"
 	outerARM64Image   = "Image"
 	userlandEnv       = "COWORK_VMM_ARM64_USERLAND"
@@ -132,6 +133,11 @@ const outerCmdlineARM64 = "console=ttyAMA0 panic=-1 quiet"
 // sit on virt's virtio-mmio transports, which the device tree announces.
 // The host's root is not shared: it is x86 and useless to arm64 programs;
 // outerinit builds the root from the busybox in the initramfs.
+// pauth-impdef=on: pointer authentication with qemu's own cheap algorithm
+// instead of the architected QARMA, which TCG computes slowly on every
+// signed return of the kernel and of Go programs: with Debian's arm64
+// kernel the outer /init came after 3.7-4.2 s of guest uptime instead of
+// 14-16 s, and a shell run took 7.5 s instead of 19-23 s.
 func qemuArgsARM64(opts Options, payload, initrd string) []string {
 	accel := "tcg"
 	if opts.CPUs > 1 && !opts.SingleThreadTCG {
@@ -140,7 +146,7 @@ func qemuArgsARM64(opts Options, payload, initrd string) []string {
 	args := []string{
 		"-accel", accel,
 		"-M", "virt,virtualization=on,gic-version=3",
-		"-cpu", "max",
+		"-cpu", outerCPUARM64,
 		"-m", strconv.Itoa(opts.MemMiB),
 		"-smp", strconv.Itoa(opts.CPUs),
 		"-nodefaults", "-no-user-config", "-nographic",

@@ -2,6 +2,7 @@ package nested
 
 import (
 	"context"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -32,7 +33,7 @@ func TestQemuArgsAMD64Unchanged(t *testing.T) {
 // virtio-mmio 9p devices.
 func TestQemuArgsARM64(t *testing.T) {
 	opts := Options{Arch: ArchARM64, MemMiB: 1024, CPUs: 2, Kernel: "/k/Image", Append: "loglevel=7", Shares: []string{"/work/mod"}}
-	want := []string{"-accel", "tcg,thread=multi", "-M", "virt,virtualization=on,gic-version=3", "-cpu", "max", "-m", "1024", "-smp", "2", "-nodefaults", "-no-user-config", "-nographic", "-serial", "stdio", "-kernel", "/k/Image", "-initrd", "/i.cpio.gz", "-append", "console=ttyAMA0 panic=-1 quiet loglevel=7", "-no-reboot", "-fsdev", "local,id=payload,path=/p,security_model=none", "-device", "virtio-9p-device,fsdev=payload,mount_tag=payload", "-fsdev", "local,id=share0,path=/work/mod,security_model=none,readonly=on", "-device", "virtio-9p-device,fsdev=share0,mount_tag=share0"}
+	want := []string{"-accel", "tcg,thread=multi", "-M", "virt,virtualization=on,gic-version=3", "-cpu", "max,pauth-impdef=on", "-m", "1024", "-smp", "2", "-nodefaults", "-no-user-config", "-nographic", "-serial", "stdio", "-kernel", "/k/Image", "-initrd", "/i.cpio.gz", "-append", "console=ttyAMA0 panic=-1 quiet loglevel=7", "-no-reboot", "-fsdev", "local,id=payload,path=/p,security_model=none", "-device", "virtio-9p-device,fsdev=payload,mount_tag=payload", "-fsdev", "local,id=share0,path=/work/mod,security_model=none,readonly=on", "-device", "virtio-9p-device,fsdev=share0,mount_tag=share0"}
 	require.Equal(t, want, qemuArgs(opts, "/p", "/i.cpio.gz"))
 	one := strings.Join(qemuArgs(Options{Arch: ArchARM64, CPUs: 1, QemuLog: "/q"}, "/p", "/i"), " ")
 	require.Contains(t, one, "-accel tcg -M virt")
@@ -170,4 +171,23 @@ func TestGoTestDirSharesModuleOnARM64(t *testing.T) {
 	} else {
 		require.Empty(t, amd64Shares)
 	}
+}
+
+// TestBuildCoworkVMMArch: the helper is built for the asked architecture
+// (an arm64 ELF, e_machine 0xb7), for tests in the arm64 harness.
+func TestBuildCoworkVMMArch(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the helper; skipped in -short mode")
+	}
+	if _, err := exec.LookPath("go"); err != nil {
+		t.Skip("no go tool")
+	}
+	f, err := os.Open(BuildCoworkVMMArch(t, ArchARM64))
+	require.NoError(t, err)
+	defer f.Close()
+	header := make([]byte, 20)
+	_, err = io.ReadFull(f, header)
+	require.NoError(t, err)
+	require.Equal(t, []byte("\x7fELF"), header[:4])
+	require.Equal(t, []byte{0xb7, 0x00}, header[18:20], "ELF machine AArch64")
 }

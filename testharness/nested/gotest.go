@@ -151,7 +151,7 @@ func TryGoTest(t testing.TB, gt GoTest) (Result, error) {
 	if err != nil {
 		return res, err
 	}
-	t.Logf("nested %s run of %s: exit %d, wall %v, outer /init after %v wall (%v guest uptime), %s", gt.Pkg, arch, res.ExitCode, res.Wall.Round(time.Millisecond), res.InitWall.Round(time.Millisecond), res.InitUptime, res.ClockNote())
+	t.Logf("nested %s run of %s: exit %d, wall %v, outer /init after %v wall (%v guest uptime), %s", arch, gt.Pkg, res.ExitCode, res.Wall.Round(time.Millisecond), res.InitWall.Round(time.Millisecond), res.InitUptime, res.ClockNote())
 	return res, nil
 }
 

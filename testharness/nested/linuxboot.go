@@ -185,11 +185,24 @@ func mergeNestedLedger(payload, mode string) error {
 // (the kvm backend's guest /init must be static) and returns its path.
 func BuildCoworkVMM(t testing.TB) string {
 	t.Helper()
+	return buildCoworkVMM(t, "CGO_ENABLED=0")
+}
+
+// BuildCoworkVMMArch is BuildCoworkVMM for arch (a GOARCH): what a test in
+// the arm64 harness runs, built on the host and passed in GoTest.Files,
+// since the arm64 outer guest has no go tool.
+func BuildCoworkVMMArch(t testing.TB, arch string) string {
+	t.Helper()
+	return buildCoworkVMM(t, "CGO_ENABLED=0", "GOOS=linux", "GOARCH="+arch)
+}
+
+func buildCoworkVMM(t testing.TB, env ...string) string {
+	t.Helper()
 	bin := filepath.Join(t.TempDir(), "cowork-vmm")
 	build := exec.Command("go", "build", "-trimpath", "-o", bin, "github.com/cowork-vmm/cowork-vmm/cmd/cowork-vmm")
-	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	build.Env = append(os.Environ(), env...)
 	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("building cowork-vmm: %v\n%s", err, out)
+		t.Fatalf("building cowork-vmm (%s): %v\n%s", strings.Join(env, " "), err, out)
 	}
 	return bin
 }
