@@ -126,8 +126,6 @@ func gicDistLayout(irqs uint32) (config, state []gicRange) {
 // above it.
 const (
 	gicrCTLR       = 0x0000
-	gicrPROPBASER  = 0x0070
-	gicrPENDBASER  = 0x0078
 	gicrSGIFrame   = 0x10000
 	gicrIGROUPR0   = gicrSGIFrame + 0x0080
 	gicrISENABLER0 = gicrSGIFrame + 0x0100
@@ -138,12 +136,13 @@ const (
 )
 
 // gicRedistLayout lists a redistributor's registers, in restore order:
-// the LPI tables' bases (while GICR_CTLR's EnableLPIs is still clear, as
-// KVM wants), the SGIs' and PPIs' configuration, then their enable,
-// pending and active bits, GICR_CTLR last.
+// the SGIs' and PPIs' configuration, then their enable, pending and
+// active bits, GICR_CTLR last. GICR_PROPBASER and GICR_PENDBASER are left
+// out: they locate LPI tables, and without an ITS (this VMM creates
+// none) KVM offers no LPIs (GICR_TYPER.PLPIS clear, EnableLPIs ignored);
+// and KVM sanitises what is written to them, so writing back the reset
+// value would not even restore it (0 reads back 0x180).
 var gicRedistLayout = []gicRange{
-	{"GICR_PROPBASER", gicrPROPBASER, 2},
-	{"GICR_PENDBASER", gicrPENDBASER, 2},
 	{"GICR_IGROUPR0", gicrIGROUPR0, 1},
 	{"GICR_ICFGR0", gicrICFGR0, 2},
 	{"GICR_IPRIORITYR", gicrIPRIORITYR, 8},

@@ -334,7 +334,7 @@ func TestARM64RestoreOrder(t *testing.T) {
 		{"vcpu0 reg", "vcpu0 mp"},      // a vCPU's registers before its MP state
 		{dist(gicdICFGR + 8), level},   // an SPI's trigger before its level
 		{level, dist(gicdISPENDR + 4)}, // its level before its pending latch
-		{redist(1, gicrPROPBASER), redist(1, gicrCTLR)},
+		{redist(1, gicrIPRIORITYR), redist(1, gicrCTLR)},
 		{redist(0, gicrISPENDR0), redist(0, gicrCTLR)},
 		{icc(0, iccSRE), icc(0, iccCTLR)},
 		{icc(1, iccCTLR), icc(1, ap0)}, // PRIbits before the APnRs
