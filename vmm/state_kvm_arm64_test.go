@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"encoding/gob"
+	"fmt"
 	"slices"
 	"sync"
 	"testing"
@@ -14,19 +15,47 @@ import (
 	"github.com/cowork-vmm/cowork-vmm/vmm/kvm"
 )
 
-// counterAddr is an MMIO address free in vmm/arm64's layout, where
-// armCounterGuest stores its counts.
+// counterAddr is an MMIO address free in vmm/arm64's layout, where the
+// counting guests store their counts: vCPU 0 at counterAddr, vCPU 1 at
+// counterAddr + 0x1000.
 const counterAddr = 0x1000_0000
 
-// armCounterGuest counts in x0 forever, storing each count to counterAddr
-// (an MMIO exit each).
-var armCounterGuest = []uint32{
-	0xd2a20001, // movz x1, #0x1000, lsl #16
+// armCounterLoop counts in x0 forever, storing each count to x1 (an MMIO
+// exit each).
+var armCounterLoop = []uint32{
 	0xd2800000, // movz x0, #0
 	0x91000400, // loop: add x0, x0, #1
 	0xf9000020, // str x0, [x1]
 	0x17fffffe, // b loop
 }
+
+// armSecondaryEntry is where armCPUOnGuest starts vCPU 1.
+const armSecondaryEntry = arm64.RAMBase + 0x100
+
+// armCounterGuest is vCPU 0's code, counting to counterAddr; with cpuOn
+// it first starts vCPU 1 (PSCI CPU_ON) at armSecondaryEntry, where
+// armSecondaryGuest counts to counterAddr + 0x1000.
+func armCounterGuest(cpuOn bool) []uint32 {
+	var code []uint32
+	if cpuOn {
+		code = []uint32{
+			0xd2800060, // movz x0, #0x0003
+			0xf2b88000, // movk x0, #0xc400, lsl #16: PSCI 0.2 CPU_ON (64-bit)
+			0xd2800021, // movz x1, #1: target MPIDR
+			0xd2802002, // movz x2, #0x100
+			0xf2b00002, // movk x2, #0x8000, lsl #16: entry armSecondaryEntry
+			0xd2800003, // movz x3, #0: context
+			0xd4000002, // hvc #0
+		}
+	}
+	code = append(code, 0xd2a20001) // movz x1, #0x1000, lsl #16: counterAddr
+	return append(code, armCounterLoop...)
+}
+
+var armSecondaryGuest = append([]uint32{
+	0xd2a20001, // movz x1, #0x1000, lsl #16
+	0xf2820001, // movk x1, #0x1000: counterAddr + 0x1000
+}, armCounterLoop...)
 
 // counterDevice records the counts the guest stores.
 type counterDevice struct {
@@ -62,45 +91,108 @@ func (d *counterDevice) waitCount(t *testing.T, n int) []uint64 {
 	}
 }
 
-// newCounterVM is a VM of 2 vCPUs with the counter device, vCPU 1
+// newCounterVM is a VM of 2 vCPUs with a counter device for each, vCPU 1
 // powered off as createVCPUs leaves it.
-func newCounterVM(t *testing.T) (*VM, *counterDevice) {
+func newCounterVM(t *testing.T) (*VM, [2]*counterDevice) {
 	t.Helper()
 	nested.RequireKVM(t)
 	vm, err := New(Config{MemoryBytes: 16 << 20, CPUs: 2, Logger: quietLogger()})
 	if err != nil {
 		t.Fatal(err)
 	}
-	d := &counterDevice{}
-	if err := vm.MMIO().Register(counterAddr, 8, d); err != nil {
-		vm.Close()
+	devs := [2]*counterDevice{{}, {}}
+	for i, d := range devs {
+		if err := vm.MMIO().Register(counterAddr+uint64(i)*0x1000, 8, d); err != nil {
+			vm.Close()
+			t.Fatal(err)
+		}
+	}
+	return vm, devs
+}
+
+// loadWords writes code to guest memory at gpa.
+func loadWords(t *testing.T, vm *VM, gpa uint64, code []uint32) {
+	t.Helper()
+	b := make([]byte, 4*len(code))
+	for i, w := range code {
+		binary.LittleEndian.PutUint32(b[4*i:], w)
+	}
+	if err := vm.Memory().WriteAt(b, gpa); err != nil {
 		t.Fatal(err)
 	}
-	return vm, d
 }
 
 // An arm64 VM paused mid-count, saved (through gob, as a snapshot holds
 // it) and restored into a fresh VM with its memory, goes on from the next
-// count; its powered-off secondary stays off; and saving the restored VM
-// gives back every register and GIC word it was given, but for the count,
-// the PC and the virtual counter, which ran on: KVM took each one back.
+// count on each vCPU that ran; a powered-off secondary stays off, a
+// started one counts on; and saving the restored VM gives back every
+// register and GIC word it was given, but for the counts, the PCs and
+// the virtual counter, which ran on: KVM took each one back.
 func TestKVMARM64SaveAndRestoreState(t *testing.T) {
-	vm, dev := newCounterVM(t)
+	for _, cpuOn := range []bool{false, true} {
+		t.Run(fmt.Sprintf("secondary started %v", cpuOn), func(t *testing.T) { saveAndRestoreCounter(t, cpuOn) })
+	}
+}
+
+func saveAndRestoreCounter(t *testing.T, cpuOn bool) {
+	vm, devs := newCounterVM(t)
 	defer vm.Close()
-	code := make([]byte, 4*len(armCounterGuest))
-	for i, w := range armCounterGuest {
-		binary.LittleEndian.PutUint32(code[4*i:], w)
-	}
-	if err := vm.Memory().WriteAt(code, arm64.RAMBase); err != nil {
-		t.Fatal(err)
-	}
+	loadWords(t, vm, arm64.RAMBase, armCounterGuest(cpuOn))
+	loadWords(t, vm, armSecondaryEntry, armSecondaryGuest)
 	if err := vm.SetBootEntry(0, arm64.RAMBase, 0); err != nil {
 		t.Fatal(err)
 	}
 	if err := vm.Start(); err != nil {
 		t.Fatal(err)
 	}
-	dev.waitCount(t, 3)
+	ran := 1
+	if cpuOn {
+		ran = 2
+	}
+	for _, d := range devs[:ran] {
+		d.waitCount(t, 3)
+	}
+	saved, last := pauseAndSave(t, vm, devs[:ran])
+	image := make([]byte, 0x1000)
+	if err := vm.Memory().ReadAt(image, arm64.RAMBase); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := vm.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	if want := map[bool]uint32{false: mpStateStopped, true: mpStateRunnable}[cpuOn]; saved.ARM64.VCPUs[1].MPState != want {
+		t.Errorf("vCPU 1 saved in MP state %d, want %d", saved.ARM64.VCPUs[1].MPState, want)
+	}
+
+	restored, devs2 := newCounterVM(t)
+	defer restored.Close()
+	if err := restored.Memory().WriteAt(image, arm64.RAMBase); err != nil {
+		t.Fatal(err)
+	}
+	began := time.Now()
+	if err := restored.RestoreState(saved); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("RestoreState took %v", time.Since(began))
+	if err := restored.Start(); err != nil {
+		t.Fatal(err)
+	}
+	for i, d := range devs2[:ran] {
+		if first := d.waitCount(t, 1)[0]; first != last[i]+1 {
+			t.Errorf("the restored vCPU %d first stored %d, want %d", i, first, last[i]+1)
+		}
+	}
+	again, _ := pauseAndSave(t, restored, nil)
+	if n := len(devs2[1].waitCount(t, 0)); !cpuOn && n > 0 {
+		t.Errorf("the powered-off vCPU 1 stored %d counts after restore", n)
+	}
+	compareARM64States(t, saved.ARM64, again.ARM64)
+}
+
+// pauseAndSave pauses vm and saves its state, passed through gob as a
+// snapshot holds it; last are the last counts of devs.
+func pauseAndSave(t *testing.T, vm *VM, devs []*counterDevice) (*State, []uint64) {
+	t.Helper()
 	if err := vm.Pause(); err != nil {
 		t.Fatal(err)
 	}
@@ -108,14 +200,10 @@ func TestKVMARM64SaveAndRestoreState(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	counts := dev.waitCount(t, 0)
-	last := counts[len(counts)-1]
-	image := make([]byte, len(code))
-	if err := vm.Memory().ReadAt(image, arm64.RAMBase); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := vm.Stop(); err != nil {
-		t.Fatal(err)
+	var last []uint64
+	for _, d := range devs {
+		counts := d.waitCount(t, 0)
+		last = append(last, counts[len(counts)-1])
 	}
 	var enc bytes.Buffer
 	if err := gob.NewEncoder(&enc).Encode(saved); err != nil {
@@ -126,38 +214,14 @@ func TestKVMARM64SaveAndRestoreState(t *testing.T) {
 	if err := gob.NewDecoder(&enc).Decode(&state); err != nil {
 		t.Fatal(err)
 	}
-
-	restored, dev2 := newCounterVM(t)
-	defer restored.Close()
-	if err := restored.Memory().WriteAt(image, arm64.RAMBase); err != nil {
-		t.Fatal(err)
-	}
-	began := time.Now()
-	if err := restored.RestoreState(&state); err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("RestoreState took %v", time.Since(began))
-	if err := restored.Start(); err != nil {
-		t.Fatal(err)
-	}
-	if first := dev2.waitCount(t, 1)[0]; first != last+1 {
-		t.Errorf("the restored guest first stored %d, want %d", first, last+1)
-	}
-	if err := restored.Pause(); err != nil {
-		t.Fatal(err)
-	}
-	again, err := restored.SaveState()
-	if err != nil {
-		t.Fatal(err)
-	}
-	compareARM64States(t, saved.ARM64, again.ARM64)
+	return &state, last
 }
 
 // compareARM64States fails t where b differs from a but in what
 // armCounterGuest changes by running: x0, the PC, the virtual counter.
 func compareARM64States(t *testing.T, a, b *ARM64State) {
 	t.Helper()
-	ran := map[uint64]bool{kvm.ARM64RegX(0): true, kvm.ARM64RegPC: true, kvm.ARM64RegCNTVCT: true} // vCPU 1's X0 and PC are 0 anyway
+	ran := map[uint64]bool{kvm.ARM64RegX(0): true, kvm.ARM64RegPC: true, kvm.ARM64RegCNTVCT: true}
 	for i := range a.VCPUs {
 		ca, cb := &a.VCPUs[i], &b.VCPUs[i]
 		if ca.MPState != cb.MPState {
@@ -174,9 +238,6 @@ func compareARM64States(t *testing.T, a, b *ARM64State) {
 		if !slices.Equal(ca.GICRedist, cb.GICRedist) || !slices.Equal(ca.GICCPU, cb.GICCPU) {
 			t.Errorf("vCPU %d: redistributor %x and CPU interface %x after restore, were %x and %x", i, cb.GICRedist, cb.GICCPU, ca.GICRedist, ca.GICCPU)
 		}
-	}
-	if a.VCPUs[1].MPState != mpStateStopped {
-		t.Errorf("vCPU 1 saved in MP state %d, want powered off (%d)", a.VCPUs[1].MPState, mpStateStopped)
 	}
 	if !slices.Equal(a.GICDist, b.GICDist) || !slices.Equal(a.SPILevels, b.SPILevels) {
 		t.Errorf("distributor %x levels %x after restore, were %x %x", b.GICDist, b.SPILevels, a.GICDist, a.SPILevels)
