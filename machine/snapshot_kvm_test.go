@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -75,7 +76,7 @@ func TestKVMSnapshotRestoresALinuxGuest(t *testing.T) {
 		t.Fatal(snapErr)
 	}
 	last := lastTick(first.String())
-	t.Logf("snapshot of 256 MiB after tick %d in %v", last, took)
+	t.Logf("snapshot of 256 MiB after tick %d in %v: %s", last, took, fileSize(t, path))
 
 	second := &syncBuffer{}
 	restoreCfg := cfg
@@ -122,6 +123,21 @@ func TestKVMSnapshotRestoresALinuxGuest(t *testing.T) {
 	if e.Kind != vmm.ExitReset && e.Kind != vmm.ExitTripleFault {
 		t.Errorf("exit %v, want the guest's restart", e)
 	}
+}
+
+// fileSize describes the size of the file at path and the bytes its
+// blocks take (a snapshot leaves untouched RAM as holes).
+func fileSize(t *testing.T, path string) string {
+	t.Helper()
+	fi, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var used int64
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+		used = st.Blocks * 512
+	}
+	return fmt.Sprintf("file of %d bytes, %d allocated", fi.Size(), used)
 }
 
 // lastTick returns the number of the last "TESTINIT TICK n" in out.
