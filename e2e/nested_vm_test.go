@@ -97,7 +97,7 @@ func TestNestedARM64ClientFlow(t *testing.T) {
 		t.Skipf("no arm64 guest kernel: %v", err)
 	}
 	gt := nestedE2E("^(TestKVMClientFlow|TestKVMEgressAllowedDomains)$", 30*time.Minute, 1,
-		image, nested.BuildCoworkVMMFor(t, nested.ArchARM64), nil)
+		image, nested.BuildCoworkVMMArch(t, nested.ArchARM64), nil)
 	gt.Arch = nested.ArchARM64
 	nested.RunGoTestWith(t, gt)
 }

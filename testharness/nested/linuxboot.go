@@ -206,16 +206,3 @@ func buildCoworkVMM(t testing.TB, env ...string) string {
 	}
 	return bin
 }
-
-// BuildCoworkVMMFor is BuildCoworkVMM for another architecture (a GOARCH:
-// ArchAMD64, ArchARM64), for the outer guest of that harness.
-func BuildCoworkVMMFor(t testing.TB, arch string) string {
-	t.Helper()
-	bin := filepath.Join(t.TempDir(), "cowork-vmm-"+arch)
-	build := exec.Command("go", "build", "-trimpath", "-o", bin, "github.com/cowork-vmm/cowork-vmm/cmd/cowork-vmm")
-	build.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH="+arch)
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("building cowork-vmm for %s: %v\n%s", arch, err, out)
-	}
-	return bin
-}

@@ -76,6 +76,10 @@ const (
 	TimerHypPPI       = 10 // EL2 physical timer, INTID 26
 	// PPIBase is the GIC INTID of PPI 0.
 	PPIBase = 16
+	// The timers' INTIDs, as KVM_ARM_VCPU_TIMER_CTRL's attributes take
+	// them (KVM's defaults too).
+	TimerVirtualINTID   = PPIBase + TimerVirtualPPI
+	TimerNonSecureINTID = PPIBase + TimerNonSecurePPI
 
 	// PlatformPageSize is the MMIO window of the UART and of the boot
 	// timer and snapshot point pages.

@@ -49,6 +49,8 @@ func TestLayoutInterrupts(t *testing.T) {
 	}
 	require.Zero(t, GICIRQs%32, "KVM wants a multiple of 32")
 	require.Equal(t, []int{29, 30, 27, 26}, []int{PPIBase + TimerSecurePPI, PPIBase + TimerNonSecurePPI, PPIBase + TimerVirtualPPI, PPIBase + TimerHypPPI})
+	require.Equal(t, 27, TimerVirtualINTID)
+	require.Equal(t, 30, TimerNonSecureINTID)
 	require.Equal(t, MMIODevice{Base: 0x0A00_0000, SPI: 16}, VirtioDevice(0))
 	require.Equal(t, MMIODevice{Base: 0x0A01_F000, SPI: 47}, VirtioDevice(31))
 }
