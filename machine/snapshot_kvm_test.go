@@ -35,13 +35,19 @@ func waitConsole(t *testing.T, console *syncBuffer, want string, within time.Dur
 // machine from the file: the restored guest goes on ticking from the next
 // tick, its clock running, and ends with its restart.
 func TestKVMSnapshotRestoresALinuxGuest(t *testing.T) {
+	snapshotRestoresALinuxGuest(t, 1)
+}
+
+// snapshotRestoresALinuxGuest is TestKVMSnapshotRestoresALinuxGuest on
+// a guest of cpus vCPUs.
+func snapshotRestoresALinuxGuest(t *testing.T, cpus int) {
 	nested.RequireLinuxBoot(t, "TestNestedKVM")
 	if !vmm.StateSupported {
 		t.Skip("the VMM cannot save a VM's state on this architecture yet")
 	}
 	kernelPath, initrdPath := testBootImages(t)
 	const totalTicks = 40
-	cfg := Config{MemMiB: 256, CPUs: 1, Logger: quietLogger(), Cmdline: fmt.Sprintf("guestboot.ticks=%d", totalTicks)}
+	cfg := Config{MemMiB: 256, CPUs: cpus, Logger: quietLogger(), Cmdline: fmt.Sprintf("guestboot.ticks=%d", totalTicks)}
 	first := &syncBuffer{}
 	bootCfg := cfg
 	bootCfg.Kernel, bootCfg.Initrd, bootCfg.Console = kernelPath, initrdPath, io.MultiWriter(first, testLogWriter{t})
