@@ -71,13 +71,13 @@ func saveARM64VCPU(c armVCPU) (s ARM64VCPUState, err error) {
 	if err != nil {
 		return s, err
 	}
-	if len(ids) > maxARM64Regs {
-		return s, fmt.Errorf("%d registers, more than %d", len(ids), maxARM64Regs)
+	if len(ids) > kvm.MaxRegListLength {
+		return s, fmt.Errorf("%d registers, more than %d", len(ids), kvm.MaxRegListLength)
 	}
 	s.Regs = make([]ARM64Reg, 0, len(ids))
 	for _, id := range ids {
 		size := kvm.RegSize(id)
-		if size > maxARM64Reg {
+		if size > kvm.MaxOneRegBytes {
 			return s, fmt.Errorf("register %#x of %d bytes", id, size)
 		}
 		r := ARM64Reg{ID: id, Value: make([]byte, size)}
@@ -266,7 +266,7 @@ func sameICC(gic gicDevice, mpidr, saved uint64) error {
 }
 
 // sameRegisters checks that the fresh vCPU c has the registers saved,
-// and the same identity registers (isIdentityReg): KVM refuses to change
+// and the same identity registers (kvm.ARM64IdentityReg): KVM refuses to change
 // those, so a snapshot taken on another CPU, or under a KVM that lists
 // other registers, is snapshot.ErrMismatch (boot afresh), found before
 // any register is written.
@@ -282,7 +282,7 @@ func sameRegisters(c armVCPU, saved []ARM64Reg) error {
 		if saved[i].ID != id {
 			return fmt.Errorf("its register %d is %#x, this one's %#x: %w", i, saved[i].ID, id, snapshot.ErrMismatch)
 		}
-		if !isIdentityReg(id) {
+		if !kvm.ARM64IdentityReg(id) {
 			continue
 		}
 		now := make([]byte, kvm.RegSize(id))
@@ -294,37 +294,4 @@ func sameRegisters(c armVCPU, saved []ARM64Reg) error {
 		}
 	}
 	return nil
-}
-
-// Register id fields (arm64's <asm/kvm.h>).
-const (
-	armRegCoprocMask = 0x0fff0000
-	armRegDemux      = 0x0011 << 16 // the cache geometry (CCSIDR_EL1 per level)
-	armRegSysreg     = 0x0013 << 16
-)
-
-// isIdentityReg says whether register id describes the CPU rather than
-// holds guest state, so that KVM takes a write only of the value it
-// has: the ID register space (op0 3, op1 0, CRn 0: MIDR_EL1, MPIDR_EL1,
-// REVIDR_EL1, the ID_* registers), CTR_EL0, CLIDR_EL1, AIDR_EL1 and the
-// cache geometry.
-func isIdentityReg(id uint64) bool {
-	switch id & armRegCoprocMask {
-	case armRegDemux:
-		return true
-	case armRegSysreg:
-	default:
-		return false
-	}
-	enc := id & 0xffff
-	op0, op1, crn, crm, op2 := enc>>14, enc>>11&7, enc>>7&0xf, enc>>3&0xf, enc&7
-	switch {
-	case op0 == 3 && op1 == 0 && crn == 0:
-		return true
-	case op0 == 3 && op1 == 3 && crn == 0 && crm == 0 && op2 == 1: // CTR_EL0
-		return true
-	case op0 == 3 && op1 == 1 && crn == 0 && crm == 0 && (op2 == 1 || op2 == 7): // CLIDR, AIDR
-		return true
-	}
-	return false
 }

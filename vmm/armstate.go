@@ -51,21 +51,12 @@ type ARM64Reg struct {
 	Value []byte
 }
 
-// Bounds of what a snapshot may hold: KVM's own limits, with room.
+// GIC bounds.
 const (
-	maxARM64Regs = 4096 // KVM_GET_REG_LIST's bound in vmm/kvm
-	maxARM64Reg  = 256  // KVM_REG_SIZE_U2048, the largest register
 	// maxGICIRQs is the GICv3 architecture's SPI ceiling (INTID 1020).
 	maxGICIRQs = 1024
 	// gicPrivateIRQs are the SGIs and PPIs, banked per vCPU.
 	gicPrivateIRQs = 32
-)
-
-// KVM_MP_STATE_* values an arm64 vCPU can be in.
-const (
-	mpStateRunnable  = 0
-	mpStateStopped   = 5 // powered off (PSCI CPU_OFF, or never started)
-	mpStateSuspended = 9 // in a PSCI SYSTEM_SUSPEND's WFI
 )
 
 // gicRange is a run of 32-bit GIC registers: words of them from offset in
@@ -252,13 +243,13 @@ func (s *ARM64State) validate(vcpus int, irqs uint32) error {
 
 // validate checks one vCPU's shape.
 func (c *ARM64VCPUState) validate() error {
-	if len(c.Regs) == 0 || len(c.Regs) > maxARM64Regs {
-		return fmt.Errorf("%d registers, want 1 to %d", len(c.Regs), maxARM64Regs)
+	if len(c.Regs) == 0 || len(c.Regs) > kvm.MaxRegListLength {
+		return fmt.Errorf("%d registers, want 1 to %d", len(c.Regs), kvm.MaxRegListLength)
 	}
 	seen := make(map[uint64]bool, len(c.Regs))
 	for _, r := range c.Regs {
 		size := kvm.RegSize(r.ID)
-		if size > maxARM64Reg || len(r.Value) != size {
+		if size > kvm.MaxOneRegBytes || len(r.Value) != size {
 			return fmt.Errorf("register %#x holds %d bytes, its id says %d", r.ID, len(r.Value), size)
 		}
 		if seen[r.ID] {
@@ -266,8 +257,8 @@ func (c *ARM64VCPUState) validate() error {
 		}
 		seen[r.ID] = true
 	}
-	switch c.MPState {
-	case mpStateRunnable, mpStateStopped, mpStateSuspended:
+	switch kvm.MPState(c.MPState) {
+	case kvm.MPStateRunnable, kvm.MPStateStopped, kvm.MPStateSuspended:
 	default:
 		return fmt.Errorf("MP state %d, not one of an arm64 vCPU's", c.MPState)
 	}

@@ -50,7 +50,7 @@ var (
 	fakeMIDR    = kvm.ARM64SysReg(3, 0, 0, 0, 0)
 	fakeSCTLR   = kvm.ARM64SysReg(3, 0, 1, 0, 0)
 	fakeCTR     = kvm.ARM64SysReg(3, 3, 0, 0, 1)
-	fakeCCSIDR0 = uint64(0x6000000000000000 | 0x0020000000000000 | armRegDemux)
+	fakeCCSIDR0 = uint64(0x6000000000000000 | 0x0020000000000000 | 0x0011<<16) // KVM_REG_ARM_DEMUX
 	fakeRegIDs  = []uint64{
 		kvm.ARM64RegX(0), kvm.ARM64RegX(30), kvm.ARM64RegPC, kvm.ARM64RegPSTATE,
 		kvm.ARM64RegV(0), kvm.ARM64RegV(31), kvm.ARM64RegFPSR, fakeCCSIDR0,
@@ -69,7 +69,7 @@ func newFakeKVM(cpus int, midr uint64, ctlr uint64) *fakeKVM {
 		c := &fakeVCPU{k: k, index: i, ids: slices.Clone(fakeRegIDs), regs: map[uint64][]byte{}, refused: map[uint64]bool{}}
 		for _, id := range c.ids {
 			c.regs[id] = make([]byte, kvm.RegSize(id))
-			if isIdentityReg(id) {
+			if kvm.ARM64IdentityReg(id) {
 				c.refused[id] = true
 			}
 		}
@@ -77,7 +77,7 @@ func newFakeKVM(cpus int, midr uint64, ctlr uint64) *fakeKVM {
 		binary.LittleEndian.PutUint64(c.regs[kvm.ARM64RegMPIDR], 1<<31|uint64(i))
 		binary.LittleEndian.PutUint32(c.regs[fakeCCSIDR0], 0x700fe01a)
 		if i > 0 {
-			c.mp = mpStateStopped
+			c.mp = kvm.MPStateStopped
 		}
 		k.vcpus = append(k.vcpus, c)
 	}
@@ -203,7 +203,7 @@ func runningFakeVM(t *testing.T) *fakeKVM {
 	n := byte(1)
 	for _, c := range k.vcpus {
 		for _, id := range c.ids {
-			if isIdentityReg(id) {
+			if kvm.ARM64IdentityReg(id) {
 				continue
 			}
 			for i := range c.regs[id] {
@@ -213,7 +213,7 @@ func runningFakeVM(t *testing.T) *fakeKVM {
 		}
 		c.events.Raw[0] = 1
 	}
-	k.vcpus[1].mp = mpStateRunnable
+	k.vcpus[1].mp = kvm.MPStateRunnable
 	w := uint64(0x1000)
 	set := func(group uint32, attr uint64) {
 		k.gic.vals[[2]uint64{uint64(group), attr}] = w
@@ -366,7 +366,7 @@ func TestARM64RestoreRefusesMalformedState(t *testing.T) {
 		"a short register":   func(s *ARM64State) { s.VCPUs[1].Regs[4].Value = s.VCPUs[1].Regs[4].Value[:8] },
 		"a register twice":   func(s *ARM64State) { s.VCPUs[0].Regs[1].ID = s.VCPUs[0].Regs[0].ID },
 		"no registers":       func(s *ARM64State) { s.VCPUs[0].Regs = nil },
-		"too many registers": func(s *ARM64State) { s.VCPUs[0].Regs = make([]ARM64Reg, maxARM64Regs+1) },
+		"too many registers": func(s *ARM64State) { s.VCPUs[0].Regs = make([]ARM64Reg, kvm.MaxRegListLength+1) },
 		"an MP state":        func(s *ARM64State) { s.VCPUs[1].MPState = 3 },
 		"a redistributor":    func(s *ARM64State) { s.VCPUs[0].GICRedist = s.VCPUs[0].GICRedist[1:] },
 		"ICC count":          func(s *ARM64State) { s.VCPUs[0].GICCPU[1] |= 6 << 8 }, // 7 bits: 4 APnR each
@@ -456,25 +456,5 @@ func TestGICDistLayoutCoversTheSPIs(t *testing.T) {
 	}
 	if state[len(state)-1].name != "GICD_CTLR" || config[0].name != "GICD_IIDR" {
 		t.Errorf("GICD_IIDR must come first and GICD_CTLR last: %v ... %v", config[0], state[len(state)-1])
-	}
-}
-
-func TestIsIdentityReg(t *testing.T) {
-	for id, want := range map[uint64]bool{
-		fakeMIDR:                       true,
-		kvm.ARM64RegMPIDR:              true,
-		kvm.ARM64SysReg(3, 0, 0, 4, 0): true, // ID_AA64PFR0_EL1
-		fakeCTR:                        true,
-		kvm.ARM64SysReg(3, 1, 0, 0, 1): true, // CLIDR_EL1
-		fakeCCSIDR0:                    true,
-		fakeSCTLR:                      false,
-		kvm.ARM64SysReg(3, 2, 0, 0, 0): false, // CSSELR_EL1
-		kvm.ARM64RegCNTVCT:             false,
-		kvm.ARM64RegPC:                 false,
-		kvm.ARM64RegPSCIVersion:        false,
-	} {
-		if got := isIdentityReg(id); got != want {
-			t.Errorf("isIdentityReg(%#x) = %v, want %v", id, got, want)
-		}
 	}
 }

@@ -160,7 +160,7 @@ func saveAndRestoreCounter(t *testing.T, cpuOn bool) {
 	if _, err := vm.Stop(); err != nil {
 		t.Fatal(err)
 	}
-	if want := map[bool]uint32{false: mpStateStopped, true: mpStateRunnable}[cpuOn]; saved.ARM64.VCPUs[1].MPState != want {
+	if want := map[bool]uint32{false: uint32(kvm.MPStateStopped), true: uint32(kvm.MPStateRunnable)}[cpuOn]; saved.ARM64.VCPUs[1].MPState != want {
 		t.Errorf("vCPU 1 saved in MP state %d, want %d", saved.ARM64.VCPUs[1].MPState, want)
 	}
 
