@@ -48,6 +48,20 @@ func TestNestedKVM(t *testing.T) {
 // arm64 /dev/kvm). It skips where the arm64 harness or the arm64 guest
 // kernel (make kernel-arm64) is missing.
 func TestNestedARM64KVM(t *testing.T) {
+	runNestedARM64(t, "^TestKVMBootLinux$")
+}
+
+// TestNestedARM64KVMSnapshot runs TestKVMSnapshotRestoresALinuxGuest
+// (and its 2-vCPU variant) in the arm64 harness: an arm64 guest's
+// registers, GICv3 and virtual counter saved mid-run and restored into a
+// new VM, which goes on ticking. It skips as TestNestedARM64KVM does.
+func TestNestedARM64KVMSnapshot(t *testing.T) {
+	runNestedARM64(t, "^TestKVMSnapshotRestoresALinuxGuest")
+}
+
+// runNestedARM64 runs this package's tests matching run in the arm64
+// harness, with our arm64 guest kernel and the test init.
+func runNestedARM64(t *testing.T, run string) {
 	nested.RequireARM64Harness(t)
 	image, err := kernel.FindGuest(nested.ArchARM64)
 	if err != nil {
@@ -60,7 +74,7 @@ func TestNestedARM64KVM(t *testing.T) {
 	nested.RunGoTestWith(t, nested.GoTest{
 		Arch:    nested.ArchARM64,
 		Pkg:     "github.com/cowork-vmm/cowork-vmm/machine",
-		Run:     "^TestKVMBootLinux$",
+		Run:     run,
 		Files:   map[string]string{"Image": image, "initrd.cpio.gz": initrd},
 		Env:     []string{"COWORK_TEST_KERNEL=/payload/Image", "COWORK_TEST_INITRD=/payload/initrd.cpio.gz"},
 		CPUs:    2,

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -34,13 +35,19 @@ func waitConsole(t *testing.T, console *syncBuffer, want string, within time.Dur
 // machine from the file: the restored guest goes on ticking from the next
 // tick, its clock running, and ends with its restart.
 func TestKVMSnapshotRestoresALinuxGuest(t *testing.T) {
+	snapshotRestoresALinuxGuest(t, 1)
+}
+
+// snapshotRestoresALinuxGuest is TestKVMSnapshotRestoresALinuxGuest on
+// a guest of cpus vCPUs.
+func snapshotRestoresALinuxGuest(t *testing.T, cpus int) {
 	nested.RequireLinuxBoot(t, "TestNestedKVM")
 	if !vmm.StateSupported {
 		t.Skip("the VMM cannot save a VM's state on this architecture yet")
 	}
 	kernelPath, initrdPath := testBootImages(t)
 	const totalTicks = 40
-	cfg := Config{MemMiB: 256, CPUs: 1, Logger: quietLogger(), Cmdline: fmt.Sprintf("guestboot.ticks=%d", totalTicks)}
+	cfg := Config{MemMiB: 256, CPUs: cpus, Logger: quietLogger(), Cmdline: fmt.Sprintf("guestboot.ticks=%d", totalTicks)}
 	first := &syncBuffer{}
 	bootCfg := cfg
 	bootCfg.Kernel, bootCfg.Initrd, bootCfg.Console = kernelPath, initrdPath, io.MultiWriter(first, testLogWriter{t})
@@ -75,7 +82,7 @@ func TestKVMSnapshotRestoresALinuxGuest(t *testing.T) {
 		t.Fatal(snapErr)
 	}
 	last := lastTick(first.String())
-	t.Logf("snapshot of 256 MiB after tick %d in %v", last, took)
+	t.Logf("snapshot of 256 MiB after tick %d in %v: %s", last, took, fileSize(t, path))
 
 	second := &syncBuffer{}
 	restoreCfg := cfg
@@ -122,6 +129,21 @@ func TestKVMSnapshotRestoresALinuxGuest(t *testing.T) {
 	if e.Kind != vmm.ExitReset && e.Kind != vmm.ExitTripleFault {
 		t.Errorf("exit %v, want the guest's restart", e)
 	}
+}
+
+// fileSize describes the size of the file at path and the bytes its
+// blocks take (a snapshot leaves untouched RAM as holes).
+func fileSize(t *testing.T, path string) string {
+	t.Helper()
+	fi, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var used int64
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+		used = st.Blocks * 512
+	}
+	return fmt.Sprintf("file of %d bytes, %d allocated", fi.Size(), used)
 }
 
 // lastTick returns the number of the last "TESTINIT TICK n" in out.

@@ -20,7 +20,9 @@
 // the RAM layout (x86: split around the 32-bit MMIO hole; arm64: one
 // region from 2 GiB), KVM_IRQ_LINE's numbering (arm64: SPIs), the boot
 // registers, the register dump of an exit report, and the saved state
-// (StateSupported: not yet on arm64).
+// (x86: the vCPUs' register ioctls, PIC, IOAPIC, PIT and KVM clock; arm64:
+// every register KVM_GET_REG_LIST lists and the GICv3's register groups,
+// armstate.go, restored in the order armsave.go explains).
 //
 // Kicking a vCPU: RequestExit sets kvm_run.immediate_exit on every vCPU, so
 // a vCPU not currently in KVM_RUN leaves at its next entry, then sends a

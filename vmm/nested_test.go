@@ -24,3 +24,13 @@ func TestNestedKVM(t *testing.T) {
 			Args: []string{"-test.bench=^BenchmarkKVM", "-test.benchtime=5x"}, CPUs: 2, Timeout: 8 * time.Minute})
 	})
 }
+
+// TestNestedARM64KVM runs this package's arm64 KVM tests (TestKVMARM64…:
+// a tiny guest's state saved and restored) inside the arm64 harness
+// (qemu-system-aarch64 TCG at EL2 gives a real arm64 /dev/kvm). It skips
+// where the arm64 harness is unavailable.
+func TestNestedARM64KVM(t *testing.T) {
+	nested.RequireARM64Harness(t)
+	nested.RunGoTestWith(t, nested.GoTest{Arch: nested.ArchARM64, Pkg: "github.com/cowork-vmm/cowork-vmm/vmm",
+		Run: "^TestKVMARM64", CPUs: 2, Timeout: 8 * time.Minute})
+}

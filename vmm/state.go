@@ -6,9 +6,10 @@ import (
 
 // State is what KVM holds of a paused VM, enough for a fresh VM of the
 // same configuration on the same kind of host to go on where this one
-// stopped: each vCPU's registers, FPU/SIMD state, MSRs, local APIC, run
-// state and pending events; the in-kernel PIC pair, IOAPIC and PIT; the
-// KVM clock. Guest memory and device state are not in it.
+// stopped. On x86: each vCPU's registers, FPU/SIMD state, MSRs, local
+// APIC, run state and pending events; the in-kernel PIC pair, IOAPIC and
+// PIT; the KVM clock. On arm64 all of it is in ARM64 (the x86 fields stay
+// zero). Guest memory and device state are not in it.
 type State struct {
 	VCPUs []VCPUState
 	// IRQChips are the master PIC, the slave PIC and the IOAPIC, in that
@@ -17,6 +18,9 @@ type State struct {
 	PIT      kvm.PITState
 	// ClockNS is the KVM clock (kvmclock's time) when the VM paused.
 	ClockNS uint64
+	// ARM64 is an arm64 VM's state; nil on x86 (and in older snapshots,
+	// which gob decodes without it).
+	ARM64 *ARM64State
 }
 
 // VCPUState is one vCPU's part of State. XSAVE and XCRS are nil on a KVM

@@ -101,8 +101,18 @@ const (
 	kvmRegARMCore    = 0x0010 << 16
 	kvmRegARM64Sys   = 0x0013 << 16
 	kvmRegARMFW      = 0x0014 << 16
-	maxOneRegBytes   = 256  // KVM_REG_SIZE_U2048, the largest size the encoding has
-	maxRegListLength = 4096 // a 6.1 arm64 vCPU with SVE has under 1000
+	kvmRegARMDemux   = 0x0011 << 16
+	kvmRegCoprocMask = 0x0fff0000
+)
+
+// Bounds of arm64 register access, which a snapshot's registers are held to.
+const (
+	// MaxOneRegBytes is KVM_REG_SIZE_U2048, the largest register size the
+	// encoding has.
+	MaxOneRegBytes = 256
+	// MaxRegListLength bounds KVM_GET_REG_LIST's count: a 6.1 arm64 vCPU
+	// with SVE has under 1000.
+	MaxRegListLength = 4096
 )
 
 // RegSize is the size in bytes KVM_REG_SIZE encodes in a register id.
@@ -196,6 +206,33 @@ const (
 	ARM64RegPSCIVersion uint64 = kvmRegARM64 | kvmRegSizeU64 | kvmRegARMFW
 )
 
+// ARM64IdentityReg says whether register id describes the CPU rather
+// than holds guest state, so that KVM takes a write of it only of the
+// value it has (it calls them invariant): the ID register space (op0 3,
+// op1 0, CRn 0: MIDR_EL1, MPIDR_EL1, REVIDR_EL1, the ID_* registers),
+// CTR_EL0, CLIDR_EL1, AIDR_EL1 and the cache geometry (CCSIDR_EL1 per
+// level, KVM_REG_ARM_DEMUX).
+func ARM64IdentityReg(id uint64) bool {
+	switch id & kvmRegCoprocMask {
+	case kvmRegARMDemux:
+		return true
+	case kvmRegARM64Sys:
+	default:
+		return false
+	}
+	enc := id & 0xffff
+	op0, op1, crn, crm, op2 := enc>>14, enc>>11&7, enc>>7&0xf, enc>>3&0xf, enc&7
+	switch {
+	case op0 == 3 && op1 == 0 && crn == 0:
+		return true
+	case op0 == 3 && op1 == 3 && crn == 0 && crm == 0 && op2 == 1: // CTR_EL0
+		return true
+	case op0 == 3 && op1 == 1 && crn == 0 && crm == 0 && (op2 == 1 || op2 == 7): // CLIDR, AIDR
+		return true
+	}
+	return false
+}
+
 // errRegSize is a register access whose buffer does not fit the id.
 var errRegSize = errors.New("register size mismatch")
 
@@ -253,7 +290,7 @@ func (c *VCPU) SetOneRegBytes(id uint64, buf []byte) error {
 }
 
 func checkRegBuffer(id uint64, buf []byte) error {
-	if size := RegSize(id); len(buf) != size || size > maxOneRegBytes {
+	if size := RegSize(id); len(buf) != size || size > MaxOneRegBytes {
 		return fmt.Errorf("%w: %d-byte buffer for a %d-byte register", errRegSize, len(buf), size)
 	}
 	return nil
@@ -270,7 +307,7 @@ func (c *VCPU) RegList() ([]uint64, error) {
 }
 
 // boundedRegList asks fetch (KVM_GET_REG_LIST with room for len(ids))
-// first for the count, then for the ids. A count above maxRegListLength
+// first for the count, then for the ids. A count above MaxRegListLength
 // is refused rather than allocated, and one the kernel would overflow the
 // buffer with is an error.
 func boundedRegList(fetch func(ids []uint64) (uint64, error)) ([]uint64, error) {
@@ -281,8 +318,8 @@ func boundedRegList(fetch func(ids []uint64) (uint64, error)) ([]uint64, error) 
 		return []uint64{}, nil
 	case !errors.Is(err, unix.E2BIG):
 		return nil, err
-	case n > maxRegListLength:
-		return nil, fmt.Errorf("%d registers, more than the %d this VMM accepts", n, maxRegListLength)
+	case n > MaxRegListLength:
+		return nil, fmt.Errorf("%d registers, more than the %d this VMM accepts", n, MaxRegListLength)
 	}
 	ids := make([]uint64, n)
 	got, err := fetch(ids)

@@ -105,8 +105,8 @@ func TestRegListBounded(t *testing.T) {
 	if got, err := boundedRegList(kernel(1<<40, nil)); err == nil || got != nil {
 		t.Errorf("count 2^40: %d ids, %v; want a refusal", len(got), err)
 	}
-	if _, err := boundedRegList(kernel(maxRegListLength+1, nil)); err == nil {
-		t.Errorf("count %d accepted", maxRegListLength+1)
+	if _, err := boundedRegList(kernel(MaxRegListLength+1, nil)); err == nil {
+		t.Errorf("count %d accepted", MaxRegListLength+1)
 	}
 	lying := func(ids []uint64) (uint64, error) {
 		if ids == nil {
@@ -154,5 +154,25 @@ func TestVGICAttributes(t *testing.T) {
 	// Line levels of INTIDs 64..95: LINE_LEVEL (0) at bit 10, the INTID below.
 	if got := VGICV3LevelInfoAttr(mpidr0, 64); got != 64 {
 		t.Errorf("level info attr %#x", got)
+	}
+}
+
+func TestARM64IdentityReg(t *testing.T) {
+	for id, want := range map[uint64]bool{
+		ARM64SysReg(3, 0, 0, 0, 0):                   true, // MIDR_EL1
+		ARM64RegMPIDR:                                true,
+		ARM64SysReg(3, 0, 0, 4, 0):                   true,  // ID_AA64PFR0_EL1
+		ARM64SysReg(3, 3, 0, 0, 1):                   true,  // CTR_EL0
+		ARM64SysReg(3, 1, 0, 0, 1):                   true,  // CLIDR_EL1
+		kvmRegARM64 | kvmRegSizeU32 | kvmRegARMDemux: true,  // CCSIDR_EL1 of level 1 data
+		ARM64SysReg(3, 0, 1, 0, 0):                   false, // SCTLR_EL1
+		ARM64SysReg(3, 2, 0, 0, 0):                   false, // CSSELR_EL1
+		ARM64RegCNTVCT:                               false,
+		ARM64RegPC:                                   false,
+		ARM64RegPSCIVersion:                          false,
+	} {
+		if got := ARM64IdentityReg(id); got != want {
+			t.Errorf("ARM64IdentityReg(%#x) = %v, want %v", id, got, want)
+		}
 	}
 }

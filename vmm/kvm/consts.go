@@ -238,6 +238,11 @@ const (
 	MPStateInitReceived  MPState = 2
 	MPStateHalted        MPState = 3
 	MPStateSIPIReceived  MPState = 4
+	// MPStateStopped is a powered-off arm64 vCPU (never started, or PSCI
+	// CPU_OFF).
+	MPStateStopped MPState = 5
+	// MPStateSuspended is an arm64 vCPU in PSCI SYSTEM_SUSPEND's WFI.
+	MPStateSuspended MPState = 9
 )
 
 // Flags for IRQFD and IOEventFD.

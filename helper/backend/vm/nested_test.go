@@ -41,3 +41,27 @@ func TestNestedKVMBackend(t *testing.T) {
 		Timeout: 12 * time.Minute,
 	})
 }
+
+// TestNestedARM64KVMWarmStart runs TestKVMWarmStartsDiffer (a cold boot
+// that takes the first-boot snapshot, then two starts restored from it)
+// inside the arm64 harness, with our arm64 guest kernel and an arm64
+// cowork-vmm as the guest's /init. It skips where the arm64 harness or
+// the arm64 guest kernel is missing.
+func TestNestedARM64KVMWarmStart(t *testing.T) {
+	nested.RequireARM64Harness(t)
+	image, err := kernel.FindGuest(nested.ArchARM64)
+	if err != nil {
+		t.Skipf("no arm64 guest kernel: %v", err)
+	}
+	bin := nested.BuildCoworkVMMArch(t, nested.ArchARM64)
+	nested.RunGoTestWith(t, nested.GoTest{
+		Arch:    nested.ArchARM64,
+		Pkg:     "github.com/cowork-vmm/cowork-vmm/helper/backend/vm",
+		Run:     "^TestKVMWarmStartsDiffer$",
+		Files:   map[string]string{"Image": image, "cowork-vmm": bin},
+		Env:     []string{kernel.Env + "=/payload/Image", TestBinEnv + "=/payload/cowork-vmm"},
+		CPUs:    1,
+		MemMiB:  2048,
+		Timeout: 12 * time.Minute,
+	})
+}
