@@ -133,7 +133,13 @@ func TestSparseSnapshotOfImageRAMIsTheSame(t *testing.T) {
 	require.False(t, zero[0], "an untouched page of image data is read")
 	require.False(t, zero[4], "a discarded page of image data is read")
 	require.True(t, zero[1], "an untouched page of an image hole is skipped")
-	require.True(t, zero[(2<<20)/pageSize], "a discarded page of an image hole is skipped")
+	// On a tmpfs the write's fault gave the hole a page of the file's own
+	// (tmpfsShort's doc): it is data now, read and written as zeros. The
+	// snapshot is the same either way.
+	var fs unix.Statfs_t
+	require.NoError(t, unix.Statfs(f.Name(), &fs))
+	onTmpfs := fs.Type == unix.TMPFS_MAGIC
+	require.Equal(t, !onTmpfs, zero[(2<<20)/pageSize], "a discarded page of an image hole is skipped, but on a tmpfs (tmpfs: %v)", onTmpfs)
 	requireSameSnapshots(t, m)
 	require.NoError(t, m.Close())
 	require.Equal(t, -1, m.image.fd, "Close closes the image descriptor Memory kept")
