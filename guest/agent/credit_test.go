@@ -39,6 +39,9 @@ func TestOutputWaitsForCredit(t *testing.T) {
 	const size = 1 << 20
 	const window = protocol.MinOutputWindow
 	require.NoError(t, c.spawnWindow("p", window, "sh", "-c", fmt.Sprintf("yes 'some output' | head -c %d; echo done >&2", size)))
+	// The first output, however slow the host is to start the pipeline
+	// (an emulated CPU under load took seconds), then time to fill the window.
+	c.WaitFor("p", "output", func(p *agenttest.Output) bool { return p.Stdout.Len() > 0 })
 	time.Sleep(300 * time.Millisecond)
 	held, exited := c.outputBytes("p")
 	assert.False(t, exited, "the process waits for credit")

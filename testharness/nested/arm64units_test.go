@@ -9,7 +9,7 @@ import (
 // harness (TestNestedARM64Units): those whose code differs by
 // architecture or talks to the kernel in ways that do (KVM's arm64 API,
 // the arm64 layout and device tree, seccomp's audit arch and syscall
-// numbers, the agent's mounts and namespaces, the platform registers).
+// numbers, the agent's mounts and namespaces, doctor's view of an arm64 host).
 var arm64UnitPackages = []string{
 	"github.com/cowork-vmm/cowork-vmm/vmm/kvm",
 	"github.com/cowork-vmm/cowork-vmm/vmm/arm64",
@@ -17,6 +17,7 @@ var arm64UnitPackages = []string{
 	"github.com/cowork-vmm/cowork-vmm/machine",
 	"github.com/cowork-vmm/cowork-vmm/guest/seccomp",
 	"github.com/cowork-vmm/cowork-vmm/guest/agent",
+	"github.com/cowork-vmm/cowork-vmm/doctor",
 }
 
 // TestNestedARM64Units runs the unit tests of arm64UnitPackages, built for
