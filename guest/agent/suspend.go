@@ -10,11 +10,13 @@ import (
 	"os"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/cowork-vmm/cowork-vmm/protocol"
 	"github.com/cowork-vmm/cowork-vmm/protocol/guesthost"
+	"golang.org/x/sys/unix"
 )
 
 // Suspend and resume (the VM's; protocol.SuspendParams). At stopVM a host
@@ -179,14 +181,28 @@ func (m *mounter) withdrawAllButSystem() error {
 	}
 	sort.Slice(targets, func(i, j int) bool { return len(targets[i]) > len(targets[j]) })
 	return withRoot(func(root int) error {
-		for _, t := range targets {
-			if err := detach(root, t); err != nil {
+		for i, t := range targets {
+			err := detach(root, t)
+			if err != nil && !(errors.Is(err, unix.ESTALE) && underAnyOf(t, targets[i+1:])) {
 				return err
 			}
 			delete(m.mounts, t)
 		}
 		return nil
 	})
+}
+
+// underAnyOf says whether target lies beneath one of dirs. A mount whose
+// path went stale (ESTALE: the host removed the export it lies in) cannot
+// be reached to unmount, but one beneath a mount withdrawn after it goes
+// with that one: a lazy unmount takes the mounts below it along.
+func underAnyOf(target string, dirs []string) bool {
+	for _, d := range dirs {
+		if strings.HasPrefix(target, strings.TrimSuffix(d, "/")+"/") {
+			return true
+		}
+	}
+	return false
 }
 
 // resume answers a resumed guest's AgentMethodResume: the wall clock is

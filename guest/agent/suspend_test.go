@@ -53,3 +53,12 @@ func TestSuspendRefusedWithoutKeptState(t *testing.T) {
 	require.ErrorContains(t, c.Call(protocol.AgentMethodSuspend, protocol.SuspendParams{}, nil), "cannot be suspended")
 	require.NoError(t, c.Call(protocol.AgentMethodPing, nil, nil))
 }
+
+func TestUnderAnyOf(t *testing.T) {
+	dirs := []string{"/sessions/s", "/mnt/"}
+	require.True(t, underAnyOf("/sessions/s/mnt/extra", dirs))
+	require.True(t, underAnyOf("/mnt/a", dirs))
+	require.False(t, underAnyOf("/sessions/s", dirs), "a directory is not beneath itself")
+	require.False(t, underAnyOf("/sessions/sx/mnt", dirs), "a sibling with a longer name is not beneath")
+	require.False(t, underAnyOf("/sessions/s/mnt", nil))
+}
