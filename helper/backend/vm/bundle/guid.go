@@ -10,10 +10,13 @@ import (
 // little-endian, the last two as bytes (UEFI spec, appendix A).
 type GUID [16]byte
 
-// Partition type GUIDs this package names. Only LinuxRootX86_64 takes part
-// in choosing the root; the others make Partition.TypeName readable in logs.
+// Partition type GUIDs this package names. Only the Linux root type of
+// the helper's architecture (LinuxRootX86_64, LinuxRootARM64) takes part
+// in choosing the root; the others make Partition.TypeName readable in
+// logs.
 var (
 	LinuxRootX86_64 = MustParseGUID("4f68bce3-e8cd-4db1-96e7-fbcaf984b709")
+	LinuxRootARM64  = MustParseGUID("b921b045-1df0-41c3-af44-4c6f280d3fae")
 	LinuxFilesystem = MustParseGUID("0fc63daf-8483-4772-8e79-3d69d8477de4")
 	EFISystem       = MustParseGUID("c12a7328-f81f-11d2-ba4b-00a0c93ec93b")
 	BIOSBoot        = MustParseGUID("21686148-6449-6e6f-744e-656564454649")
@@ -22,6 +25,7 @@ var (
 
 var guidNames = map[GUID]string{
 	LinuxRootX86_64: LinuxRootX86_64Name,
+	LinuxRootARM64:  LinuxRootARM64Name,
 	LinuxFilesystem: "Linux filesystem",
 	EFISystem:       "EFI system",
 	BIOSBoot:        "BIOS boot",

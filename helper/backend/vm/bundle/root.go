@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"path/filepath"
+	"runtime"
 	"strings"
 )
 
@@ -27,7 +28,7 @@ type Root struct {
 
 // SelectRoot chooses the root volume of img: the ext4 filesystem labelled
 // RootLabel (the first, if several are), else the ext4 partition of GPT
-// type LinuxRootX86_64, else the largest ext4 volume (the first of equal
+// type Linux root for this architecture (nativeRoot), else the largest ext4 volume (the first of equal
 // ones). An image without a partition table is its own root. Partitions
 // whose superblock is invalid take no part; the reason lists them, and
 // the table's notes (a primary GPT replaced by its backup).
@@ -36,7 +37,7 @@ func SelectRoot(img Image) (Root, error) {
 	if len(img.Volumes) == 0 {
 		return Root{}, noExt4Error(img)
 	}
-	v, why := chooseRoot(img.Volumes)
+	v, why := chooseRoot(img.Volumes, nativeRoot)
 	reason := fmt.Sprintf("%s of %s: %s", v.Describe(), name, why)
 	if v.FS.NeedsRecovery {
 		reason += "; its journal needs recovery"
@@ -50,9 +51,10 @@ func SelectRoot(img Image) (Root, error) {
 	return Root{Image: img.Path, Volume: v, Reason: reason}, nil
 }
 
-// chooseRoot applies the three rules to vols (not empty) and says which
+// chooseRoot applies the three rules to vols (not empty), with rootType the
+// Linux root partition type of the guest's architecture, and says which
 // one chose.
-func chooseRoot(vols []Volume) (Volume, string) {
+func chooseRoot(vols []Volume, rootType GUID) (Volume, string) {
 	var labelled []Volume
 	for _, v := range vols {
 		if v.FS.Label == RootLabel {
@@ -69,8 +71,8 @@ func chooseRoot(vols []Volume) (Volume, string) {
 		return vols[0], fmt.Sprintf("the image has no partition table and is one ext4 filesystem (label %q)", vols[0].FS.Label)
 	}
 	for _, v := range vols {
-		if v.Partition.Type == LinuxRootX86_64 {
-			return v, fmt.Sprintf("no ext4 labelled %q; partition type %s", RootLabel, LinuxRootX86_64Name)
+		if v.Partition.Type == rootType {
+			return v, fmt.Sprintf("no ext4 labelled %q; partition type %s", RootLabel, guidNames[rootType])
 		}
 	}
 	largest := vols[0]
@@ -80,11 +82,18 @@ func chooseRoot(vols []Volume) (Volume, string) {
 		}
 	}
 	return largest, fmt.Sprintf("no ext4 labelled %q nor of type %s; the largest of %d ext4 partitions (%d bytes, label %q)",
-		RootLabel, LinuxRootX86_64Name, len(vols), largest.Length(), largest.FS.Label)
+		RootLabel, guidNames[rootType], len(vols), largest.Length(), largest.FS.Label)
 }
 
-// LinuxRootX86_64Name is how reasons name the LinuxRootX86_64 type.
-const LinuxRootX86_64Name = "Linux root (x86-64)"
+// How reasons name the Linux root types.
+const (
+	LinuxRootX86_64Name = "Linux root (x86-64)"
+	LinuxRootARM64Name  = "Linux root (ARM-64)"
+)
+
+// nativeRoot is the Linux root partition type of the guest this helper
+// boots: its own architecture's (Discoverable Partitions Specification).
+var nativeRoot = map[string]GUID{"amd64": LinuxRootX86_64, "arm64": LinuxRootARM64}[runtime.GOARCH]
 
 // noExt4Error says why img has no root: which table, which partitions,
 // what was wrong with them.

@@ -39,8 +39,8 @@ func TestRootSelection(t *testing.T) {
 	}{
 		"by label": {threeWay(RootLabel, LinuxRootX86_64).build(t), 1, 2048 * 512, 512 * 512, RootLabel,
 			`partition 1 of rootfs.img: ext4 labelled "cloudimg-rootfs"`},
-		"by type GUID": {threeWay("boot", LinuxRootX86_64).build(t), 2, 2560 * 512, 1440 * 512, "other",
-			"partition 2 of rootfs.img: no ext4 labelled \"cloudimg-rootfs\"; partition type Linux root (x86-64)"},
+		"by type GUID": {threeWay("boot", nativeRoot).build(t), 2, 2560 * 512, 1440 * 512, "other",
+			"partition 2 of rootfs.img: no ext4 labelled \"cloudimg-rootfs\"; partition type " + guidNames[nativeRoot]},
 		"by size": {threeWay("boot", LinuxFilesystem).build(t), 3, 4000 * 512, 4001 * 512, "data",
 			"the largest of 3 ext4 partitions (2048512 bytes"},
 		"cloud layout": {cloudLayout(RootLabel).build(t), 1, 256 * 512, 3745 * 512, RootLabel, "ext4 labelled"},
@@ -189,4 +189,16 @@ func TestClientSizedImage(t *testing.T) {
 	assert.Equal(t, int64(sectors-34-227328+1)*SectorSize, b.Root.Length())
 	assert.Equal(t, uint32(4096), b.Root.FS.BlockSize)
 	assert.Equal(t, int64(10<<30), b.RootImage.Identity.Size)
+}
+
+// TestRootTypeIsTheGuestArchitecturesOwn: an arm64 helper takes the ARM-64
+// root partition, not the x86-64 one, and the other way round.
+func TestRootTypeIsTheGuestArchitecturesOwn(t *testing.T) {
+	img, err := inspectFile(t, writeImage(t, t.TempDir(), RootImageName, threeWay("boot", LinuxRootARM64).build(t)))
+	require.NoError(t, err)
+	v, why := chooseRoot(img.Volumes, LinuxRootARM64)
+	require.Equal(t, 2, v.Partition.Number, why)
+	require.Contains(t, why, LinuxRootARM64Name)
+	v, why = chooseRoot(img.Volumes, LinuxRootX86_64)
+	require.Equal(t, 3, v.Partition.Number, "an x86-64 helper ignores an ARM-64 root: %s", why)
 }
