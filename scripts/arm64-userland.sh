@@ -44,11 +44,22 @@ if ! apt-cache show busybox-static:arm64 >/dev/null 2>&1; then
 	exit 1
 fi
 
+# apt-cache in a loop: with a binary cache of its own, since apt
+# configurations for containers turn the shared one off
+# (Dir::Cache::pkgcache ""), and then every call parses every package list
+# again (1.8 s a call here instead of 0.4 s).
+aptcache="$(mktemp -d)"
+trap 'rm -rf "$aptcache"' EXIT
+aptc() {
+	apt-cache -o Dir::Cache::pkgcache="$aptcache/pkgcache.bin" \
+		-o Dir::Cache::srcpkgcache="$aptcache/srcpkgcache.bin" "$@"
+}
+
 # deps_of prints the direct run-time dependencies of its arguments, one a
 # line: the first of each group of alternatives, the first provider of a
 # virtual package.
 deps_of() {
-	apt-cache depends --no-recommends --no-suggests --no-conflicts --no-breaks \
+	aptc depends --no-recommends --no-suggests --no-conflicts --no-breaks \
 		--no-replaces --no-enhances "$@" 2>/dev/null | awk '
 		/^ [ |](Pre)?Depends: / {
 			take = !alt; alt = ($0 ~ /^ \|/); provider = 0
@@ -69,7 +80,7 @@ arm64_names() {
 		case "$n" in *:arm64) echo "$n" ;; *) plain+=("$n") ;; esac
 	done
 	[ "${#plain[@]}" -gt 0 ] || return 0
-	apt-cache show --no-all-versions "${plain[@]}" 2>/dev/null | awk '
+	aptc show --no-all-versions "${plain[@]}" 2>/dev/null | awk '
 		/^Package: / { p = $2 }
 		/^Architecture: / { if ($2 == "all") print p; else print p ":arm64" }'
 }
@@ -91,7 +102,7 @@ while [ "${#level[@]}" -gt 0 ]; do
 done
 
 # name=version of each package, sorted: the key and the download list.
-mapfile -t pinned < <(apt-cache show --no-all-versions "${closure[@]}" | awk '
+mapfile -t pinned < <(aptc show --no-all-versions "${closure[@]}" | awk '
 	/^Package: / { p = $2 } /^Architecture: / { a = $2 }
 	/^Version: / { v = $2 }
 	/^$/ { if (p != "") { if (a == "all") print p "=" v; else print p ":" a "=" v }; p = "" }
