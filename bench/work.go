@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -46,13 +47,25 @@ const (
 	ScalesWall  = "wall time"
 )
 
-// ExitCounters are the counters read, in report order. Linux 6.1's x86
-// KVM: io_exits and mmio_exits count exits to the VMM in user space (a
+// ExitCounters are the counters read on this host's architecture, in
+// report order (ExitCountersFor).
+var ExitCounters = ExitCountersFor(runtime.GOARCH)
+
+// ExitCountersFor is the counter list of a GOARCH's KVM: arm64's names
+// differ from x86's.
+func ExitCountersFor(goarch string) []ExitCounter {
+	if goarch == "arm64" {
+		return arm64ExitCounters
+	}
+	return amd64ExitCounters
+}
+
+// amd64ExitCounters: Linux 6.1's x86 KVM: io_exits and mmio_exits count exits to the VMM in user space (a
 // kick an ioeventfd catches stays in the kernel: it shows in exits and
 // pf_taken or insn_emulation, not there); irq_exits are host interrupts
 // (the host's timer among them), halt_exits the guest idling,
 // irq_window_exits waits to inject an interrupt.
-var ExitCounters = []ExitCounter{
+var amd64ExitCounters = []ExitCounter{
 	{Name: "exits", Scales: ScalesTotal},
 	{Name: "io_exits", Scales: ScalesWork, IODriven: true},
 	{Name: "mmio_exits", Scales: ScalesWork, IODriven: true},
@@ -70,8 +83,26 @@ var ExitCounters = []ExitCounter{
 	{Name: "irq_injections", Scales: ScalesWall},
 }
 
+// arm64ExitCounters: Linux 6.1's arm64 KVM (arch/arm64/kvm/guest.c):
+// mmio_exit_user counts MMIO exits to the VMM in user space (there is no
+// port I/O), mmio_exit_kernel MMIO KVM served itself (the in-kernel GIC's
+// distributor and redistributors, ioeventfds), hvc_exit_stat hypercalls
+// (PSCI), wfi_exit_stat and wfe_exit_stat the guest idling or spinning,
+// halt_wakeup its wake-ups; host interrupts have no counter of their own
+// (they are in exits).
+var arm64ExitCounters = []ExitCounter{
+	{Name: "exits", Scales: ScalesTotal},
+	{Name: "mmio_exit_user", Scales: ScalesWork, IODriven: true},
+	{Name: "mmio_exit_kernel", Scales: ScalesWork},
+	{Name: "hvc_exit_stat", Scales: ScalesWork},
+	{Name: "wfi_exit_stat", Scales: ScalesWall},
+	{Name: "wfe_exit_stat", Scales: ScalesWall},
+	{Name: "halt_wakeup", Scales: ScalesWall},
+	{Name: "signal_exits", Scales: ScalesWall},
+}
+
 // IOExitsKey is the name under which Work and the report give io_exits +
-// mmio_exits (the ExitCounters marked IODriven).
+// mmio_exits (the ExitCounters marked IODriven; mmio_exit_user on arm64).
 const IOExitsKey = "io+mmio"
 
 // Where the counters live, and the unit of /proc/PID/stat's times.
@@ -286,11 +317,16 @@ func exists(path string) bool {
 // A counter the kernel does not have is left out; one that does not parse
 // is an error.
 func ReadKVMCounters(dir string) (map[string]uint64, error) {
+	return ReadKVMCountersOf(dir, ExitCounters)
+}
+
+// ReadKVMCountersOf is ReadKVMCounters of a given counter list.
+func ReadKVMCountersOf(dir string, counters []ExitCounter) (map[string]uint64, error) {
 	if _, err := os.Stat(dir); err != nil {
 		return nil, err
 	}
-	out := make(map[string]uint64, len(ExitCounters))
-	for _, c := range ExitCounters {
+	out := make(map[string]uint64, len(counters))
+	for _, c := range counters {
 		b, err := readSmall(filepath.Join(dir, c.Name), maxCounter)
 		if errors.Is(err, os.ErrNotExist) {
 			continue

@@ -3,6 +3,7 @@ package bench
 import (
 	"os"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"testing"
@@ -240,4 +241,28 @@ func TestWorkSampleSub(t *testing.T) {
 	w = WorkSample{At: t0, CPUErr: "not measured: x", VMs: 1, Exits: map[string]uint64{}}.Sub(a)
 	assert.Equal(t, "not measured: x", w.CPUErr)
 	assert.Zero(t, w.CPU)
+}
+
+// TestReadKVMCountersARM64: arm64's KVM names its counters differently
+// (testdata/kvm-debugfs-arm64: Linux 6.1's arm64 names); its list reads
+// them, with mmio_exit_user as the VMM-served I/O.
+func TestReadKVMCountersARM64(t *testing.T) {
+	counters := ExitCountersFor("arm64")
+	got, err := ReadKVMCountersOf(filepath.Join("testdata/kvm-debugfs-arm64", "kvm", "7-12"), counters)
+	require.NoError(t, err)
+	assert.Equal(t, uint64(2210), got["exits"])
+	assert.Equal(t, uint64(341), got["mmio_exit_user"])
+	assert.Equal(t, uint64(95), got["mmio_exit_kernel"])
+	assert.Equal(t, uint64(6), got["hvc_exit_stat"])
+	assert.Equal(t, uint64(120), got["wfi_exit_stat"])
+	assert.Len(t, got, len(counters), "every arm64 counter is in the fixture, and nothing else is read")
+	var io []string
+	for _, c := range counters {
+		if c.IODriven {
+			io = append(io, c.Name)
+		}
+	}
+	assert.Equal(t, []string{"mmio_exit_user"}, io)
+	assert.Equal(t, "io_exits", ExitCountersFor("amd64")[1].Name, "x86's list is unchanged")
+	assert.Equal(t, ExitCountersFor(runtime.GOARCH), ExitCounters)
 }

@@ -3,6 +3,11 @@
 // prints on the serial console, writes the boot timer and restarts) and
 // times its boot on our VMM and on qemu -M microvm in the same outer guest,
 // so their ratio means something even though absolute nested figures don't.
+// On arm64 (TestBootARM64Bench, which testharness/nested's
+// TestNestedARM64BootGuestKernel runs in the arm64 harness) the peer is
+// qemu -M virt -accel kvm (QemuVirt), the same Image and initramfs booted
+// in alternation, and each run also counts its VMM's KVM exits and CPU
+// time up to the ready line (package bench's WorkMeter).
 // It also benchmarks file sharing the same way (package fsrun's FSBench;
 // fs.go has the sizes, the figure lines and their summaries): testinit,
 // told so on the kernel command line (package fsbench holds that

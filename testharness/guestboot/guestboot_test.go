@@ -133,3 +133,22 @@ func TestBootCoworkVMM(t *testing.T) {
 	}
 	nested.RecordLinuxBoot(t)
 }
+
+// TestQemuVirtArgs: qemu virt with the in-kernel GICv3 under KVM, the
+// host's CPU, no firmware (-kernel boots the Image), the PL011 console.
+func TestQemuVirtArgs(t *testing.T) {
+	got := strings.Join(qemuVirtArgs(QemuOptions{Machine: "virt,gic-version=3", Kernel: "/p/Image", Initrd: "/p/i", CPUs: 1, MemMiB: 512, Append: "x=1"}), " ")
+	require.Equal(t, "-accel kvm -M virt,gic-version=3 -cpu host -m 512 -smp 1 -nodefaults -no-user-config -nographic -serial stdio "+
+		"-kernel /p/Image -initrd /p/i -append console=ttyAMA0 panic=-1 quiet x=1 -no-reboot", got)
+}
+
+// TestConsoleWatcherNotify: the callback runs once, when the ready line
+// arrives, not before.
+func TestConsoleWatcherNotify(t *testing.T) {
+	calls := 0
+	w := NewConsoleWatcherNotify(time.Now(), func() { calls++ })
+	_, _ = w.Write([]byte("[ 0.1] booting\nTESTINIT O"))
+	require.Zero(t, calls)
+	_, _ = w.Write([]byte("K cpus=0 uptime=0.5\nTESTINIT OK again\nTESTINIT DONE\n"))
+	require.Equal(t, 1, calls)
+}

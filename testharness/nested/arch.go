@@ -25,14 +25,15 @@ const (
 
 // The arm64 outer guest: its qemu, its kernel (guest/kernel's flavour and
 // the file qemu boots) and where scripts/arm64-userland.sh caches its
-// userland (Debian's busybox-static:arm64, unpacked).
+// userland (Debian's busybox-static, curl, ca-certificates and
+// qemu-system-arm for arm64 with their dependencies, unpacked as a root).
 const (
 	qemuBinaryARM64   = "qemu-system-aarch64"
 	outerCPUARM64     = "max,pauth-impdef=on"
 	outerARM64Flavour = "outer-arm64"
 	outerARM64Image   = "Image"
 	userlandEnv       = "COWORK_VMM_ARM64_USERLAND"
-	userlandBusybox   = "current/root/bin/busybox"
+	userlandRoot      = "current/root"
 )
 
 // normalArch maps "" to ArchAMD64 and rejects what the harness cannot run.
@@ -69,7 +70,7 @@ func AvailableArch(arch string) error {
 	if _, err := outerARM64Kernel(); err != nil {
 		return err
 	}
-	if _, err := arm64Busybox(); err != nil {
+	if _, err := arm64Userland(); err != nil {
 		return err
 	}
 	return nil
@@ -93,24 +94,36 @@ func outerARM64Kernel() (string, error) {
 	return p, nil
 }
 
-// arm64Busybox is the cached static arm64 busybox, from which outerinit
-// builds the arm64 outer guest's root.
-func arm64Busybox() (string, error) {
+// userlandNeeds are the files the arm64 userland must hold (through its
+// merged-/usr links): busybox, whose applets outerinit links, and what the
+// arm64 tests run. A root from before curl and qemu joined lacks them.
+var userlandNeeds = []string{"bin/busybox", "usr/bin/curl", "usr/bin/qemu-system-aarch64", "lib/ld-linux-aarch64.so.1"}
+
+// arm64Userland is the cached arm64 root (its real path, for qemu's
+// -fsdev), which the arm64 outer guest's root is made of.
+func arm64Userland() (string, error) {
 	dir, err := cachedir.Dir(userlandEnv, "arm64-userland")
 	if err != nil {
 		return "", fmt.Errorf("nested arm64 harness: userland: %w", err)
 	}
-	p := filepath.Join(dir, userlandBusybox)
-	info, err := os.Stat(p)
-	switch {
-	case errors.Is(err, fs.ErrNotExist):
-		return "", fmt.Errorf("nested arm64 harness: no arm64 userland cached (looked for %s): run scripts/arm64-userland.sh (as root: it adds dpkg's arm64 architecture and downloads busybox-static:arm64)", p)
-	case err != nil:
-		return "", fmt.Errorf("nested arm64 harness: userland: %w", err)
-	case !info.Mode().IsRegular():
-		return "", fmt.Errorf("nested arm64 harness: userland %s is not a regular file", p)
+	root := filepath.Join(dir, userlandRoot)
+	for _, need := range userlandNeeds {
+		p := filepath.Join(root, need)
+		info, err := os.Stat(p)
+		switch {
+		case errors.Is(err, fs.ErrNotExist):
+			return "", fmt.Errorf("nested arm64 harness: no arm64 userland cached (looked for %s): run scripts/arm64-userland.sh (as root: it adds dpkg's arm64 architecture and downloads busybox-static, curl and qemu-system-arm for arm64)", p)
+		case err != nil:
+			return "", fmt.Errorf("nested arm64 harness: userland: %w", err)
+		case !info.Mode().IsRegular():
+			return "", fmt.Errorf("nested arm64 harness: userland %s is not a regular file", p)
+		}
 	}
-	return p, nil
+	real, err := filepath.EvalSymlinks(root)
+	if err != nil {
+		return "", fmt.Errorf("nested arm64 harness: userland: %w", err)
+	}
+	return real, nil
 }
 
 // qemuBinaryFor is the emulator of arch's outer guest.
@@ -134,7 +147,8 @@ const outerCmdlineARM64 = "console=ttyAMA0 panic=-1 quiet"
 // GICv3, which KVM's in-kernel GIC emulation needs. The virtio-9p devices
 // sit on virt's virtio-mmio transports, which the device tree announces.
 // The host's root is not shared: it is x86 and useless to arm64 programs;
-// outerinit builds the root from the busybox in the initramfs.
+// the arm64 userland is (opts.userland, read-only), and outerinit lays a
+// tmpfs over it.
 // pauth-impdef=on: pointer authentication with qemu's own cheap algorithm
 // instead of the architected QARMA, which TCG computes slowly on every
 // signed return of the kernel and of Go programs: with Debian's arm64
@@ -161,6 +175,10 @@ func qemuArgsARM64(opts Options, payload, initrd string) []string {
 		"-no-reboot",
 		"-fsdev", "local,id=payload,path=" + payload + ",security_model=none",
 		"-device", "virtio-9p-device,fsdev=payload,mount_tag=" + job.PayloadTag,
+	}
+	if opts.userland != "" {
+		args = append(args, "-fsdev", "local,id=userland,path="+opts.userland+",security_model=none,readonly=on",
+			"-device", "virtio-9p-device,fsdev=userland,mount_tag="+job.UserlandTag)
 	}
 	if opts.QemuLog != "" {
 		args = append(args, "-d", "cpu_reset,guest_errors", "-D", opts.QemuLog)

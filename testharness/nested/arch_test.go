@@ -32,8 +32,8 @@ func TestQemuArgsAMD64Unchanged(t *testing.T) {
 // console, no TSC options, no host root; the payload and the shares on
 // virtio-mmio 9p devices.
 func TestQemuArgsARM64(t *testing.T) {
-	opts := Options{Arch: ArchARM64, MemMiB: 1024, CPUs: 2, Kernel: "/k/Image", Append: "loglevel=7", Shares: []string{"/work/mod"}}
-	want := []string{"-accel", "tcg,thread=multi", "-M", "virt,virtualization=on,gic-version=3", "-cpu", "max,pauth-impdef=on", "-m", "1024", "-smp", "2", "-nodefaults", "-no-user-config", "-nographic", "-serial", "stdio", "-kernel", "/k/Image", "-initrd", "/i.cpio.gz", "-append", "console=ttyAMA0 panic=-1 quiet loglevel=7", "-no-reboot", "-fsdev", "local,id=payload,path=/p,security_model=none", "-device", "virtio-9p-device,fsdev=payload,mount_tag=payload", "-fsdev", "local,id=share0,path=/work/mod,security_model=none,readonly=on", "-device", "virtio-9p-device,fsdev=share0,mount_tag=share0"}
+	opts := Options{Arch: ArchARM64, MemMiB: 1024, CPUs: 2, Kernel: "/k/Image", Append: "loglevel=7", Shares: []string{"/work/mod"}, userland: "/c/root"}
+	want := []string{"-accel", "tcg,thread=multi", "-M", "virt,virtualization=on,gic-version=3", "-cpu", "max,pauth-impdef=on", "-m", "1024", "-smp", "2", "-nodefaults", "-no-user-config", "-nographic", "-serial", "stdio", "-kernel", "/k/Image", "-initrd", "/i.cpio.gz", "-append", "console=ttyAMA0 panic=-1 quiet loglevel=7", "-no-reboot", "-fsdev", "local,id=payload,path=/p,security_model=none", "-device", "virtio-9p-device,fsdev=payload,mount_tag=payload", "-fsdev", "local,id=userland,path=/c/root,security_model=none,readonly=on", "-device", "virtio-9p-device,fsdev=userland,mount_tag=userland", "-fsdev", "local,id=share0,path=/work/mod,security_model=none,readonly=on", "-device", "virtio-9p-device,fsdev=share0,mount_tag=share0"}
 	require.Equal(t, want, qemuArgs(opts, "/p", "/i.cpio.gz"))
 	one := strings.Join(qemuArgs(Options{Arch: ArchARM64, CPUs: 1, QemuLog: "/q"}, "/p", "/i"), " ")
 	require.Contains(t, one, "-accel tcg -M virt")
@@ -57,35 +57,40 @@ func TestNormalArch(t *testing.T) {
 }
 
 // fakeUserland points the userland cache at a directory holding a stand-in
-// busybox and returns its path.
+// arm64 root (a file for each of userlandNeeds) and returns the root.
 func fakeUserland(t *testing.T) string {
 	t.Helper()
 	cache := t.TempDir()
 	t.Setenv(userlandEnv, cache)
-	bin := filepath.Join(cache, "v1", "root", "bin")
-	require.NoError(t, os.MkdirAll(bin, 0o755))
+	root := filepath.Join(cache, "v1", "root")
 	require.NoError(t, os.Symlink("v1", filepath.Join(cache, "current")))
-	busybox := filepath.Join(bin, "busybox")
-	require.NoError(t, os.WriteFile(busybox, []byte("stand-in busybox"), 0o755))
-	return busybox
+	for _, need := range userlandNeeds {
+		p := filepath.Join(root, need)
+		require.NoError(t, os.MkdirAll(filepath.Dir(p), 0o755))
+		require.NoError(t, os.WriteFile(p, []byte("stand-in "+need), 0o755))
+	}
+	return root
 }
 
-// TestARM64BusyboxMissingSaysHow: without the cached userland the error
-// names the script that fetches it; with it, its path.
-func TestARM64BusyboxMissingSaysHow(t *testing.T) {
+// TestARM64UserlandMissingSaysHow: without the cached userland, or with
+// one from before curl and qemu joined it, the error names the script
+// that fetches it; with it, the current version's root.
+func TestARM64UserlandMissingSaysHow(t *testing.T) {
 	t.Setenv(userlandEnv, t.TempDir())
-	_, err := arm64Busybox()
+	_, err := arm64Userland()
 	require.ErrorContains(t, err, "scripts/arm64-userland.sh")
-	busybox := fakeUserland(t)
-	got, err := arm64Busybox()
+	root := fakeUserland(t)
+	got, err := arm64Userland()
 	require.NoError(t, err)
-	resolved, err := filepath.EvalSymlinks(got)
-	require.NoError(t, err)
-	require.Equal(t, busybox, resolved, "the current version's busybox")
+	require.Equal(t, root, got, "the current version's root")
+	require.NoError(t, os.Remove(filepath.Join(root, "usr/bin/qemu-system-aarch64")))
+	_, err = arm64Userland()
+	require.ErrorContains(t, err, "qemu-system-aarch64")
+	require.ErrorContains(t, err, "scripts/arm64-userland.sh")
 }
 
 // TestBuildOuterInitramfsARM64: /init is an arm64 ELF (e_machine 0xb7),
-// the busybox is packed at job.Busybox and the job asks for a busybox root.
+// the job asks for the userland root, and the userland is not packed.
 func TestBuildOuterInitramfsARM64(t *testing.T) {
 	if _, err := exec.LookPath("go"); err != nil {
 		t.Skip("no go tool")
@@ -93,13 +98,14 @@ func TestBuildOuterInitramfsARM64(t *testing.T) {
 	fakeUserland(t)
 	work := t.TempDir()
 	initrd := filepath.Join(work, "outer.cpio.gz")
-	j := job.Job{Token: "tok3n", Cmd: []string{"true"}, Dir: "/payload", Timeout: time.Minute, BusyboxRoot: true}
+	j := job.Job{Token: "tok3n", Cmd: []string{"true"}, Dir: "/payload", Timeout: time.Minute, UserlandRoot: true}
 	require.NoError(t, buildOuterInitramfs(context.Background(), work, initrd, ArchARM64, j))
 	archive := readInitramfs(t, initrd)
-	for _, want := range []string{"init\x00", "00000000bin/busybox\x00", "stand-in busybox", `"busybox_root":true`,
+	for _, want := range []string{"init\x00", `"userland_root":true`,
 		"\x7fELF\x02\x01\x01\x00\x00\x00\x00\x00\x00\x00\x00\x00\x02\x00\xb7\x00"} {
 		require.True(t, strings.Contains(archive, want), "the archive holds %q", want)
 	}
+	require.NotContains(t, archive, "stand-in", "the userland is shared, not packed")
 }
 
 // TestMergeNestedLedgerModes: the boots recorded inside the outer guest

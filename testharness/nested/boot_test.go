@@ -79,3 +79,39 @@ func runTestGuestTests(t *testing.T, pkg, run string, timeout time.Duration, env
 		Timeout: timeout,
 	})
 }
+
+// arm64BenchMarker is guestboot's ARM64BenchMarker (an external test's
+// constant, which this package cannot import).
+const arm64BenchMarker = "ARM64BOOT "
+
+// TestNestedARM64BootGuestKernel runs guestboot's TestBootARM64Bench in
+// the arm64 harness: the arm64 guest kernel with testinit on our VMM and
+// on qemu-system-aarch64 -M virt -accel kvm, interleaved, with the ready
+// time, the KVM exits and the VMM CPU time of each, and records the
+// summary and the ratios ours/qemu as figures.
+func TestNestedARM64BootGuestKernel(t *testing.T) {
+	RequireARM64Harness(t)
+	guestKernel, err := kernel.FindGuest(ArchARM64)
+	if err != nil {
+		t.Skipf("arm64 guest kernel: %v", err)
+	}
+	initrd := filepath.Join(t.TempDir(), "initrd.cpio.gz")
+	require.NoError(t, guestboot.BuildInitramfsFor(context.Background(), initrd, ArchARM64))
+	res := RunGoTestWith(t, GoTest{
+		Arch: ArchARM64,
+		Pkg:  "github.com/cowork-vmm/cowork-vmm/testharness/guestboot",
+		Run:  "^TestBootARM64Bench$",
+		Files: map[string]string{
+			"Image":          guestKernel,
+			"initrd.cpio.gz": initrd,
+		},
+		Env: []string{
+			guestboot.EnvKernel + "=/payload/Image",
+			guestboot.EnvInitrd + "=/payload/initrd.cpio.gz",
+		},
+		Timeout: 20 * time.Minute,
+	})
+	figures := FiguresIn(res.Output, arm64BenchMarker)
+	require.NotEmpty(t, figures, "the bench reported no figures")
+	RecordFigures(t, figures...)
+}

@@ -23,9 +23,13 @@
 // the "outer-arm64" kernel flavour's Image at EL2, so its KVM runs in VHE
 // mode with a real /dev/kvm; outerinit and the test binaries are
 // cross-built with GOARCH=arm64. The host's x86 root is of no use there:
-// outerinit builds a tmpfs root from the static arm64 busybox that
-// scripts/arm64-userland.sh caches (busybox-static:arm64), with /payload
-// and the shares (the module, for testdata) over virtio-9p on virtio-mmio.
+// the harness shares the arm64 Debian root that scripts/arm64-userland.sh
+// caches (busybox-static, curl, ca-certificates, qemu-system-arm and their
+// dependencies, about 150 MB: too big for the initramfs) read-only over
+// virtio-9p, outerinit lays a tmpfs overlay over it and links busybox's
+// applets where no package provides the name; with debugfs, /payload
+// and the shares (the module, for testdata), all over virtio-9p on
+// virtio-mmio.
 // AvailableArch says what is missing; RequireARM64Harness gates a wrapper;
 // its boots enter the ledger as "nested-arm64". The outer clock there is
 // the architected counter (arch_sys_counter), reported as on x86.

@@ -44,7 +44,7 @@ const (
 type Options struct {
 	// Arch is the outer guest's architecture, a GOARCH: "" or ArchAMD64
 	// (qemu-system-x86_64 with nested SVM, the host's root shared), or
-	// ArchARM64 (qemu-system-aarch64 -M virt at EL2, a busybox root).
+	// ArchARM64 (qemu-system-aarch64 -M virt at EL2, the arm64 userland).
 	// Payload programs must be built for it.
 	Arch string
 	// PayloadDir is shared read-write with the outer guest at /payload.
@@ -54,7 +54,7 @@ type Options struct {
 	// ("bin/x" or "/payload/bin/x") -> host path. Modes are kept.
 	Files map[string]string
 	// Cmd is the payload command. A Cmd[0] without a slash is looked up in
-	// the guest's PATH (the host's /usr/bin etc.; busybox on arm64).
+	// the guest's PATH (the host's /usr/bin etc.; the arm64 userland's on arm64).
 	Cmd []string
 	// Env is added to the payload's environment (KEY=value).
 	Env []string
@@ -93,6 +93,9 @@ type Options struct {
 	// tscKHz is the host's TSC rate, which the outer guest's TSC runs at
 	// (Run measures it: hostTSCkHz); 0 means defaultTSCkHz.
 	tscKHz int64
+	// userland is the arm64 outer guest's root (Run finds it:
+	// arm64Userland), shared read-only as job.UserlandTag.
+	userland string
 }
 
 // Result of a run.
@@ -210,7 +213,7 @@ func Run(ctx context.Context, opts Options) (Result, error) {
 	if err != nil {
 		return Result{}, err
 	}
-	j := job.Job{Token: token, Cmd: opts.Cmd, Env: opts.Env, Dir: opts.Dir, Timeout: opts.Timeout, Shares: opts.Shares, BusyboxRoot: arch == ArchARM64}
+	j := job.Job{Token: token, Cmd: opts.Cmd, Env: opts.Env, Dir: opts.Dir, Timeout: opts.Timeout, Shares: opts.Shares, UserlandRoot: arch == ArchARM64}
 	if err := j.Validate(); err != nil {
 		return Result{}, fmt.Errorf("nested: %w", err)
 	}
@@ -220,6 +223,8 @@ func Run(ctx context.Context, opts Options) (Result, error) {
 	}
 	if arch == ArchAMD64 {
 		opts.tscKHz = hostTSCkHz(tscWindow)
+	} else if opts.userland, err = arm64Userland(); err != nil {
+		return Result{}, err
 	}
 	return runQemu(ctx, opts, payload, initrd, token)
 }
@@ -293,7 +298,8 @@ func copyFile(dst, src string) error {
 }
 
 // buildOuterInitramfs compiles outerinit (static, for arch) and packs it
-// as /init with the job, and on arm64 the cached busybox as job.Busybox.
+// as /init with the job. (The arm64 userland is shared, not packed: it
+// holds a qemu and its libraries, some 150 MB.)
 func buildOuterInitramfs(ctx context.Context, work, initrd, arch string, j job.Job) error {
 	initBin := filepath.Join(work, "outerinit")
 	cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-ldflags=-s -w", "-o", initBin, outerInitPkg)
@@ -309,13 +315,6 @@ func buildOuterInitramfs(ctx context.Context, work, initrd, arch string, j job.J
 		{Path: "init", Mode: 0o755, HostPath: initBin},
 		{Path: "dev/console", Mode: fs.ModeDevice | fs.ModeCharDevice | 0o600, Major: 5, Minor: 1},
 		{Path: strings.TrimPrefix(job.Path, "/"), Mode: 0o644, Data: jobJSON},
-	}
-	if j.BusyboxRoot {
-		busybox, err := arm64Busybox()
-		if err != nil {
-			return err
-		}
-		files = append(files, initramfs.File{Path: strings.TrimPrefix(job.Busybox, "/"), Mode: 0o755, HostPath: busybox})
 	}
 	f, err := os.Create(initrd)
 	if err != nil {

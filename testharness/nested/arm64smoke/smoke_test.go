@@ -4,6 +4,7 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -37,6 +38,23 @@ func TestARM64Smoke(t *testing.T) {
 		_, err := os.Stat(tool)
 		require.NoError(t, err, "busybox applet %s", tool)
 	}
+	// The userland's packages: what e2e's egress test runs in our guest
+	// (over virtio-fs from this root) and the bench's peer VMM, with their
+	// libraries through the merged-/usr links.
+	for _, cmd := range [][]string{{"/usr/bin/curl", "--version"}, {"qemu-system-aarch64", "--version"}} {
+		out, err := exec.Command(cmd[0], cmd[1:]...).CombinedOutput()
+		require.NoError(t, err, "%v: %s", cmd, out)
+		t.Logf("%v: %s", cmd, strings.SplitN(string(out), "\n", 2)[0])
+	}
+	_, err = os.Stat("/lib/ld-linux-aarch64.so.1")
+	require.NoError(t, err, "the dynamic loader at its ABI path")
+	_, err = os.Stat("/etc/ssl/certs/ca-certificates.crt")
+	require.NoError(t, err, "curl's CA bundle")
+	_, err = os.ReadDir("/sys/kernel/debug/kvm")
+	require.NoError(t, err, "debugfs with KVM's counters")
+	out, err = exec.Command("sh", "-c", "echo w > /usr/bin/written && cat /usr/bin/written").CombinedOutput()
+	require.NoError(t, err, "the shared userland takes writes in its overlay: %s", out)
+
 	passwd, err := os.ReadFile("/etc/passwd")
 	require.NoError(t, err)
 	require.Contains(t, string(passwd), "root:x:0:0:")

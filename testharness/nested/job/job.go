@@ -32,10 +32,11 @@ type Job struct {
 	// path (virtio-9p tag ShareTag(i)): ones the payload's root would not
 	// show, because they lie under a FreshDir (a clone in /tmp, say).
 	Shares []string `json:"shares,omitempty"`
-	// BusyboxRoot makes outerinit build the payload's root from the static
-	// busybox at Busybox in its initramfs (the arm64 outer guest, to which
-	// the host's x86 root is useless) instead of the host's root over 9p.
-	BusyboxRoot bool `json:"busybox_root,omitempty"`
+	// UserlandRoot makes outerinit build the payload's root from the arm64
+	// userland shared read-only over 9p (tag UserlandTag), with a tmpfs
+	// over it and busybox's applets linked (the arm64 outer guest, to
+	// which the host's x86 root is useless), instead of the host's root.
+	UserlandRoot bool `json:"userland_root,omitempty"`
 }
 
 // MaxShares bounds Job.Shares (each is a virtio-mmio device).
@@ -85,11 +86,12 @@ func HiddenInGuest(p string) bool {
 const (
 	// Path is where the job sits in the outer initramfs.
 	Path = "/job.json"
-	// Busybox is where a BusyboxRoot job's static busybox sits in the
-	// outer initramfs, and in the payload's root.
+	// Busybox is where a UserlandRoot job's static busybox sits in the
+	// payload's root.
 	Busybox = "/bin/busybox"
-	// HostRootTag and PayloadTag are the virtio-9p mount tags.
+	// HostRootTag, UserlandTag and PayloadTag are the virtio-9p mount tags.
 	HostRootTag = "hostroot"
+	UserlandTag = "userland"
 	PayloadTag  = "payload"
 	// PayloadDir is where the payload directory appears in the guest.
 	PayloadDir = "/payload"

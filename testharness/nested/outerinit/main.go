@@ -6,10 +6,11 @@
 // It mounts proc, sys and devtmpfs, mounts the host's root (virtio-9p, read
 // only) and builds a root for the payload out of it: a tmpfs with the host's
 // top-level directories bind-mounted read-only and fresh tmpfs on /tmp, /run,
-// /var/tmp and /root (as virtme-ng does). A job with BusyboxRoot (the arm64
-// outer guest, to which the host's root is useless) gets a tmpfs root
-// instead whose /bin, /sbin, /usr/bin and /usr/sbin hold the initramfs's
-// static busybox and its applets, with a minimal /etc. The payload
+// /var/tmp and /root (as virtme-ng does). A job with UserlandRoot (the arm64
+// outer guest, to which the host's root is useless) gets the arm64 userland
+// the harness shares (virtio-9p, read only) under a tmpfs overlay instead,
+// with busybox's applets linked where no package provides the name, a
+// minimal /etc and debugfs. The payload
 // directory (virtio-9p, read-write) appears at /payload. It then runs the
 // job's command with a timeout, its output going to the serial console
 // between marker lines, and restarts the machine, which ends qemu
@@ -82,8 +83,8 @@ func run(console *os.File, token *string) (int, error) {
 	fmt.Fprintln(console, job.Marker(job.MarkerInit, j.Token, "uptime="+uptime()))
 
 	build := buildRoot
-	if j.BusyboxRoot {
-		build = buildBusyboxRoot
+	if j.UserlandRoot {
+		build = buildUserlandRoot
 	}
 	if err := build(); err != nil {
 		return 0, err
@@ -106,7 +107,7 @@ func run(console *os.File, token *string) (int, error) {
 		fmt.Fprintln(console, "outerinit: warning:", err)
 	}
 	root := newRoot
-	if j.BusyboxRoot {
+	if j.UserlandRoot {
 		if err := enterRoot(); err != nil {
 			return 0, err
 		}
@@ -317,7 +318,7 @@ func ensureKVMNode(devDir string) error {
 // the namespace's root rather than in a chroot: the kernel refuses a new
 // user namespace (EPERM) to a process in a chroot, and the agent's
 // isolated spawns and the process backend's sandbox need one. The
-// busybox root's outer guest gives up nothing by it: its initramfs holds
+// userland root's outer guest gives up nothing by it: its initramfs holds
 // only this program and the job, both read already.
 func enterRoot() error {
 	if err := unix.Chdir(newRoot); err != nil {
