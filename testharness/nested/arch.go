@@ -8,8 +8,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
-	"strconv"
-	"strings"
 
 	"github.com/cowork-vmm/cowork-vmm/guest/kernel"
 	"github.com/cowork-vmm/cowork-vmm/internal/cachedir"
@@ -157,33 +155,11 @@ const outerCmdlineARM64 = "console=ttyAMA0 panic=-1 quiet"
 // kernel is built without pointer authentication and boots in about 1 s
 // either way; the gain is for kernels and inner guests that use it.)
 func qemuArgsARM64(opts Options, payload, initrd string) []string {
-	accel := "tcg"
-	if opts.CPUs > 1 && !opts.SingleThreadTCG {
-		accel = "tcg,thread=multi"
-	}
-	args := []string{
-		"-accel", accel,
-		"-M", "virt,virtualization=on,gic-version=3",
-		"-cpu", outerCPUARM64,
-		"-m", strconv.Itoa(opts.MemMiB),
-		"-smp", strconv.Itoa(opts.CPUs),
-		"-nodefaults", "-no-user-config", "-nographic",
-		"-serial", "stdio",
-		"-kernel", opts.Kernel,
-		"-initrd", initrd,
-		"-append", strings.TrimSpace(outerCmdlineARM64 + " " + opts.Append),
-		"-no-reboot",
-		"-fsdev", "local,id=payload,path=" + payload + ",security_model=none",
-		"-device", "virtio-9p-device,fsdev=payload,mount_tag=" + job.PayloadTag,
-	}
+	devices := ninePDevice("payload", payload, job.PayloadTag, false)
 	if opts.userland != "" {
-		args = append(args, "-fsdev", "local,id=userland,path="+opts.userland+",security_model=none,readonly=on",
-			"-device", "virtio-9p-device,fsdev=userland,mount_tag="+job.UserlandTag)
+		devices = append(devices, ninePDevice("userland", opts.userland, job.UserlandTag, true)...)
 	}
-	if opts.QemuLog != "" {
-		args = append(args, "-d", "cpu_reset,guest_errors", "-D", opts.QemuLog)
-	}
-	return append(args, shareArgs(opts.Shares)...)
+	return outerQemuArgs(opts, "virt,virtualization=on,gic-version=3", outerCPUARM64, outerCmdlineARM64, initrd, devices...)
 }
 
 // shareArgs are the qemu arguments of Options.Shares: read-only virtio-9p
@@ -192,8 +168,7 @@ func shareArgs(shares []string) []string {
 	var args []string
 	for i, dir := range shares {
 		tag := job.ShareTag(i)
-		args = append(args, "-fsdev", "local,id="+tag+",path="+dir+",security_model=none,readonly=on",
-			"-device", "virtio-9p-device,fsdev="+tag+",mount_tag="+tag)
+		args = append(args, ninePDevice(tag, dir, tag, true)...)
 	}
 	return args
 }

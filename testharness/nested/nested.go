@@ -369,31 +369,47 @@ func qemuArgs(opts Options, payload, initrd string) []string {
 	if opts.Arch == ArchARM64 {
 		return qemuArgsARM64(opts, payload, initrd)
 	}
+	return outerQemuArgs(opts, "microvm,acpi=off", outerCPU, outerCmdline(opts.tscKHz), initrd,
+		append(ninePDevice("hostroot", "/", job.HostRootTag, true), ninePDevice("payload", payload, job.PayloadTag, false)...)...)
+}
+
+// outerQemuArgs is the command line both outer guests share: qemu's
+// emulator (one thread per CPU unless opts.SingleThreadTCG), machine and
+// cpu, the kernel, initrd and cmdline (with opts.Append), no reboot (the
+// guest's restart ends qemu), then devices, the CPU-reset log and the
+// shares.
+func outerQemuArgs(opts Options, machine, cpu, cmdline, initrd string, devices ...string) []string {
 	accel := "tcg"
 	if opts.CPUs > 1 && !opts.SingleThreadTCG {
 		accel = "tcg,thread=multi"
 	}
 	args := []string{
 		"-accel", accel,
-		"-M", "microvm,acpi=off",
-		"-cpu", outerCPU,
+		"-M", machine,
+		"-cpu", cpu,
 		"-m", strconv.Itoa(opts.MemMiB),
 		"-smp", strconv.Itoa(opts.CPUs),
 		"-nodefaults", "-no-user-config", "-nographic",
 		"-serial", "stdio",
 		"-kernel", opts.Kernel,
 		"-initrd", initrd,
-		"-append", strings.TrimSpace(outerCmdline(opts.tscKHz) + " " + opts.Append),
+		"-append", strings.TrimSpace(cmdline + " " + opts.Append),
 		"-no-reboot",
-		"-fsdev", "local,id=hostroot,path=/,security_model=none,readonly=on",
-		"-device", "virtio-9p-device,fsdev=hostroot,mount_tag=" + job.HostRootTag,
-		"-fsdev", "local,id=payload,path=" + payload + ",security_model=none",
-		"-device", "virtio-9p-device,fsdev=payload,mount_tag=" + job.PayloadTag,
 	}
+	args = append(args, devices...)
 	if opts.QemuLog != "" {
 		args = append(args, "-d", "cpu_reset,guest_errors", "-D", opts.QemuLog)
 	}
 	return append(args, shareArgs(opts.Shares)...)
+}
+
+// ninePDevice is a virtio-9p device sharing path under mount tag tag.
+func ninePDevice(id, path, tag string, readOnly bool) []string {
+	fsdev := "local,id=" + id + ",path=" + path + ",security_model=none"
+	if readOnly {
+		fsdev += ",readonly=on"
+	}
+	return []string{"-fsdev", fsdev, "-device", "virtio-9p-device,fsdev=" + id + ",mount_tag=" + tag}
 }
 
 func runQemu(ctx context.Context, opts Options, payload, initrd, token string) (Result, error) {
