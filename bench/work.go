@@ -60,9 +60,9 @@ func ExitCountersFor(goarch string) []ExitCounter {
 	return amd64ExitCounters
 }
 
-// amd64ExitCounters: Linux 6.1's x86 KVM: io_exits and mmio_exits count exits to the VMM in user space (a
-// kick an ioeventfd catches stays in the kernel: it shows in exits and
-// pf_taken or insn_emulation, not there); irq_exits are host interrupts
+// amd64ExitCounters: Linux 6.1's x86 KVM: io_exits and mmio_exits count
+// exits to the VMM in user space (a kick an ioeventfd catches stays in the
+// kernel: it shows in exits and pf_taken or insn_emulation, not there); irq_exits are host interrupts
 // (the host's timer among them), halt_exits the guest idling,
 // irq_window_exits waits to inject an interrupt.
 var amd64ExitCounters = []ExitCounter{
