@@ -89,20 +89,9 @@ func RunThroughFreezes(ctx context.Context, opts Options, again func(retry, of i
 // unavailable and fails it when the tests do not build.
 func TryGoTest(t testing.TB, gt GoTest) (Result, error) {
 	t.Helper()
-	arch, err := normalArch(gt.Arch)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := AvailableArch(arch); err != nil {
-		t.Skipf("nested harness unavailable: %v", err)
-	}
+	arch := requireArch(t, gt.Arch)
 	payload := t.TempDir()
-	bin := filepath.Join(payload, "pkg.test")
-	build := exec.Command("go", "test", "-c", "-o", bin, gt.Pkg)
-	build.Env = append(os.Environ(), "CGO_ENABLED=0", "GOARCH="+arch)
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("building the tests of %s for %s: %v\n%s", gt.Pkg, arch, err, out)
-	}
+	buildTests(t, gt.Pkg, arch, filepath.Join(payload, "pkg.test"))
 	dir, shares := goTestDir(gt.Pkg, arch)
 	args := []string{"/payload/pkg.test", "-test.v", "-test.count=1"}
 	if gt.Run != "" {
@@ -198,5 +187,30 @@ func (l *lineLogger) Write(p []byte) (int, error) {
 			continue // the heartbeat: the console tail shows the latest
 		}
 		l.t.Log("guest: " + strings.TrimRight(line, "\r\n"))
+	}
+}
+
+// requireArch is arch normalised (normalArch), failing t on an unknown one
+// and skipping it where that harness is unavailable.
+func requireArch(t testing.TB, arch string) string {
+	t.Helper()
+	arch, err := normalArch(arch)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := AvailableArch(arch); err != nil {
+		t.Skipf("nested harness unavailable: %v", err)
+	}
+	return arch
+}
+
+// buildTests compiles pkg's tests for arch (static) into bin, failing t
+// when they do not build.
+func buildTests(t testing.TB, pkg, arch, bin string) {
+	t.Helper()
+	build := exec.Command("go", "test", "-c", "-o", bin, pkg)
+	build.Env = append(os.Environ(), "CGO_ENABLED=0", "GOARCH="+arch)
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("building the tests of %s for %s: %v\n%s", pkg, arch, err, out)
 	}
 }

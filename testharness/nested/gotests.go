@@ -3,8 +3,6 @@ package nested
 import (
 	"cmp"
 	"fmt"
-	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -23,24 +21,14 @@ import (
 // "-test.short"). It skips t when the harness is unavailable.
 func RunGoTests(t testing.TB, arch string, pkgs []string, timeout time.Duration, args ...string) Result {
 	t.Helper()
-	arch, err := normalArch(arch)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := AvailableArch(arch); err != nil {
-		t.Skipf("nested harness unavailable: %v", err)
-	}
+	arch = requireArch(t, arch)
 	payload := t.TempDir()
 	var script strings.Builder
 	script.WriteString("rc=0\n")
 	var shares []string
 	for i, pkg := range pkgs {
 		bin := fmt.Sprintf("pkg%d.test", i)
-		build := exec.Command("go", "test", "-c", "-o", filepath.Join(payload, bin), pkg)
-		build.Env = append(os.Environ(), "CGO_ENABLED=0", "GOARCH="+arch)
-		if out, err := build.CombinedOutput(); err != nil {
-			t.Fatalf("building the tests of %s for %s: %v\n%s", pkg, arch, err, out)
-		}
+		buildTests(t, pkg, arch, filepath.Join(payload, bin))
 		dir, pkgShares := goTestDir(pkg, arch)
 		for _, s := range pkgShares {
 			if !slices.Contains(shares, s) {
