@@ -452,6 +452,8 @@ func TestChildAgentFileMountOverReadOnlyDirectory(t *testing.T) {
 	sys := t.TempDir()
 	require.NoError(t, os.WriteFile(filepath.Join(sys, "existing"), []byte("#!/bin/sh\necho existing\n"), 0o755))
 	require.NoError(t, os.Symlink("existing", filepath.Join(sys, "link")))
+	require.NoError(t, os.Mkdir(filepath.Join(sys, "sub"), 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(sys, "sub", "inner"), []byte("#!/bin/sh\necho inner\n"), 0o755))
 	bin := filepath.Join(t.TempDir(), "bin")
 	require.NoError(t, c.Call(protocol.AgentMethodMount, protocol.MountParams{Mount: protocol.Mount{
 		Source: protocol.MountSource{Kind: "bind", Path: sys}, Target: bin, ReadOnly: true}}, nil))
@@ -461,9 +463,9 @@ func TestChildAgentFileMountOverReadOnlyDirectory(t *testing.T) {
 	require.NoError(t, c.Call(protocol.AgentMethodMount, protocol.MountParams{Mount: protocol.Mount{
 		Source: protocol.MountSource{Kind: "bind", Path: filepath.Join(sdk, "1.0")}, SourceFile: "claude",
 		Target: filepath.Join(bin, "claude"), ReadOnly: true}}, nil))
-	c.spawn("run", "sh", "-c", fmt.Sprintf("%s/claude a b; %s/existing; %s/link; echo x > %s/claude || echo refused", bin, bin, bin, bin))
+	c.spawn("run", "sh", "-c", fmt.Sprintf("%s/claude a b; %s/existing; %s/link; %s/sub/inner; echo x > %s/claude || echo refused", bin, bin, bin, bin, bin))
 	p := c.WaitExit("run")
-	require.Equal(t, "sdk a b\nexisting\nexisting\nrefused\n", p.Stdout.String())
+	require.Equal(t, "sdk a b\nexisting\nexisting\ninner\nrefused\n", p.Stdout.String(), p.Stderr.String())
 	// Nothing leaked into the host directory.
 	_, err := os.Stat(filepath.Join(sys, "claude"))
 	require.ErrorIs(t, err, os.ErrNotExist)

@@ -514,7 +514,15 @@ func makeDirWritable(root int, dir string) error {
 	if err := unix.MoveMount(cp, "", stage.fd, "", unix.MOVE_MOUNT_F_EMPTY_PATH|unix.MOVE_MOUNT_T_EMPTY_PATH); err != nil {
 		return fmt.Errorf("making %s writable: mounting a tmpfs: %w", dir, err)
 	}
-	defer unix.Unmount(fmt.Sprintf("/proc/self/fd/%d", cp), unix.MNT_DETACH)
+	staged := fmt.Sprintf("/proc/self/fd/%d", cp)
+	defer unix.Unmount(staged, unix.MNT_DETACH)
+	// Under a shared root (the process backend's) the staged copy joins a
+	// peer group, and so would the clone of it moved over dir: detaching
+	// the staged copy would then take the entries bound in the clone with
+	// it (umount propagates between peers), leaving dir's copy empty.
+	if err := unix.Mount("", staged, "", unix.MS_PRIVATE, ""); err != nil {
+		return fmt.Errorf("making %s writable: %w", dir, err)
+	}
 	for _, name := range names {
 		if err := copyEntry(orig.fd, cp, name); err != nil {
 			return fmt.Errorf("making %s writable: %s: %w", dir, name, err)

@@ -9,7 +9,8 @@ import (
 // harness (TestNestedARM64Units): those whose code differs by
 // architecture or talks to the kernel in ways that do (KVM's arm64 API,
 // the arm64 layout and device tree, seccomp's audit arch and syscall
-// numbers, the agent's mounts and namespaces, doctor's view of an arm64 host).
+// numbers, the agent's mounts and namespaces, the process backend's
+// sandbox, doctor's view of an arm64 host).
 var arm64UnitPackages = []string{
 	"github.com/cowork-vmm/cowork-vmm/vmm/kvm",
 	"github.com/cowork-vmm/cowork-vmm/vmm/arm64",
@@ -17,6 +18,7 @@ var arm64UnitPackages = []string{
 	"github.com/cowork-vmm/cowork-vmm/machine",
 	"github.com/cowork-vmm/cowork-vmm/guest/seccomp",
 	"github.com/cowork-vmm/cowork-vmm/guest/agent",
+	"github.com/cowork-vmm/cowork-vmm/helper/backend/process",
 	"github.com/cowork-vmm/cowork-vmm/doctor",
 }
 
