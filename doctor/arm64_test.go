@@ -54,6 +54,16 @@ func TestARM64HostPasses(t *testing.T) {
 	}
 }
 
+// A GICv2 host (a Raspberry Pi 4 or 5) passes with a GICv2, and doctor
+// says so with the vCPU limit it brings.
+func TestARM64GICv2HostPasses(t *testing.T) {
+	h := arm64Host()
+	h.kvm.ARM64.GICv3, h.kvm.ARM64.GICv2 = false, true
+	r := h.run(t, Options{})
+	linux := wantStatus(t, r, CheckKVMLinux, StatusOK)
+	wantContains(t, "linux detail", linux.Detail, "a GICv2 (at most 8 vCPUs) can be created")
+}
+
 // The client gate on arm64 looks for qemu-system-aarch64 and the AAVMF
 // pair, whatever x86 tools are installed, and names the arm64 packages.
 func TestARM64ClientGate(t *testing.T) {
@@ -97,11 +107,11 @@ func TestARM64NoKVMDevice(t *testing.T) {
 	}
 }
 
-// A failed arm64 trial (no GICv3) fails the Linux check with its reason.
+// A failed arm64 trial (no in-kernel GIC) fails the Linux check with its reason.
 func TestARM64TrialFails(t *testing.T) {
 	h := arm64Host()
 	h.kvm.ARM64 = &kvm.ARM64Facts{Target: 5, TargetOK: true, VCPUInit: true}
-	h.kvm.TrialErr = errors.New("arm64 trial: KVM_CREATE_DEVICE (test) type 7: no such device: this KVM cannot emulate a GICv3")
+	h.kvm.TrialErr = errors.New("arm64 trial: no such device: this KVM can emulate neither a GICv3 nor a GICv2")
 	r := h.run(t, Options{})
 	linux := wantStatus(t, r, CheckKVMLinux, StatusFail)
 	wantContains(t, "linux", linux.Detail+" "+linux.Fix, "cannot boot a Linux guest", "GICv3", "COWORK_VMM_BACKEND=process")

@@ -16,7 +16,7 @@
 // Every host probe goes through Host, a struct of functions, so tests run
 // the checks against faked hosts; Host.Arch is the machine's GOARCH, which
 // picks the KVM facts (x86: PVM and the trial guest; arm64: preferred
-// target, GICv3, PSCI 0.2) and the gate's qemu and firmware (x86:
+// target, GICv3 or GICv2, PSCI 0.2) and the gate's qemu and firmware (x86:
 // qemu-system-x86_64 and OVMF; arm64: qemu-system-aarch64 and AAVMF), so
 // tests run either on any machine. The KVM probe is kvm.ProbeHost, the one
 // answer to "can this KVM boot Linux?" that the kvm backend's preflight and

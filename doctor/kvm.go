@@ -9,6 +9,7 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/cowork-vmm/cowork-vmm/vmm/arm64"
 	"github.com/cowork-vmm/cowork-vmm/vmm/kvm"
 )
 
@@ -209,7 +210,8 @@ func (r *runner) linuxCheck(f *kvmFacts, p kvm.HostProbe, virtFlag string, virtK
 }
 
 // arm64LinuxCheck is linuxCheck on arm64, where there is no PVM: the
-// probe's arm64 trial (preferred target, vCPU init with PSCI 0.2, GICv3)
+// probe's arm64 trial (preferred target, vCPU init with PSCI 0.2, an
+// in-kernel GICv3 or GICv2)
 // decides, and without a usable device there is nothing to tell.
 func arm64LinuxCheck(f *kvmFacts, p kvm.HostProbe) Check {
 	linux := Check{ID: CheckKVMLinux, Group: GroupCoworkVMM, Title: "Linux guests on this KVM"}
@@ -220,7 +222,7 @@ func arm64LinuxCheck(f *kvmFacts, p kvm.HostProbe) Check {
 	if err := p.BootsLinux(); err != nil {
 		linux.Status = StatusFail
 		linux.Detail = err.Error()
-		linux.Fix = "the VMM needs a GICv3 host (or one whose GIC emulates it) and KVM_ARM_PREFERRED_TARGET; update the host kernel; or " + processHint
+		linux.Fix = "the VMM needs KVM_ARM_PREFERRED_TARGET and an in-kernel GIC (a GICv3, or a GICv2 on a GICv2 host); update the host kernel; or " + processHint
 		return linux
 	}
 	f.linuxOK = true
@@ -234,7 +236,11 @@ func arm64Facts(a *kvm.ARM64Facts) string {
 	if a == nil {
 		return "the arm64 trial passed"
 	}
-	s := fmt.Sprintf("preferred CPU target %d (%s), a vCPU initialised with PSCI 0.2, a GICv3 can be created", a.Target, kvm.ARMTargetName(a.Target))
+	gic := "a GICv3"
+	if !a.GICv3 && a.GICv2 {
+		gic = fmt.Sprintf("a GICv2 (at most %d vCPUs)", arm64.MaxCPUsGICv2)
+	}
+	s := fmt.Sprintf("preferred CPU target %d (%s), a vCPU initialised with PSCI 0.2, %s can be created", a.Target, kvm.ARMTargetName(a.Target), gic)
 	if a.IPABits > 0 {
 		s += fmt.Sprintf(", guest physical addresses up to %d bits", a.IPABits)
 	}

@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -91,15 +92,36 @@ func nestedE2E(run string, timeout time.Duration, cpus int, kernel, bin string, 
 // harness, with an arm64 cowork-vmm built here and our arm64 guest kernel.
 // It skips where the arm64 harness or the arm64 kernel is missing.
 func TestNestedARM64ClientFlow(t *testing.T) {
+	runNestedARM64E2E(t, "^(TestKVMClientFlow|TestKVMEgressAllowedDomains)$", false)
+}
+
+// TestNestedARM64ClientFlowGICv2 is TestKVMClientFlow in the arm64
+// harness whose outer guest has a GICv2, as a Raspberry Pi 4 or 5 has: the
+// guest gets a GICv2, every virtio device interrupts through it, and both
+// stopVMs suspend the guest with its GICv2's state, which the startVM
+// between resumes.
+func TestNestedARM64ClientFlowGICv2(t *testing.T) {
+	runNestedARM64E2E(t, "^TestKVMClientFlow$", true)
+}
+
+// runNestedARM64E2E runs this package's tests matching run on the kvm
+// backend in the arm64 harness, its outer guest with a GICv2 if gicv2.
+func runNestedARM64E2E(t *testing.T, run string, gicv2 bool) {
 	nested.RequireARM64Harness(t)
 	image, err := kernel.FindGuest(nested.ArchARM64)
 	if err != nil {
 		t.Skipf("no arm64 guest kernel: %v", err)
 	}
-	gt := nestedE2E("^(TestKVMClientFlow|TestKVMEgressAllowedDomains)$", 30*time.Minute, 1,
-		image, nested.BuildCoworkVMMArch(t, nested.ArchARM64), nil)
-	gt.Arch = nested.ArchARM64
-	nested.RunGoTestWith(t, gt)
+	gt := nestedE2E(run, 30*time.Minute, 1, image, nested.BuildCoworkVMMArch(t, nested.ArchARM64), nil)
+	gt.Arch, gt.GICv2 = nested.ArchARM64, gicv2
+	res := nested.RunGoTestWith(t, gt)
+	want := "interruptController=GICv3"
+	if gicv2 {
+		want = "interruptController=GICv2"
+	}
+	if !t.Failed() && !strings.Contains(res.Output, want) {
+		t.Errorf("the helper never logged %q: the guest had another interrupt controller", want)
+	}
 }
 
 // TestStartToConnected measures what the desktop client waits for at boot:

@@ -22,5 +22,6 @@
 // and the IOAPIC are described by an MP table, and virtio devices are
 // announced on the command line (virtio_mmio.device=4K@0x…:irq). On arm64
 // it is the Image protocol with x0 at a device tree that describes the
-// memory, vCPUs, GICv3, timer, PSCI, console and every virtio device.
+// memory, vCPUs, the VM's GIC (v3, or v2 on a GICv2 host), timer, PSCI,
+// console and every virtio device.
 package machine

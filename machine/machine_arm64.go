@@ -46,7 +46,7 @@ func virtioSlot(n int) (base uint64, gsi uint32, ok bool) {
 func virtioCmdline([]virtioPlace) []string { return nil }
 
 // loadKernel writes the Image, the initrd and the device tree (memory,
-// vCPUs, GIC, timer, PSCI, console, every virtio transport, the command
+// vCPUs, the VM's GIC, timer, PSCI, console, every virtio transport, the command
 // line) into guest memory and points the boot vCPU at the Image with x0
 // at the device tree.
 func (m *Machine) loadKernel(images bootImages, cmdline string) error {
@@ -57,6 +57,7 @@ func (m *Machine) loadKernel(images bootImages, cmdline string) error {
 	setup, err := arm64.PrepareBoot(m.vm.Memory(), arm64.BootConfig{
 		MemBytes:     uint64(m.cfg.MemMiB) << 20,
 		CPUs:         m.cfg.CPUs,
+		GIC:          m.vm.GIC(),
 		Kernel:       images.kernel,
 		InitrdSource: images.initrd,
 		Cmdline:      cmdline,

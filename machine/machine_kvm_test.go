@@ -86,12 +86,15 @@ func TestKVMBootLinux(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			t.Logf("exit: %v; wall %v; boot timer %v (%v)", e, time.Since(start).Round(time.Millisecond), bootTime, booted)
+			t.Logf("exit: %v; wall %v; boot timer %v (%v); interrupt controller %q", e, time.Since(start).Round(time.Millisecond), bootTime, booted, wantIRQChip(m))
 			if !strings.Contains(console.String(), "TESTINIT OK") {
 				t.Errorf("the test init never ran")
 			}
 			if !booted {
 				t.Error("the guest never wrote the boot timer")
+			}
+			if chip := wantIRQChip(m); chip != "" && !strings.Contains(console.String(), "TESTINIT IRQCHIP "+chip) {
+				t.Errorf("the guest does not drive the VM's interrupt controller, a %s", chip)
 			}
 			if e.Kind != vmm.ExitReset && e.Kind != vmm.ExitTripleFault {
 				t.Errorf("exit %v, want the guest's restart", e)

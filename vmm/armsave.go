@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 
+	"github.com/cowork-vmm/cowork-vmm/vmm/arm64"
 	"github.com/cowork-vmm/cowork-vmm/vmm/kvm"
 	"github.com/cowork-vmm/cowork-vmm/vmm/snapshot"
 )
@@ -29,39 +30,55 @@ type gicDevice interface {
 }
 
 // saveARM64 reads the state of a paused arm64 VM: its vCPUs and its GIC
-// of irqs interrupts.
-func saveARM64(vcpus []armVCPU, gic gicDevice, irqs uint32) (*ARM64State, error) {
-	s := &ARM64State{GICIRQs: irqs}
+// of irqs interrupts, a GICv3 or a GICv2 (kind).
+func saveARM64(vcpus []armVCPU, gic gicDevice, kind arm64.GIC, irqs uint32) (*ARM64State, error) {
+	s := &ARM64State{GICIRQs: irqs, GICv2: kind == arm64.GICv2}
 	for i, c := range vcpus {
 		cs, err := saveARM64VCPU(c)
 		if err != nil {
 			return nil, fmt.Errorf("vmm: saving vCPU %d: %w", i, err)
 		}
-		mpidr, err := c.GetOneReg(kvm.ARM64RegMPIDR)
-		if err != nil {
-			return nil, err
-		}
-		if cs.GICRedist, err = readGICWords(gic, kvm.VGICGroupRedistRegs, mpidr, gicRedistLayout); err != nil {
-			return nil, fmt.Errorf("vmm: saving vCPU %d's redistributor: %w", i, err)
-		}
-		if cs.GICCPU, err = readICC(gic, mpidr); err != nil {
-			return nil, fmt.Errorf("vmm: saving vCPU %d's GIC CPU interface: %w", i, err)
-		}
 		s.VCPUs = append(s.VCPUs, cs)
 	}
-	config, state := gicDistLayout(irqs)
-	var err error
-	if s.GICDist, err = readGICWords(gic, kvm.VGICGroupDistRegs, 0, config, state); err != nil {
-		return nil, fmt.Errorf("vmm: saving the GIC distributor: %w", err)
+	save := saveGICv3
+	if s.GICv2 {
+		save = saveGICv2
 	}
-	for intid := uint32(gicPrivateIRQs); intid < irqs; intid += 32 {
+	if err := save(vcpus, gic, s); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// saveGICv3 reads a GICv3 into s: each vCPU's redistributor and CPU
+// interface, the distributor, the SPIs' line levels.
+func saveGICv3(vcpus []armVCPU, gic gicDevice, s *ARM64State) error {
+	for i, c := range vcpus {
+		mpidr, err := c.GetOneReg(kvm.ARM64RegMPIDR)
+		if err != nil {
+			return err
+		}
+		cs := &s.VCPUs[i]
+		if cs.GICRedist, err = readGICWords(gic, kvm.VGICGroupRedistRegs, v3Attr(mpidr), gicRedistLayout); err != nil {
+			return fmt.Errorf("vmm: saving vCPU %d's redistributor: %w", i, err)
+		}
+		if cs.GICCPU, err = readICC(gic, mpidr); err != nil {
+			return fmt.Errorf("vmm: saving vCPU %d's GIC CPU interface: %w", i, err)
+		}
+	}
+	config, state := gicDistLayout(s.GICIRQs)
+	var err error
+	if s.GICDist, err = readGICWords(gic, kvm.VGICGroupDistRegs, v3Attr(0), config, state); err != nil {
+		return fmt.Errorf("vmm: saving the GIC distributor: %w", err)
+	}
+	for intid := uint32(gicPrivateIRQs); intid < s.GICIRQs; intid += 32 {
 		level, err := gic.GetAttr(kvm.VGICGroupLevelInfo, kvm.VGICV3LevelInfoAttr(0, intid))
 		if err != nil {
-			return nil, fmt.Errorf("vmm: saving the SPI levels: %w", err)
+			return fmt.Errorf("vmm: saving the SPI levels: %w", err)
 		}
 		s.SPILevels = append(s.SPILevels, uint32(level))
 	}
-	return s, nil
+	return nil
 }
 
 // saveARM64VCPU reads every register the vCPU lists, its MP state and
@@ -95,15 +112,28 @@ func saveARM64VCPU(c armVCPU) (s ARM64VCPUState, err error) {
 	return s, err
 }
 
+// gicAttr is the KVM attribute of the GIC register at offset in one
+// frame: a GICv3's names the vCPU by MPIDR (v3Attr), a GICv2's by index
+// (v2Attr).
+type gicAttr func(offset uint32) uint64
+
+func v3Attr(mpidr uint64) gicAttr {
+	return func(off uint32) uint64 { return kvm.VGICV3RegAttr(mpidr, off) }
+}
+
+func v2Attr(cpu int) gicAttr {
+	return func(off uint32) uint64 { return kvm.VGICV2RegAttr(cpu, off) }
+}
+
 // readGICWords reads the 32-bit registers of ranges, one word at a time
 // (KVM's VGIC register attributes are 32-bit: a 64-bit register is its two
-// halves), of the distributor or (group) the redistributor of mpidr.
-func readGICWords(gic gicDevice, group uint32, mpidr uint64, ranges ...[]gicRange) ([]uint32, error) {
+// halves), of the frame group and attr name.
+func readGICWords(gic gicDevice, group uint32, attr gicAttr, ranges ...[]gicRange) ([]uint32, error) {
 	out := make([]uint32, 0, gicWords(ranges...))
 	for _, rs := range ranges {
 		for _, r := range rs {
 			for w := range r.words {
-				v, err := gic.GetAttr(group, kvm.VGICV3RegAttr(mpidr, r.offset+uint32(4*w)))
+				v, err := gic.GetAttr(group, attr(r.offset+uint32(4*w)))
 				if err != nil {
 					return nil, fmt.Errorf("%s: %w", r.name, err)
 				}
@@ -114,13 +144,14 @@ func readGICWords(gic gicDevice, group uint32, mpidr uint64, ranges ...[]gicRang
 	return out, nil
 }
 
-// writeGICWords writes words, which readGICWords read of ranges, back.
-func writeGICWords(gic gicDevice, group uint32, mpidr uint64, words []uint32, ranges []gicRange) ([]uint32, error) {
+// writeGICWords writes words, which readGICWords read of ranges, back,
+// and returns the words left over.
+func writeGICWords(gic gicDevice, group uint32, attr gicAttr, words []uint32, ranges []gicRange) ([]uint32, error) {
 	for _, r := range ranges {
 		for w := range r.words {
 			v := uint64(words[0])
 			words = words[1:]
-			if err := gic.SetAttr(group, kvm.VGICV3RegAttr(mpidr, r.offset+uint32(4*w)), &v); err != nil {
+			if err := gic.SetAttr(group, attr(r.offset+uint32(4*w)), &v); err != nil {
 				return nil, fmt.Errorf("%s: %w", r.name, err)
 			}
 		}
@@ -147,18 +178,18 @@ func readICC(gic gicDevice, mpidr uint64) ([]uint64, error) {
 	return out, nil
 }
 
-// restoreARM64 gives a fresh arm64 VM (vCPUs initialised, GIC of irqs
-// interrupts initialised, nothing run) the state s, which it checks
-// first. The vCPUs' registers come first: the GIC names each vCPU's
-// redistributor and CPU interface by its MPIDR_EL1, and KVM restores a
-// vCPU's GIC view onto what its registers hold. Then the GIC
-// (restoreGIC's order).
-func restoreARM64(vcpus []armVCPU, gic gicDevice, irqs uint32, s *ARM64State) error {
-	if err := s.validate(len(vcpus), irqs); err != nil {
+// restoreARM64 gives a fresh arm64 VM (vCPUs initialised, GIC of kind
+// with irqs interrupts initialised, nothing run) the state s, which it
+// checks first. The vCPUs' registers come first: the GIC names each
+// vCPU's redistributor and CPU interface by its MPIDR_EL1, and KVM
+// restores a vCPU's GIC view onto what its registers hold. Then the GIC
+// (restoreGIC's or restoreGICv2's order).
+func restoreARM64(vcpus []armVCPU, gic gicDevice, kind arm64.GIC, irqs uint32, s *ARM64State) error {
+	if err := s.validate(len(vcpus), kind, irqs); err != nil {
 		return err
 	}
 	for i, c := range vcpus {
-		if err := sameHost(c, gic, &s.VCPUs[i]); err != nil {
+		if err := sameHost(c, gic, &s.VCPUs[i], kind); err != nil {
 			return fmt.Errorf("vmm: vCPU %d: %w", i, err)
 		}
 	}
@@ -166,6 +197,9 @@ func restoreARM64(vcpus []armVCPU, gic gicDevice, irqs uint32, s *ARM64State) er
 		if err := restoreARM64VCPU(c, &s.VCPUs[i]); err != nil {
 			return fmt.Errorf("vmm: restoring vCPU %d: %w", i, err)
 		}
+	}
+	if kind == arm64.GICv2 {
+		return restoreGICv2(len(vcpus), gic, s)
 	}
 	return restoreGIC(vcpus, gic, s)
 }
@@ -191,7 +225,7 @@ func restoreARM64VCPU(c armVCPU, s *ARM64VCPUState) error {
 // CPU interface, and last GICD_CTLR (gicDistLayout says why).
 func restoreGIC(vcpus []armVCPU, gic gicDevice, s *ARM64State) error {
 	config, state := gicDistLayout(s.GICIRQs)
-	rest, err := writeGICWords(gic, kvm.VGICGroupDistRegs, 0, s.GICDist, config)
+	rest, err := writeGICWords(gic, kvm.VGICGroupDistRegs, v3Attr(0), s.GICDist, config)
 	if err != nil {
 		return fmt.Errorf("vmm: restoring the GIC distributor: %w", err)
 	}
@@ -200,7 +234,7 @@ func restoreGIC(vcpus []armVCPU, gic gicDevice, s *ARM64State) error {
 		if mpidrs[i], err = c.GetOneReg(kvm.ARM64RegMPIDR); err != nil {
 			return err
 		}
-		if _, err := writeGICWords(gic, kvm.VGICGroupRedistRegs, mpidrs[i], s.VCPUs[i].GICRedist, gicRedistLayout); err != nil {
+		if _, err := writeGICWords(gic, kvm.VGICGroupRedistRegs, v3Attr(mpidrs[i]), s.VCPUs[i].GICRedist, gicRedistLayout); err != nil {
 			return fmt.Errorf("vmm: restoring vCPU %d's redistributor: %w", i, err)
 		}
 	}
@@ -211,7 +245,7 @@ func restoreGIC(vcpus []armVCPU, gic gicDevice, s *ARM64State) error {
 		}
 	}
 	ctlr := state[len(state)-1:]
-	if rest, err = writeGICWords(gic, kvm.VGICGroupDistRegs, 0, rest, state[:len(state)-1]); err != nil {
+	if rest, err = writeGICWords(gic, kvm.VGICGroupDistRegs, v3Attr(0), rest, state[:len(state)-1]); err != nil {
 		return fmt.Errorf("vmm: restoring the GIC distributor: %w", err)
 	}
 	for i := range vcpus {
@@ -219,7 +253,7 @@ func restoreGIC(vcpus []armVCPU, gic gicDevice, s *ARM64State) error {
 			return fmt.Errorf("vmm: restoring vCPU %d's GIC CPU interface: %w", i, err)
 		}
 	}
-	if _, err := writeGICWords(gic, kvm.VGICGroupDistRegs, 0, rest, ctlr); err != nil {
+	if _, err := writeGICWords(gic, kvm.VGICGroupDistRegs, v3Attr(0), rest, ctlr); err != nil {
 		return fmt.Errorf("vmm: restoring the GIC distributor: %w", err)
 	}
 	return nil
@@ -237,10 +271,14 @@ func writeICC(gic gicDevice, mpidr uint64, vals []uint64) error {
 }
 
 // sameHost checks, before anything is written, that the fresh vCPU c and
-// its GIC CPU interface can take the saved s (sameRegisters, sameICC).
-func sameHost(c armVCPU, gic gicDevice, s *ARM64VCPUState) error {
+// its GIC CPU interface can take the saved s (sameRegisters; sameICC for
+// a GICv3's).
+func sameHost(c armVCPU, gic gicDevice, s *ARM64VCPUState, kind arm64.GIC) error {
 	if err := sameRegisters(c, s.Regs); err != nil {
 		return err
+	}
+	if kind == arm64.GICv2 {
+		return nil
 	}
 	mpidr, err := c.GetOneReg(kvm.ARM64RegMPIDR)
 	if err != nil {

@@ -3,6 +3,7 @@ package vmm
 import (
 	"fmt"
 
+	"github.com/cowork-vmm/cowork-vmm/vmm/arm64"
 	"github.com/cowork-vmm/cowork-vmm/vmm/kvm"
 	"github.com/cowork-vmm/cowork-vmm/vmm/snapshot"
 )
@@ -28,6 +29,13 @@ type ARM64State struct {
 	// SPILevels are the SPIs' input line levels, a bit per SPI, 32 to a
 	// word, from INTID 32 upward.
 	SPILevels []uint32
+	// GICv2 marks a VM whose GIC is a GICv2 (armgicv2.go): GICDist then
+	// holds gicV2DistLayout's words, each vCPU's GICRedist its banked
+	// distributor registers (gicV2BankedLayout) and GICCPU its GICC_*
+	// registers (gicV2CPULayout); SPILevels is empty, since a GICv2 has
+	// no line-level attribute and every device interrupt here is
+	// edge-triggered.
+	GICv2 bool
 }
 
 // ARM64VCPUState is one arm64 vCPU's part of ARM64State.
@@ -67,7 +75,9 @@ type gicRange struct {
 	words  int
 }
 
-// Distributor register offsets (GICv3 architecture specification).
+// Distributor register offsets (GICv3 architecture specification; a
+// GICv2's are the same, and it has GICD_ITARGETSR where a GICv3 in
+// affinity routing reserves the space).
 const (
 	gicdCTLR       = 0x0000
 	gicdIIDR       = 0x0008
@@ -76,6 +86,7 @@ const (
 	gicdISPENDR    = 0x0200
 	gicdISACTIVER  = 0x0300
 	gicdIPRIORITYR = 0x0400
+	gicdITARGETSR  = 0x0800
 	gicdICFGR      = 0x0C00
 	gicdIROUTER    = 0x6000
 )
@@ -213,12 +224,15 @@ func iccPriorityBits(ctlr uint64) int { return int(ctlr>>8&7) + 1 }
 // interrupts, before any of it reaches KVM: counts, sizes and the
 // values KVM takes as enumerations. A snapshot of another shape wraps
 // snapshot.ErrMismatch; a malformed one is plain damage.
-func (s *ARM64State) validate(vcpus int, irqs uint32) error {
+func (s *ARM64State) validate(vcpus int, kind arm64.GIC, irqs uint32) error {
 	if s == nil {
 		return fmt.Errorf("vmm: the state holds no arm64 VM (a snapshot of another architecture): %w", snapshot.ErrMismatch)
 	}
 	if len(s.VCPUs) != vcpus {
 		return fmt.Errorf("vmm: the state has %d vCPUs, this VM %d", len(s.VCPUs), vcpus)
+	}
+	if s.GICv2 != (kind == arm64.GICv2) {
+		return fmt.Errorf("vmm: the state is of a VM with another GIC than this VM's %v: %w", kind, snapshot.ErrMismatch)
 	}
 	if s.GICIRQs != irqs {
 		return fmt.Errorf("vmm: the state's GIC has %d interrupts, this VM's %d: %w", s.GICIRQs, irqs, snapshot.ErrMismatch)
@@ -226,23 +240,26 @@ func (s *ARM64State) validate(vcpus int, irqs uint32) error {
 	if irqs <= gicPrivateIRQs || irqs > maxGICIRQs || irqs%32 != 0 {
 		return fmt.Errorf("vmm: a GIC of %d interrupts", irqs)
 	}
-	config, state := gicDistLayout(irqs)
-	if want := gicWords(config, state); len(s.GICDist) != want {
-		return fmt.Errorf("vmm: the state has %d distributor words, a GIC of %d interrupts %d", len(s.GICDist), irqs, want)
+	distWords, levelWords := gicWords(gicDistLayout(irqs)), int(irqs-gicPrivateIRQs)/32
+	if s.GICv2 {
+		distWords, levelWords = gicWords(gicV2DistLayout(irqs)), 0
 	}
-	if want := int(irqs-gicPrivateIRQs) / 32; len(s.SPILevels) != want {
-		return fmt.Errorf("vmm: the state has %d SPI level words, a GIC of %d interrupts %d", len(s.SPILevels), irqs, want)
+	if len(s.GICDist) != distWords {
+		return fmt.Errorf("vmm: the state has %d distributor words, a GIC of %d interrupts %d", len(s.GICDist), irqs, distWords)
+	}
+	if len(s.SPILevels) != levelWords {
+		return fmt.Errorf("vmm: the state has %d SPI level words, a GIC of %d interrupts %d", len(s.SPILevels), irqs, levelWords)
 	}
 	for i := range s.VCPUs {
-		if err := s.VCPUs[i].validate(); err != nil {
+		if err := s.VCPUs[i].validate(s.GICv2); err != nil {
 			return fmt.Errorf("vmm: the state of vCPU %d: %w", i, err)
 		}
 	}
 	return nil
 }
 
-// validate checks one vCPU's shape.
-func (c *ARM64VCPUState) validate() error {
+// validate checks one vCPU's shape, whose GIC part is a GICv2's if v2.
+func (c *ARM64VCPUState) validate(v2 bool) error {
 	if len(c.Regs) == 0 || len(c.Regs) > kvm.MaxRegListLength {
 		return fmt.Errorf("%d registers, want 1 to %d", len(c.Regs), kvm.MaxRegListLength)
 	}
@@ -261,6 +278,9 @@ func (c *ARM64VCPUState) validate() error {
 	case kvm.MPStateRunnable, kvm.MPStateStopped, kvm.MPStateSuspended:
 	default:
 		return fmt.Errorf("MP state %d, not one of an arm64 vCPU's", c.MPState)
+	}
+	if v2 {
+		return c.validateGICv2()
 	}
 	if len(c.GICRedist) != gicWords(gicRedistLayout) {
 		return fmt.Errorf("%d redistributor words, want %d", len(c.GICRedist), gicWords(gicRedistLayout))

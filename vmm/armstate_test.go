@@ -11,6 +11,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/cowork-vmm/cowork-vmm/vmm/arm64"
 	"github.com/cowork-vmm/cowork-vmm/vmm/kvm"
 	"github.com/cowork-vmm/cowork-vmm/vmm/snapshot"
 	"golang.org/x/sys/unix"
@@ -248,7 +249,7 @@ func runningFakeVM(t *testing.T) *fakeKVM {
 // snapshot file does.
 func savedThroughGob(t *testing.T, k *fakeKVM) *State {
 	t.Helper()
-	s, err := saveARM64(k.armVCPUs(), k.gic, fakeIRQs)
+	s, err := saveARM64(k.armVCPUs(), k.gic, arm64.GICv3, fakeIRQs)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -273,7 +274,7 @@ func TestARM64StateRoundTripsThroughGob(t *testing.T) {
 		t.Errorf("%d CPU interface registers saved for 5 priority bits, want 9 (one AP0R and one AP1R)", got)
 	}
 	dst := newFakeKVM(2, 0x410fd083, fakeCTLR5)
-	if err := restoreARM64(dst.armVCPUs(), dst.gic, fakeIRQs, s.ARM64); err != nil {
+	if err := restoreARM64(dst.armVCPUs(), dst.gic, arm64.GICv3, fakeIRQs, s.ARM64); err != nil {
 		t.Fatal(err)
 	}
 	for i, c := range dst.vcpus {
@@ -315,7 +316,7 @@ func logIndex(log []string, prefix string, last bool) int {
 func TestARM64RestoreOrder(t *testing.T) {
 	s := savedThroughGob(t, runningFakeVM(t))
 	k := newFakeKVM(2, 0x410fd083, fakeCTLR5)
-	if err := restoreARM64(k.armVCPUs(), k.gic, fakeIRQs, s.ARM64); err != nil {
+	if err := restoreARM64(k.armVCPUs(), k.gic, arm64.GICv3, fakeIRQs, s.ARM64); err != nil {
 		t.Fatal(err)
 	}
 	dist := func(off uint32) string {
@@ -381,7 +382,7 @@ func TestARM64RestoreRefusesMalformedState(t *testing.T) {
 				spoil(s)
 			}
 			k := newFakeKVM(2, 0x410fd083, fakeCTLR5)
-			err := restoreARM64(k.armVCPUs(), k.gic, fakeIRQs, s)
+			err := restoreARM64(k.armVCPUs(), k.gic, arm64.GICv3, fakeIRQs, s)
 			if err == nil {
 				t.Fatal("restored")
 			}
@@ -406,7 +407,7 @@ func TestARM64RestoreOfAnotherHostIsAMismatch(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			s := savedThroughGob(t, runningFakeVM(t)).ARM64
 			k := fresh()
-			err := restoreARM64(k.armVCPUs(), k.gic, fakeIRQs, s)
+			err := restoreARM64(k.armVCPUs(), k.gic, arm64.GICv3, fakeIRQs, s)
 			if !errors.Is(err, snapshot.ErrMismatch) {
 				t.Fatalf("restore: %v, want snapshot.ErrMismatch", err)
 			}

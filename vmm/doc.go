@@ -16,13 +16,14 @@
 // Architectures: what differs is in _amd64.go and _arm64.go files: the
 // VM's creation (x86: TSS, identity map, irqchip and PIT before the vCPUs,
 // CPUID, MSRs and LINT pins per vCPU; arm64: vCPUs of KVM's preferred
-// target with PSCI 0.2, secondaries powered off, then the in-kernel GICv3),
+// target with PSCI 0.2, secondaries powered off, then the in-kernel GICv3,
+// or a GICv2 where KVM has no GICv3),
 // the RAM layout (x86: split around the 32-bit MMIO hole; arm64: one
 // region from 2 GiB), KVM_IRQ_LINE's numbering (arm64: SPIs), the boot
 // registers, the register dump of an exit report, and the saved state
 // (x86: the vCPUs' register ioctls, PIC, IOAPIC, PIT and KVM clock; arm64:
-// every register KVM_GET_REG_LIST lists and the GICv3's register groups,
-// armstate.go, restored in the order armsave.go explains).
+// every register KVM_GET_REG_LIST lists and the GIC's register groups,
+// armstate.go, restored in the order armsave.go and armgicv2.go explain).
 //
 // Kicking a vCPU: RequestExit sets kvm_run.immediate_exit on every vCPU, so
 // a vCPU not currently in KVM_RUN leaves at its next entry, then sends a

@@ -7,12 +7,12 @@ import (
 )
 
 // SaveState reads the state of a paused VM (Pause): State.ARM64, each
-// vCPU's registers and the GICv3 (saveARM64).
+// vCPU's registers and the GIC (saveARM64).
 func (v *VM) SaveState() (*State, error) {
 	if !v.isPaused() {
 		return nil, errors.New("vmm: SaveState needs a paused VM")
 	}
-	s, err := saveARM64(v.armVCPUs(), v.arch.gic, arm64.GICIRQs)
+	s, err := saveARM64(v.armVCPUs(), v.arch.gic, v.arch.gicKind, arm64.GICIRQs)
 	if err != nil {
 		return nil, err
 	}
@@ -27,7 +27,7 @@ func (v *VM) RestoreState(s *State) error {
 	if v.isStarted() {
 		return errors.New("vmm: RestoreState needs a VM that has not started")
 	}
-	return restoreARM64(v.armVCPUs(), v.arch.gic, arm64.GICIRQs, s.ARM64)
+	return restoreARM64(v.armVCPUs(), v.arch.gic, v.arch.gicKind, arm64.GICIRQs, s.ARM64)
 }
 
 // armVCPUs are the VM's vCPUs, in index order.

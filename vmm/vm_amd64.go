@@ -151,3 +151,7 @@ func (archVM) close() error { return nil }
 
 // irqLineNumber is KVM_IRQ_LINE's irq for a GSI: the GSI itself on x86.
 func irqLineNumber(gsi uint32) uint32 { return gsi }
+
+// InterruptController names the VM's interrupt controller, for logs: KVM's
+// in-kernel PIC and IOAPIC, with a local APIC per vCPU.
+func (v *VM) InterruptController() string { return "IOAPIC" }

@@ -15,11 +15,20 @@ const MaxVCPUs = arm64.MaxCPUs
 // MaxGuestMemory bounds Config.MemoryBytes.
 const MaxGuestMemory = arm64.MaxRAM
 
-// archVM is what an arm64 VM adds: the in-kernel GICv3, a device of its
-// own (KVM_CREATE_DEVICE) rather than a part of the VM fd.
+// archVM is what an arm64 VM adds: the in-kernel GIC, a device of its
+// own (KVM_CREATE_DEVICE) rather than a part of the VM fd, and which kind
+// it is.
 type archVM struct {
-	gic *kvm.Device
+	gic     *kvm.Device
+	gicKind arm64.GIC
 }
+
+// GIC is the kind of interrupt controller the VM has, which the device
+// tree must announce.
+func (v *VM) GIC() arm64.GIC { return v.arch.gicKind }
+
+// InterruptController names the VM's interrupt controller, for logs.
+func (v *VM) InterruptController() string { return v.arch.gicKind.String() }
 
 func (a *archVM) close() error {
 	if a.gic == nil {
@@ -84,28 +93,58 @@ func (v *VM) createVCPUs(cpus int, _ CPUIDPolicy) error {
 	return nil
 }
 
-// finishVM creates the in-kernel GICv3 at vmm/arm64's addresses, with
-// arm64.GICIRQs interrupts, and initialises it: KVM wants every
-// vCPU created before that.
+// finishVM creates the in-kernel GIC, a GICv3 where KVM can emulate one,
+// else a GICv2 (a host whose own GIC is a GICv2), and initialises it:
+// KVM wants every vCPU created before that.
 func (v *VM) finishVM() error {
-	gic, err := v.kvm.CreateDevice(kvm.DeviceARMVGICv3)
+	switch {
+	case v.kvm.CanCreateDevice(kvm.DeviceARMVGICv3) == nil:
+		return v.createGIC(arm64.GICv3, kvm.DeviceARMVGICv3, []gicFrame{
+			{"distributor", kvm.VGICV3AddrDist, arm64.GICDistributorBase},
+			{"redistributors", kvm.VGICV3AddrRedist, arm64.GICRedistributorBase},
+		})
+	case v.kvm.CanCreateDevice(kvm.DeviceARMVGICv2) == nil:
+		if len(v.vcpus) > arm64.MaxCPUsGICv2 {
+			return fmt.Errorf("vmm: this host's KVM gives guests a GICv2 only, which serves at most %d vCPUs, not %d",
+				arm64.MaxCPUsGICv2, len(v.vcpus))
+		}
+		return v.createGIC(arm64.GICv2, kvm.DeviceARMVGICv2, []gicFrame{
+			{"distributor", kvm.VGICV2AddrDist, arm64.GICDistributorBase},
+			{"CPU interface", kvm.VGICV2AddrCPU, arm64.GICv2CPUInterfaceBase},
+		})
+	default:
+		return errors.New("vmm: this host's KVM can emulate neither a GICv3 nor a GICv2")
+	}
+}
+
+// gicFrame is one of a GIC's MMIO frames: its KVM address attribute and
+// where vmm/arm64 puts it.
+type gicFrame struct {
+	name string
+	attr uint64
+	addr uint64
+}
+
+// createGIC creates the in-kernel GIC of kind (KVM device typ) with its
+// frames at their addresses and arm64.GICIRQs interrupts, and initialises it.
+func (v *VM) createGIC(kind arm64.GIC, typ uint32, frames []gicFrame) error {
+	gic, err := v.kvm.CreateDevice(typ)
 	if err != nil {
-		return fmt.Errorf("vmm: creating the GICv3: %w", err)
+		return fmt.Errorf("vmm: creating the %v: %w", kind, err)
 	}
-	v.arch.gic = gic
-	dist, redist := arm64.GICDistributorBase, arm64.GICRedistributorBase
-	if err := gic.SetAttr(kvm.VGICGroupAddr, kvm.VGICV3AddrDist, &dist); err != nil {
-		return fmt.Errorf("vmm: GICv3 distributor at %#x: %w", dist, err)
-	}
-	if err := gic.SetAttr(kvm.VGICGroupAddr, kvm.VGICV3AddrRedist, &redist); err != nil {
-		return fmt.Errorf("vmm: GICv3 redistributors at %#x: %w", redist, err)
+	v.arch.gic, v.arch.gicKind = gic, kind
+	for _, f := range frames {
+		addr := f.addr
+		if err := gic.SetAttr(kvm.VGICGroupAddr, f.attr, &addr); err != nil {
+			return fmt.Errorf("vmm: %v %s at %#x: %w", kind, f.name, addr, err)
+		}
 	}
 	irqs := uint64(arm64.GICIRQs)
 	if err := gic.SetAttr(kvm.VGICGroupNrIRQs, 0, &irqs); err != nil {
-		return fmt.Errorf("vmm: GICv3 with %d interrupts: %w", irqs, err)
+		return fmt.Errorf("vmm: %v with %d interrupts: %w", kind, irqs, err)
 	}
 	if err := gic.SetAttr(kvm.VGICGroupCtrl, kvm.VGICCtrlInit, nil); err != nil {
-		return fmt.Errorf("vmm: initialising the GICv3: %w", err)
+		return fmt.Errorf("vmm: initialising the %v: %w", kind, err)
 	}
 	return nil
 }

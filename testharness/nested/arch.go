@@ -159,7 +159,11 @@ func qemuArgsARM64(opts Options, payload, initrd string) []string {
 	if opts.userland != "" {
 		devices = append(devices, ninePDevice("userland", opts.userland, job.UserlandTag, true)...)
 	}
-	return outerQemuArgs(opts, "virt,virtualization=on,gic-version=3", outerCPUARM64, outerCmdlineARM64, initrd, devices...)
+	machine := "virt,virtualization=on,gic-version=3"
+	if opts.GICv2 {
+		machine = "virt,virtualization=on,gic-version=2"
+	}
+	return outerQemuArgs(opts, machine, outerCPUARM64, outerCmdlineARM64, initrd, devices...)
 }
 
 // shareArgs are the qemu arguments of Options.Shares: read-only virtio-9p

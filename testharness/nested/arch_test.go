@@ -41,6 +41,10 @@ func TestQemuArgsARM64(t *testing.T) {
 	require.NotContains(t, one, "tsc")
 	require.NotContains(t, one, job.HostRootTag)
 	require.Equal(t, "qemu-system-aarch64", qemuBinaryFor(ArchARM64))
+	v2 := strings.Join(qemuArgs(Options{Arch: ArchARM64, CPUs: 1, GICv2: true}, "/p", "/i"), " ")
+	require.Contains(t, v2, "-M virt,virtualization=on,gic-version=2 ")
+	_, err := Run(t.Context(), Options{GICv2: true, Cmd: []string{"true"}})
+	require.ErrorContains(t, err, "GICv2 is an option of the arm64 harness")
 }
 
 func TestNormalArch(t *testing.T) {
@@ -116,8 +120,8 @@ func TestMergeNestedLedgerModes(t *testing.T) {
 	payload := t.TempDir()
 	inner := ledgerLine(LedgerDirect, "/src/machine", "TestBoot") + "\n"
 	require.NoError(t, os.WriteFile(filepath.Join(payload, payloadLedger), []byte(inner), 0o644))
-	require.NoError(t, mergeNestedLedger(payload, ledgerMode(ArchAMD64)))
-	require.NoError(t, mergeNestedLedger(payload, ledgerMode(ArchARM64)))
+	require.NoError(t, mergeNestedLedger(payload, ledgerMode(ArchAMD64, false)))
+	require.NoError(t, mergeNestedLedger(payload, ledgerMode(ArchARM64, false)))
 	got, err := os.ReadFile(host)
 	require.NoError(t, err)
 	require.Equal(t, "nested\t/src/machine\tTestBoot\nnested-arm64\t/src/machine\tTestBoot\n", string(got))
@@ -127,17 +131,18 @@ func TestMergeNestedLedgerModes(t *testing.T) {
 }
 
 // TestBootLedgerScriptCountsARM64: scripts/boot-ledger.sh counts the arm64
-// harness's boots apart from the x86 harness's.
+// harness's boots apart from the x86 harness's, and those with a GICv2
+// among them.
 func TestBootLedgerScriptCountsARM64(t *testing.T) {
 	if _, err := exec.LookPath("bash"); err != nil {
 		t.Skip("no bash")
 	}
 	ledger := filepath.Join(t.TempDir(), "ledger")
-	lines := "direct\t/d\tTestA\nnested\t/n\tTestB\nnested\t/n\tTestC\nnested-arm64\t/m\tTestD\n"
+	lines := "direct\t/d\tTestA\nnested\t/n\tTestB\nnested\t/n\tTestC\nnested-arm64\t/m\tTestD\nnested-arm64-gicv2\t/m\tTestD\n"
 	require.NoError(t, os.WriteFile(ledger, []byte(lines), 0o644))
 	out, err := exec.Command("bash", "../../scripts/boot-ledger.sh", ledger).CombinedOutput()
 	require.NoError(t, err, "%s", out)
-	require.Contains(t, string(out), "ran: 4 (directly: 1, in the nested harness: 2, in the arm64 nested harness: 1)")
+	require.Contains(t, string(out), "ran: 5 (directly: 1, in the nested harness: 2, in the arm64 nested harness: 2, 1 of them with a GICv2)")
 }
 
 // TestNestedARM64Smoke runs the arm64smoke payload in the arm64 harness:

@@ -32,8 +32,9 @@ type GoTest struct {
 	CPUs    int
 	Timeout time.Duration
 	QemuLog string
-	// SingleThreadTCG is as in Options.
+	// SingleThreadTCG and GICv2 are as in Options.
 	SingleThreadTCG bool
+	GICv2           bool
 	// Shares are more host directories the tests read at their own paths
 	// (Options.Shares), e.g. beneath /root, which the outer guest replaces.
 	Shares []string
@@ -133,6 +134,7 @@ func runBuiltTests(t testing.TB, gt GoTest, arch, payload string, cmd []string, 
 		Stdout:          &lineLogger{t: t},
 		QemuLog:         gt.QemuLog,
 		SingleThreadTCG: gt.SingleThreadTCG,
+		GICv2:           gt.GICv2,
 	}
 	res, err := RunThroughFreezes(ctx, opts, func(retry, of int, froze error) {
 		// What the frozen run's tests recorded is dropped, as they run
@@ -142,7 +144,7 @@ func runBuiltTests(t testing.TB, gt GoTest, arch, payload string, cmd []string, 
 			t.Errorf("nested run of %s: %v", gt.Pkg, rmErr)
 		}
 	})
-	if mergeErr := mergeNestedLedger(payload, ledgerMode(arch)); mergeErr != nil {
+	if mergeErr := mergeNestedLedger(payload, ledgerMode(arch, gt.GICv2)); mergeErr != nil {
 		t.Errorf("nested run of %s: %v", gt.Pkg, mergeErr)
 	}
 	if err != nil {

@@ -35,16 +35,21 @@ const LedgerEnv = "COWORK_VMM_BOOT_LEDGER"
 const payloadLedger = "boot-ledger"
 
 // Ledger modes: booted directly, inside the x86 harness, inside the arm64
-// harness (Options.Arch ArchARM64).
+// harness (Options.Arch ArchARM64), inside it with a GICv2 (Options.GICv2).
 const (
-	LedgerDirect      = "direct"
-	LedgerNested      = "nested"
-	LedgerNestedARM64 = "nested-arm64"
+	LedgerDirect           = "direct"
+	LedgerNested           = "nested"
+	LedgerNestedARM64      = "nested-arm64"
+	LedgerNestedARM64GICv2 = "nested-arm64-gicv2"
 )
 
-// ledgerMode is the mode of the boots a harness of arch records.
-func ledgerMode(arch string) string {
-	if arch == ArchARM64 {
+// ledgerMode is the mode of the boots a harness of arch (with a GICv2 if
+// gicv2) records.
+func ledgerMode(arch string, gicv2 bool) string {
+	switch {
+	case arch == ArchARM64 && gicv2:
+		return LedgerNestedARM64GICv2
+	case arch == ArchARM64:
 		return LedgerNestedARM64
 	}
 	return LedgerNested

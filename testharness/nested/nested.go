@@ -89,6 +89,10 @@ type Options struct {
 	// dump of an outer guest that triple-faults, which the console never
 	// shows under -no-reboot.
 	QemuLog string
+	// GICv2 gives the arm64 outer guest a GICv2 (with its virtualization
+	// extensions) instead of a GICv3, as a Raspberry Pi 4 or 5 has: its
+	// KVM can then give guests only a GICv2.
+	GICv2 bool
 
 	// tscKHz is the host's TSC rate, which the outer guest's TSC runs at
 	// (Run measures it: hostTSCkHz); 0 means defaultTSCkHz.
@@ -183,6 +187,9 @@ func Run(ctx context.Context, opts Options) (Result, error) {
 		return Result{}, err
 	}
 	opts.Arch = arch
+	if opts.GICv2 && arch != ArchARM64 {
+		return Result{}, errors.New("nested: GICv2 is an option of the arm64 harness")
+	}
 	opts.setDefaults()
 	if opts.Kernel == "" {
 		k, err := outerKernel(arch)

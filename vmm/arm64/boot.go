@@ -58,8 +58,10 @@ type GuestWriter interface {
 type BootConfig struct {
 	// MemBytes is the guest RAM size, laid out as MemoryRegions.
 	MemBytes uint64
-	// CPUs is the vCPU count, 1..MaxCPUs.
+	// CPUs is the vCPU count, 1..MaxCPUs (MaxCPUsGICv2 with a GICv2).
 	CPUs int
+	// GIC is the VM's interrupt controller (the zero value GICv3).
+	GIC GIC
 	// Kernel is the arm64 Linux Image (uncompressed).
 	Kernel []byte
 	// Initrd is the initrd, nil for none; InitrdSource, when set, is used
@@ -105,7 +107,7 @@ func (s BootSetup) Registers() BootRegisters {
 // the device tree, placed as the comment above says. It checks the whole
 // configuration before writing anything.
 func PrepareBoot(mem GuestWriter, cfg BootConfig) (BootSetup, error) {
-	dtCfg := DeviceTreeConfig{CPUs: cfg.CPUs, MemBytes: cfg.MemBytes, Cmdline: cfg.Cmdline, Virtio: cfg.Virtio}
+	dtCfg := DeviceTreeConfig{CPUs: cfg.CPUs, GIC: cfg.GIC, MemBytes: cfg.MemBytes, Cmdline: cfg.Cmdline, Virtio: cfg.Virtio}
 	if err := dtCfg.check(); err != nil {
 		return BootSetup{}, err
 	}

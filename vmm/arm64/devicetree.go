@@ -10,8 +10,8 @@ import (
 // Linux's COMMAND_LINE_SIZE.
 const CmdlineMaxSize = 2048
 
-// GIC interrupt specifier cells (the arm,gic-v3 binding: type, number,
-// flags) and the phandle of the one interrupt controller.
+// GIC interrupt specifier cells (the arm,gic-v3 and arm,gic bindings:
+// type, number, flags) and the phandle of the one interrupt controller.
 const (
 	gicSPI            uint32 = 0
 	gicPPI            uint32 = 1
@@ -19,6 +19,8 @@ const (
 	irqLevelLow       uint32 = 8
 	gicPhandle        uint32 = 1
 	timerInterruptLen        = 4
+	// gicV2PPICPUMaskShift places a GICv2 PPI's CPU mask in its flags.
+	gicV2PPICPUMaskShift = 8
 )
 
 // uartNodeName is the console's node, also its path below the root.
@@ -26,8 +28,10 @@ func uartNodeName() string { return fmt.Sprintf("serial@%x", UARTBase) }
 
 // DeviceTreeConfig is the machine DeviceTree describes.
 type DeviceTreeConfig struct {
-	// CPUs is the vCPU count, 1..MaxCPUs.
+	// CPUs is the vCPU count, 1..MaxCPUs (MaxCPUsGICv2 with a GICv2).
 	CPUs int
+	// GIC is the interrupt controller the VM has (the zero value GICv3).
+	GIC GIC
 	// MemBytes is the guest RAM size (see CheckMemorySize), from RAMBase.
 	MemBytes uint64
 	// Cmdline is the kernel command line (/chosen/bootargs), shorter than
@@ -46,7 +50,7 @@ type DeviceTreeConfig struct {
 var ErrBadDeviceTreeConfig = errors.New("bad device tree configuration")
 
 // DeviceTree returns the DTB describing the machine: RAM, the vCPUs (PSCI
-// 0.2 over HVC), the GICv3, the architected timer, the 16550 console and
+// 0.2 over HVC), the GIC, the architected timer, the 16550 console and
 // the virtio-mmio devices, with the command line and the initrd in /chosen.
 // The boot timer and snapshot point pages are left out: only our agent
 // knows them.
@@ -73,8 +77,8 @@ func DeviceTree(cfg DeviceTreeConfig) ([]byte, error) {
 	w.PropertyString("compatible", "arm,psci-0.2")
 	w.PropertyString("method", "hvc")
 	w.EndNode()
-	writeGIC(w, cfg.CPUs)
-	writeTimer(w)
+	writeGIC(w, cfg.GIC, cfg.CPUs)
+	writeTimer(w, cfg.GIC, cfg.CPUs)
 	writeUART(w)
 	for _, d := range cfg.Virtio {
 		w.BeginNode(fmt.Sprintf("virtio_mmio@%x", d.Base))
@@ -90,8 +94,16 @@ func DeviceTree(cfg DeviceTreeConfig) ([]byte, error) {
 
 // check validates the configuration against the layout.
 func (cfg DeviceTreeConfig) check() error {
-	if cfg.CPUs < 1 || cfg.CPUs > MaxCPUs {
-		return fmt.Errorf("%w: %d vCPUs, want 1..%d", ErrBadDeviceTreeConfig, cfg.CPUs, MaxCPUs)
+	maxCPUs := MaxCPUs
+	switch cfg.GIC {
+	case GICv3:
+	case GICv2:
+		maxCPUs = MaxCPUsGICv2
+	default:
+		return fmt.Errorf("%w: unknown GIC %d", ErrBadDeviceTreeConfig, cfg.GIC)
+	}
+	if cfg.CPUs < 1 || cfg.CPUs > maxCPUs {
+		return fmt.Errorf("%w: %d vCPUs, want 1..%d with a %v", ErrBadDeviceTreeConfig, cfg.CPUs, maxCPUs, cfg.GIC)
 	}
 	if err := CheckMemorySize(cfg.MemBytes); err != nil {
 		return err
@@ -169,30 +181,44 @@ func writeCPUs(w *fdtWriter, cpus int) {
 	w.EndNode()
 }
 
-// writeGIC writes the GICv3: the distributor and the redistributors of the
-// vCPUs that exist.
-func writeGIC(w *fdtWriter, cpus int) {
+// writeGIC writes the interrupt controller: a GICv3's distributor and
+// the redistributors of the vCPUs that exist, or a GICv2's distributor and
+// CPU interface.
+func writeGIC(w *fdtWriter, gic GIC, cpus int) {
 	w.BeginNode(fmt.Sprintf("intc@%x", GICDistributorBase))
-	w.PropertyString("compatible", "arm,gic-v3")
+	if gic == GICv2 {
+		w.PropertyString("compatible", "arm,cortex-a15-gic")
+	} else {
+		w.PropertyString("compatible", "arm,gic-v3")
+	}
 	w.PropertyCells("#interrupt-cells", 3)
 	// #address-cells matters only to interrupt-map users (we have none),
 	// but dtc insists on it for an interrupt provider.
 	w.PropertyCells("#address-cells", 2)
 	w.PropertyCells("#size-cells", 2)
 	w.PropertyEmpty("interrupt-controller")
-	w.PropertyU64("reg", GICDistributorBase, GICDistributorSize, GICRedistributorBase, GICRedistributorSize(cpus))
+	if gic == GICv2 {
+		w.PropertyU64("reg", GICDistributorBase, GICv2DistributorSize, GICv2CPUInterfaceBase, GICv2CPUInterfaceSize)
+	} else {
+		w.PropertyU64("reg", GICDistributorBase, GICDistributorSize, GICRedistributorBase, GICRedistributorSize(cpus))
+	}
 	w.PropertyCells("phandle", gicPhandle)
 	w.EndNode()
 }
 
 // writeTimer writes the architected timer: its four PPIs, level-low as the
 // arm,armv8-timer binding has them, and always-on (the guest never loses
-// its timer in a low-power state).
-func writeTimer(w *fdtWriter) {
+// its timer in a low-power state). A GICv2's PPI specifiers also name the
+// CPUs the interrupt reaches (the arm,gic binding's CPU mask, bits 8-15).
+func writeTimer(w *fdtWriter, gic GIC, cpus int) {
 	ppis := [timerInterruptLen]uint32{TimerSecurePPI, TimerNonSecurePPI, TimerVirtualPPI, TimerHypPPI}
+	flags := irqLevelLow
+	if gic == GICv2 {
+		flags |= (1<<uint(cpus) - 1) << gicV2PPICPUMaskShift
+	}
 	cells := make([]uint32, 0, 3*timerInterruptLen)
 	for _, ppi := range ppis {
-		cells = append(cells, gicPPI, ppi, irqLevelLow)
+		cells = append(cells, gicPPI, ppi, flags)
 	}
 	w.BeginNode("timer")
 	w.PropertyString("compatible", "arm,armv8-timer")

@@ -167,6 +167,35 @@ func TestDeviceTreeVariants(t *testing.T) {
 	requireStr(t, root.child("chosen"), "bootargs", cfg.Cmdline)
 }
 
+// TestDeviceTreeGICv2 checks the tree of a VM with a GICv2: the arm,gic
+// binding's node with the distributor and the CPU interface, the timer's
+// PPIs naming the vCPUs in their CPU mask, at most MaxCPUsGICv2 vCPUs; dtc
+// decodes it without a warning.
+func TestDeviceTreeGICv2(t *testing.T) {
+	cfg := testTreeConfig()
+	cfg.GIC = GICv2
+	root := mustTree(t, cfg)
+	gic := root.child("intc@3fff0000")
+	requireStr(t, gic, "compatible", "arm,cortex-a15-gic")
+	requireCells(t, gic, "#interrupt-cells", 3)
+	requireEmpty(t, gic, "interrupt-controller")
+	requireU64s(t, gic, "reg", 0x3FFF_0000, 0x1000, 0x3FFE_0000, 0x2000)
+	requireCells(t, root.child("timer"), "interrupts", 1, 13, 0x308, 1, 14, 0x308, 1, 11, 0x308, 1, 10, 0x308)
+	requireCells(t, root.child("serial@9000000"), "interrupts", 0, 1, 1)
+
+	cfg.CPUs = MaxCPUsGICv2
+	requireCells(t, mustTree(t, cfg).child("timer"), "interrupts", 1, 13, 0xff08, 1, 14, 0xff08, 1, 11, 0xff08, 1, 10, 0xff08)
+	if dtc, err := exec.LookPath("dtc"); err == nil {
+		require.Contains(t, decompile(t, dtc, cfg), "compatible = \"arm,cortex-a15-gic\";")
+	}
+	cfg.CPUs = MaxCPUsGICv2 + 1
+	_, err := DeviceTree(cfg)
+	require.ErrorIs(t, err, ErrBadDeviceTreeConfig)
+	cfg.CPUs, cfg.GIC = 1, GIC(7)
+	_, err = DeviceTree(cfg)
+	require.ErrorIs(t, err, ErrBadDeviceTreeConfig)
+}
+
 // TestDeviceTreeRejectsBadConfig checks every configuration check.
 func TestDeviceTreeRejectsBadConfig(t *testing.T) {
 	cases := map[string]func(*DeviceTreeConfig){

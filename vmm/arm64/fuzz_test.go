@@ -11,11 +11,12 @@ import (
 // never panics, refuses with a typed error, and what it builds decodes
 // strictly and says what was asked (command line, vCPUs, devices, RAM).
 func FuzzDeviceTree(f *testing.F) {
-	f.Add(2, uint64(512<<20), "console=ttyS0", uint64(0x9000_0000), uint64(0x9000_1000), []byte{0, 16, 1, 17})
-	f.Add(MaxCPUs, MinRAM, "", uint64(0), uint64(0), []byte{31, 47})
-	f.Add(1, MaxRAM, "a\x00b", uint64(RAMBase), uint64(RAMBase+1), []byte{0, 16, 0, 17})
-	f.Fuzz(func(t *testing.T, cpus int, mem uint64, cmdline string, initrdStart, initrdEnd uint64, devices []byte) {
-		cfg := DeviceTreeConfig{CPUs: cpus, MemBytes: mem, Cmdline: cmdline, InitrdStart: initrdStart, InitrdEnd: initrdEnd}
+	f.Add(2, uint64(512<<20), "console=ttyS0", uint64(0x9000_0000), uint64(0x9000_1000), []byte{0, 16, 1, 17}, 0)
+	f.Add(MaxCPUs, MinRAM, "", uint64(0), uint64(0), []byte{31, 47}, 0)
+	f.Add(1, MaxRAM, "a\x00b", uint64(RAMBase), uint64(RAMBase+1), []byte{0, 16, 0, 17}, 0)
+	f.Add(MaxCPUsGICv2, uint64(512<<20), "", uint64(0), uint64(0), []byte{0, 16}, int(GICv2))
+	f.Fuzz(func(t *testing.T, cpus int, mem uint64, cmdline string, initrdStart, initrdEnd uint64, devices []byte, gic int) {
+		cfg := DeviceTreeConfig{CPUs: cpus, GIC: GIC(gic), MemBytes: mem, Cmdline: cmdline, InitrdStart: initrdStart, InitrdEnd: initrdEnd}
 		for i := 0; i+1 < len(devices) && i < 2*(VirtioMMIOMaxDevices+1); i += 2 {
 			cfg.Virtio = append(cfg.Virtio, MMIODevice{
 				Base: VirtioMMIOBase + uint64(devices[i])*VirtioMMIOSize/2, // odd values: unaligned

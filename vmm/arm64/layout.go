@@ -17,7 +17,8 @@ import (
 //	0x0902_0000  snapshot point page (SnapshotPointBase), not in the tree
 //	0x0A00_0000  virtio-mmio devices, 4 KiB each, up to 32, SPI 16 upward
 //	0x3F7F_0000  GICv3 redistributors, 128 KiB per vCPU, room for MaxCPUs
-//	0x3FFF_0000  GICv3 distributor, 64 KiB
+//	0x3FFE_0000  or, with a GICv2, its CPU interface, 8 KiB
+//	0x3FFF_0000  GICv3 distributor, 64 KiB (a GICv2's, 4 KiB)
 //	0x8000_0000  RAM (RAMBase): the kernel at RAMBase + text_offset, ...,
 //	             the initrd, then the device tree in the last 2 MiB slot
 //	             (both below RAMBase + BootWindowSize)
@@ -115,6 +116,39 @@ const (
 	// FirstVirtioSPI is virtio-mmio device 0's SPI; device i uses
 	// FirstVirtioSPI + i.
 	FirstVirtioSPI = 16
+)
+
+// GIC is the kind of interrupt controller the VM has: a GICv3 where the
+// host's KVM can emulate one, else a GICv2 (hosts whose own GIC is a
+// GICv2, such as the Raspberry Pi 4 and 5, can give guests only that).
+type GIC int
+
+const (
+	GICv3 GIC = iota
+	GICv2
+)
+
+func (g GIC) String() string {
+	if g == GICv2 {
+		return "GICv2"
+	}
+	return "GICv3"
+}
+
+// The GICv2's frames. Both are 64 KiB-aligned, so that KVM can map the
+// host's virtual CPU interface there on 64 KiB-page hosts too.
+const (
+	// GICv2DistributorSize is the GICv2 distributor's window; it sits at
+	// GICDistributorBase.
+	GICv2DistributorSize uint64 = 0x1000
+	// GICv2CPUInterfaceBase is the GICv2 CPU interface's MMIO base
+	// (KVM_VGIC_V2_ADDR_TYPE_CPU), in the GICv3 redistributors' place.
+	GICv2CPUInterfaceBase uint64 = 0x3FFE_0000
+	// GICv2CPUInterfaceSize is the CPU interface's window.
+	GICv2CPUInterfaceSize uint64 = 0x2000
+	// MaxCPUsGICv2 is the most vCPUs a GICv2 serves (its target lists
+	// are 8 bits wide).
+	MaxCPUsGICv2 = 8
 )
 
 // MemoryRegion is one contiguous range of guest RAM the VMM must back with

@@ -23,6 +23,29 @@ const (
 // DeviceARMVGICv3 is KVM_DEV_TYPE_ARM_VGIC_V3, the in-kernel GICv3.
 const DeviceARMVGICv3 = 7
 
+// DeviceARMVGICv2 is KVM_DEV_TYPE_ARM_VGIC_V2, the in-kernel GICv2: all
+// that a host whose own GIC is a GICv2 (a Raspberry Pi 4 or 5) can give
+// its guests. Its groups are the GICv3's where they share a number
+// (Documentation/virt/kvm/devices/arm-vgic.rst).
+const DeviceARMVGICv2 = 5
+
+// GICv2 attributes: the frames' addresses (VGICGroupAddr), and the
+// registers of the distributor and of the CPU interfaces, both named by a
+// vCPU index and an offset (VGICV2RegAttr).
+const (
+	VGICV2AddrDist = 0 // distributor, 4 KiB
+	VGICV2AddrCPU  = 1 // CPU interface, 8 KiB
+	// VGICGroupCPURegs: a vCPU's GICv2 CPU interface registers (GICC_*).
+	VGICGroupCPURegs = 2
+)
+
+// VGICV2RegAttr is the attribute of a GICv2 distributor or CPU interface
+// register at offset, as vCPU cpu sees it (the distributor banks the
+// first 32 interrupts' registers per vCPU).
+func VGICV2RegAttr(cpu int, offset uint32) uint64 {
+	return uint64(cpu&0xff)<<vgicMPIDRShift | uint64(offset)
+}
+
 // VGIC attribute groups and attributes (KVM_DEV_ARM_VGIC_*,
 // Documentation/virt/kvm/devices/arm-vgic-v3.rst).
 const (

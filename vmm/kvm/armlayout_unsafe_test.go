@@ -124,3 +124,27 @@ func TestARM64RegisterIDsMatchKernel(t *testing.T) {
 		}
 	}
 }
+
+// The in-kernel GIC device types and attributes: <linux/kvm.h>'s enum
+// kvm_device_type and arm64 <asm/kvm.h>'s VGIC definitions.
+func TestARM64VGICConstantsMatchKernel(t *testing.T) {
+	for _, c := range []struct {
+		name      string
+		got, want uint64
+	}{
+		{"KVM_DEV_TYPE_ARM_VGIC_V2", DeviceARMVGICv2, 5},
+		{"KVM_DEV_TYPE_ARM_VGIC_V3", DeviceARMVGICv3, 7},
+		{"KVM_VGIC_V2_ADDR_TYPE_DIST", VGICV2AddrDist, 0},
+		{"KVM_VGIC_V2_ADDR_TYPE_CPU", VGICV2AddrCPU, 1},
+		{"KVM_VGIC_V3_ADDR_TYPE_DIST", VGICV3AddrDist, 2},
+		{"KVM_VGIC_V3_ADDR_TYPE_REDIST", VGICV3AddrRedist, 3},
+		{"KVM_DEV_ARM_VGIC_GRP_DIST_REGS", VGICGroupDistRegs, 1},
+		{"KVM_DEV_ARM_VGIC_GRP_CPU_REGS", VGICGroupCPURegs, 2},
+		// KVM_DEV_ARM_VGIC_CPUID_SHIFT is 32: vCPU 3's register 0x104.
+		{"GICv2 register attribute", VGICV2RegAttr(3, 0x104), 3<<32 | 0x104},
+	} {
+		if c.got != c.want {
+			t.Errorf("%s: Go %#x, kernel %#x", c.name, c.got, c.want)
+		}
+	}
+}

@@ -1,13 +1,18 @@
 package kvm
 
-import "fmt"
+import (
+	"fmt"
+
+	"golang.org/x/sys/unix"
+)
 
 // trialARM64 is the arm64 probe's trial. arm64 has no PVM and the x86
 // trial guest means nothing there: what can stop a Linux guest is a KVM
 // that cannot set a VM up the way the VMM does. So, on a scratch VM, it
 // asks for the preferred CPU target, initialises a vCPU with it and PSCI
-// 0.2, and checks that a GICv3 could be created (KVM_CREATE_DEVICE_TEST:
-// a host whose GIC is a GICv2 cannot give its guests a GICv3). The first
+// 0.2, and checks which in-kernel GIC could be created
+// (KVM_CREATE_DEVICE_TEST): a GICv3, or on a host whose own GIC is a GICv2
+// (a Raspberry Pi 4 or 5), a GICv2, which the VMM then uses. The first
 // step that fails is the error; facts holds what the steps found.
 func trialARM64(sys *System) (*ARM64Facts, error) {
 	facts := &ARM64Facts{}
@@ -27,11 +32,15 @@ func trialARM64(sys *System) (*ARM64Facts, error) {
 	if err := facts.initVCPU(vm, init); err != nil {
 		return facts, err
 	}
-	if err := vm.CanCreateDevice(DeviceARMVGICv3); err != nil {
-		return facts, fmt.Errorf("arm64 trial: %w: this KVM cannot emulate a GICv3 "+
-			"(a host with a GICv2 only, or one without GICv2 compatibility in a VM)", err)
+	if vm.CanCreateDevice(DeviceARMVGICv3) == nil {
+		facts.GICv3 = true
 	}
-	facts.GICv3 = true
+	if vm.CanCreateDevice(DeviceARMVGICv2) == nil {
+		facts.GICv2 = true
+	}
+	if !facts.GICv3 && !facts.GICv2 {
+		return facts, fmt.Errorf("arm64 trial: %w: this KVM can emulate neither a GICv3 nor a GICv2", unix.ENODEV)
+	}
 	return facts, nil
 }
 

@@ -55,8 +55,9 @@ type ARM64Facts struct {
 	TargetOK bool
 	// VCPUInit says a vCPU initialised with that target and PSCI 0.2.
 	VCPUInit bool
-	// GICv3 says the VM could create an in-kernel GICv3.
-	GICv3 bool
+	// GICv3 and GICv2 say the VM could create an in-kernel GICv3 or
+	// GICv2 (the VMM uses the GICv3 when it can).
+	GICv3, GICv2 bool
 	// IPABits is the largest guest-physical address size the VMs may have
 	// (KVM_CAP_ARM_VM_IPA_SIZE; 0 when not reported, i.e. 40 bits).
 	IPABits int
@@ -80,7 +81,7 @@ func (p HostProbe) Required() []Capability {
 // marks of PVM and, when everything else allows, runs the trial: on amd64
 // a trial guest that executes what a Linux kernel's boot does and PVM's
 // emulator cannot; on arm64 the preferred CPU target, a vCPU initialised
-// with PSCI 0.2 and a GICv3, on a scratch VM. It takes a few milliseconds
+// with PSCI 0.2 and an in-kernel GIC, on a scratch VM. It takes a few milliseconds
 // and leaves nothing behind.
 func ProbeHost(device string) HostProbe {
 	if device == "" {
@@ -181,7 +182,7 @@ func (p HostProbe) BootsLinux() error {
 // trialName says what the trial is on the probe's architecture.
 func (p HostProbe) trialName() string {
 	if p.arch() == "arm64" {
-		return "arm64 trial (preferred target, vCPU init, GICv3)"
+		return "arm64 trial (preferred target, vCPU init, GICv3 or GICv2)"
 	}
 	return "trial guest"
 }

@@ -194,7 +194,8 @@ func (b *Backend) Start(ctx context.Context, cfg helper.GuestConfig) (helper.Gue
 	step(StepLoadKernel, protocol.StepCompleted)
 	b.log.Debug("kernel and initramfs loaded, vCPUs started", "took", time.Since(loadStart))
 	g.run(step)
-	b.log.Info("VM started", "memoryMiB", memMiB, "cpus", cpus, "kernel", g.kernelFrom, "fileSharing", fsKind)
+	b.log.Info("VM started", "memoryMiB", memMiB, "cpus", cpus, "kernel", g.kernelFrom, "fileSharing", fsKind,
+		"interruptController", g.m.VM().InterruptController())
 	return g, nil
 }
 

@@ -2,7 +2,8 @@
 
 // Command testinit is the smallest useful /init for booting our guest
 // kernel: it mounts devtmpfs, prints "TESTINIT OK" with the online CPUs and
-// the uptime on the console, writes the boot timer (guesthost.BootTimerMagic
+// the uptime on the console, then "TESTINIT IRQCHIP" with the interrupt
+// controller the kernel drives (its chip name: GICv3, GIC-0, IO-APIC), writes the boot timer (guesthost.BootTimerMagic
 // to its register, through /dev/port on x86 and /dev/mem on arm64:
 // guest/platformreg), prints "TESTINIT DONE" and restarts the machine (on
 // x86 with reboot=t a triple fault, on arm64 PSCI's SYSTEM_RESET; either
@@ -49,6 +50,7 @@ func main() {
 		fmt.Println("testinit: mount /sys:", err)
 	}
 	fmt.Printf("TESTINIT OK cpus=%s uptime=%s\n", readTrimmed("/sys/devices/system/cpu/online"), uptime())
+	fmt.Printf("TESTINIT IRQCHIP %s\n", interruptController())
 	cmdline := readTrimmed("/proc/cmdline")
 	ticks(cmdline)
 	fsMode(cmdline, os.Stdout)
@@ -76,6 +78,29 @@ func readTrimmed(path string) string {
 		return "unknown"
 	}
 	return strings.TrimSpace(string(data))
+}
+
+// interruptController names the interrupt controller of the kernel's
+// timer interrupt as /proc/interrupts names its chip ("GICv3", "GIC-0"
+// for a GICv2, "IO-APIC"): the field after the per-CPU counts of the
+// first line that names a timer. "unknown" when there is none.
+func interruptController() string {
+	data, err := os.ReadFile("/proc/interrupts")
+	if err != nil {
+		return "unknown"
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		fields := strings.Fields(line)
+		if len(fields) < 3 || !strings.HasSuffix(fields[0], ":") || !strings.Contains(line, "timer") {
+			continue
+		}
+		for _, f := range fields[1:] {
+			if _, err := strconv.ParseUint(f, 10, 64); err != nil {
+				return f
+			}
+		}
+	}
+	return "unknown"
 }
 
 func uptime() string {
