@@ -28,23 +28,7 @@ const (
 // CPU targets, then the enable, pending and active bits, GICD_CTLR last.
 func gicV2DistLayout(irqs uint32) (config, state []gicRange) {
 	spis := int(irqs) - gicPrivateIRQs
-	bitmap := func(name string, base uint32) gicRange {
-		return gicRange{name, base + gicPrivateIRQs/8, spis / 32}
-	}
-	config = []gicRange{
-		{"GICD_IIDR", gicdIIDR, 1},
-		bitmap("GICD_IGROUPR", gicdIGROUPR),
-		{"GICD_ICFGR", gicdICFGR + gicPrivateIRQs*2/8, spis * 2 / 32},
-		{"GICD_IPRIORITYR", gicdIPRIORITYR + gicPrivateIRQs, spis / 4},
-		{"GICD_ITARGETSR", gicdITARGETSR + gicPrivateIRQs, spis / 4},
-	}
-	state = []gicRange{
-		bitmap("GICD_ISENABLER", gicdISENABLER),
-		bitmap("GICD_ISPENDR", gicdISPENDR),
-		bitmap("GICD_ISACTIVER", gicdISACTIVER),
-		{"GICD_CTLR", gicdCTLR, 1},
-	}
-	return config, state
+	return spiDistLayout(irqs, gicRange{"GICD_ITARGETSR", gicdITARGETSR + gicPrivateIRQs, spis / 4})
 }
 
 // gicV2BankedLayout lists the distributor registers a GICv2 banks per

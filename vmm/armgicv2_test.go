@@ -1,8 +1,6 @@
 package vmm
 
 import (
-	"bytes"
-	"encoding/gob"
 	"errors"
 	"fmt"
 	"maps"
@@ -47,19 +45,7 @@ func gicV2DistLayoutRanges(irqs uint32) [][]gicRange {
 // file holds it.
 func savedGICv2ThroughGob(t *testing.T, k *fakeKVM) *ARM64State {
 	t.Helper()
-	s, err := saveARM64(k.armVCPUs(), k.gic, arm64.GICv2, fakeIRQs)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var buf bytes.Buffer
-	if err := gob.NewEncoder(&buf).Encode(&State{ARM64: s}); err != nil {
-		t.Fatal(err)
-	}
-	var back State
-	if err := gob.NewDecoder(&buf).Decode(&back); err != nil {
-		t.Fatal(err)
-	}
-	return back.ARM64
+	return savedKindThroughGob(t, k, arm64.GICv2).ARM64
 }
 
 func TestARM64GICv2StateRoundTrips(t *testing.T) {

@@ -105,6 +105,14 @@ const (
 // where all are clear). GICD_CTLR, which turns the groups on, is last.
 func gicDistLayout(irqs uint32) (config, state []gicRange) {
 	spis := int(irqs) - gicPrivateIRQs
+	return spiDistLayout(irqs, gicRange{"GICD_IROUTER", gicdIROUTER + gicPrivateIRQs*8, spis * 2})
+}
+
+// spiDistLayout is a distributor layout (gicDistLayout's order) whose
+// SPIs are routed by the registers routing names: a GICv3's IROUTER, a
+// GICv2's ITARGETSR.
+func spiDistLayout(irqs uint32, routing gicRange) (config, state []gicRange) {
+	spis := int(irqs) - gicPrivateIRQs
 	bitmap := func(name string, base uint32) gicRange {
 		return gicRange{name, base + gicPrivateIRQs/8, spis / 32}
 	}
@@ -113,7 +121,7 @@ func gicDistLayout(irqs uint32) (config, state []gicRange) {
 		bitmap("GICD_IGROUPR", gicdIGROUPR),
 		{"GICD_ICFGR", gicdICFGR + gicPrivateIRQs*2/8, spis * 2 / 32},
 		{"GICD_IPRIORITYR", gicdIPRIORITYR + gicPrivateIRQs, spis / 4},
-		{"GICD_IROUTER", gicdIROUTER + gicPrivateIRQs*8, spis * 2},
+		routing,
 	}
 	state = []gicRange{
 		bitmap("GICD_ISENABLER", gicdISENABLER),

@@ -245,11 +245,17 @@ func runningFakeVM(t *testing.T) *fakeKVM {
 	return k
 }
 
-// savedThroughGob saves k and passes the State through gob, as a
-// snapshot file does.
+// savedThroughGob saves k with a GICv3 and passes the State through gob,
+// as a snapshot file does.
 func savedThroughGob(t *testing.T, k *fakeKVM) *State {
 	t.Helper()
-	s, err := saveARM64(k.armVCPUs(), k.gic, arm64.GICv3, fakeIRQs)
+	return savedKindThroughGob(t, k, arm64.GICv3)
+}
+
+// savedKindThroughGob is savedThroughGob with a GIC of kind.
+func savedKindThroughGob(t *testing.T, k *fakeKVM, kind arm64.GIC) *State {
+	t.Helper()
+	s, err := saveARM64(k.armVCPUs(), k.gic, kind, fakeIRQs)
 	if err != nil {
 		t.Fatal(err)
 	}
