@@ -4,9 +4,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"runtime/debug"
 	"sort"
 	"sync"
+	"unsafe"
 
 	"github.com/cowork-vmm/cowork-vmm/vmm/x86"
 	"golang.org/x/sys/unix"
@@ -52,6 +54,9 @@ func Layout(size, holeStart uint64) []MemoryRegion {
 // device goroutines) and fail with an error, never a panic, for any gpa and
 // length; after Close they fail with ErrMemoryClosed.
 type Memory struct {
+	// hostPageSize is the host's page size, what Discard gives back whole.
+	hostPageSize uint64
+
 	mu      sync.RWMutex
 	regions []mappedRegion // sorted by GPA, non-overlapping
 	image   *keptImage     // for RAM mapped from an image: its file
@@ -183,7 +188,7 @@ func newMemory(regions []MemoryRegion, img *MemoryImage) (*Memory, error) {
 			return nil, fmt.Errorf("guest memory regions at %#x and %#x overlap", sorted[i-1].GPA, r.GPA)
 		}
 	}
-	m := &Memory{}
+	m := &Memory{hostPageSize: uint64(os.Getpagesize())}
 	var offset int64
 	for _, r := range sorted {
 		host, err := mapRegion(r, img, offset)
@@ -364,18 +369,42 @@ func (m *Memory) Slice(gpa, n uint64) ([]byte, error) {
 // and lie in one RAM region. The host reuses them at once; the guest next
 // reads zeros there, or for RAM mapped from a snapshot the snapshot's
 // bytes (its private copies are what is dropped). KVM's MMU notifier
-// drops its own mappings of the range with them.
-func (m *Memory) Discard(gpa, length uint64) error {
+// drops its own mappings of the range with them. On a host whose pages
+// are larger (16 or 64 KiB on arm64), only the host pages wholly inside
+// the range go: a part of one still holds guest pages in use.
+func (m *Memory) Discard(gpa, length uint64) (uint64, error) {
 	if gpa%pageSize != 0 || length%pageSize != 0 || length == 0 {
-		return fmt.Errorf("guest memory discard of [%#x, +%#x): not whole 4 KiB pages", gpa, length)
+		return 0, fmt.Errorf("guest memory discard of [%#x, +%#x): not whole 4 KiB pages", gpa, length)
 	}
 	m.mu.RLock()
 	defer m.mu.RUnlock()
 	b, err := m.find(gpa, length)
 	if err != nil {
-		return err
+		return 0, err
 	}
-	return unix.Madvise(b, unix.MADV_DONTNEED)
+	b = wholeHostPages(b, m.hostPageSize)
+	if len(b) == 0 {
+		return 0, nil
+	}
+	if err := unix.Madvise(b, unix.MADV_DONTNEED); err != nil {
+		return 0, err
+	}
+	return uint64(len(b)), nil
+}
+
+// wholeHostPages is the part of b (a slice of a page-aligned mapping) made
+// of whole host pages of hostPage bytes.
+func wholeHostPages(b []byte, hostPage uint64) []byte {
+	if len(b) == 0 {
+		return b
+	}
+	start := uint64(uintptr(unsafe.Pointer(&b[0])))
+	first := (start + hostPage - 1) &^ (hostPage - 1)
+	end := (start + uint64(len(b))) &^ (hostPage - 1)
+	if first >= end {
+		return nil
+	}
+	return b[first-start : end-start]
 }
 
 // Close unmaps guest memory. Later accesses fail with ErrMemoryClosed.

@@ -42,18 +42,18 @@ type recordingMemory struct {
 	calls []discardCall
 }
 
-func (m *recordingMemory) Discard(gpa, length uint64) error {
+func (m *recordingMemory) Discard(gpa, length uint64) (uint64, error) {
 	m.mu.Lock()
 	m.calls = append(m.calls, discardCall{gpa, length})
 	m.mu.Unlock()
 	if m.onePage && length > virtio.PageSize {
-		return errors.New("range spans two regions")
+		return 0, errors.New("range spans two regions")
 	}
 	if m.keep {
 		if gpa%virtio.PageSize != 0 || length%virtio.PageSize != 0 {
-			return errUnaligned
+			return 0, errUnaligned
 		}
-		return m.CheckRange(gpa, length)
+		return length, m.CheckRange(gpa, length)
 	}
 	return m.SliceMemory.Discard(gpa, length)
 }

@@ -84,18 +84,21 @@ func (d *Device) inflate(a *active, c *virtio.Chain) {
 }
 
 // discardPages discards a run in one call, or page by page if that fails
-// (a run may cross from one RAM region into an adjacent one).
+// (a run may cross from one RAM region into an adjacent one). What goes is
+// counted: on a host with larger pages, only the whole host pages a run
+// covers.
 func (d *Device) discardPages(discarder virtio.Discarder, first, count uint64) {
-	if err := discarder.Discard(first*virtio.PageSize, count*virtio.PageSize); err == nil {
-		d.discardedBytes.Add(count * virtio.PageSize)
+	if n, err := discarder.Discard(first*virtio.PageSize, count*virtio.PageSize); err == nil {
+		d.discardedBytes.Add(n)
 		return
 	}
 	for pfn := first; pfn < first+count; pfn++ {
-		if err := discarder.Discard(pfn*virtio.PageSize, virtio.PageSize); err != nil {
+		n, err := discarder.Discard(pfn*virtio.PageSize, virtio.PageSize)
+		if err != nil {
 			d.log.Warn("virtio-balloon: discarding an inflated page failed", "pfn", pfn, "err", err)
 			continue
 		}
-		d.discardedBytes.Add(virtio.PageSize)
+		d.discardedBytes.Add(n)
 	}
 }
 

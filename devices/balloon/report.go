@@ -34,12 +34,13 @@ func (d *Device) report(a *active, c *virtio.Chain) {
 			continue
 		}
 		if discarder != nil {
-			if err := discarder.Discard(b.Addr, length); err != nil {
+			n, err := discarder.Discard(b.Addr, length)
+			if err != nil {
 				d.refused.Add(1)
 				d.log.Warn("virtio-balloon: discarding a free page report range failed", "addr", b.Addr, "len", b.Len, "err", err)
 				continue
 			}
-			d.discardedBytes.Add(length)
+			d.discardedBytes.Add(n)
 		}
 		total += length
 		d.reportedBytes.Add(length)

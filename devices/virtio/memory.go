@@ -40,11 +40,14 @@ type Slicer interface {
 // Discarder is an optional interface of a GuestMemory, for the balloon:
 // Discard gives the host memory behind [gpa, gpa+length) back to the host
 // at once (gpa and length multiples of PageSize, the range in one piece
-// of guest RAM, else an error and nothing discarded). The guest reads
-// zeros there afterwards (or, for RAM mapped from a snapshot, the
-// snapshot's bytes): what a driver hands back it no longer reads.
+// of guest RAM, else an error and nothing discarded) and says how many
+// bytes went: on a host whose pages are larger than PageSize (16 or 64
+// KiB on some arm64 machines) only the whole host pages inside the range
+// can go, and the rest stays. The guest reads zeros where memory went
+// (or, for RAM mapped from a snapshot, the snapshot's bytes): what a
+// driver hands back it no longer reads.
 type Discarder interface {
-	Discard(gpa, length uint64) error
+	Discard(gpa, length uint64) (discarded uint64, err error)
 }
 
 // PageSize is the unit of Discarder.Discard and of balloon page numbers.
@@ -102,17 +105,17 @@ func (m *SliceMemory) WriteAt(p []byte, gpa uint64) error {
 
 // Discard implements Discarder: it zeroes the range, as the host's
 // discard leaves an anonymous mapping.
-func (m *SliceMemory) Discard(gpa, length uint64) error {
+func (m *SliceMemory) Discard(gpa, length uint64) (uint64, error) {
 	if gpa%PageSize != 0 || length%PageSize != 0 {
-		return fmt.Errorf("virtio: discard of [%#x, +%#x): not page-aligned", gpa, length)
+		return 0, fmt.Errorf("virtio: discard of [%#x, +%#x): not page-aligned", gpa, length)
 	}
 	if err := m.CheckRange(gpa, length); err != nil {
-		return err
+		return 0, err
 	}
 	m.mu.Lock()
 	clear(m.buf[gpa : gpa+length])
 	m.mu.Unlock()
-	return nil
+	return length, nil
 }
 
 // Uint16 reads a little-endian uint16 at gpa.
