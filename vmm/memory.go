@@ -91,8 +91,8 @@ type MemoryImage struct {
 // it returns (Memory keeps a duplicate descriptor until Close, to find
 // the image's holes when it writes RAM: sparse.go).
 func NewMemoryFromImage(regions []MemoryRegion, img MemoryImage) (*Memory, error) {
-	if img.Offset < 0 || img.Offset%pageSize != 0 {
-		return nil, fmt.Errorf("guest memory image offset %d: must be a non-negative multiple of 4 KiB", img.Offset)
+	if hostPage := int64(os.Getpagesize()); img.Offset < 0 || img.Offset%hostPage != 0 {
+		return nil, fmt.Errorf("guest memory image offset %d: must be a non-negative multiple of this host's %d-byte pages", img.Offset, hostPage)
 	}
 	// A mapping past the file's end would fault (SIGBUS) when touched.
 	var need int64

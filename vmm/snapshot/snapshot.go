@@ -19,8 +19,14 @@ var magic = [8]byte{'C', 'W', 'V', 'M', 'S', 'N', 'A', 'P'}
 
 // Layout constants.
 const (
-	preambleSize = 16      // magic, version u32, header length u32
-	align        = 4096    // sections start on page boundaries
+	preambleSize = 16 // magic, version u32, header length u32
+	// align is where the writer starts sections: on 64 KiB, the largest
+	// arm64 page, so that guest memory maps straight from the file on a
+	// host of 4, 16 or 64 KiB pages alike (mmap's offset is in host
+	// pages). readAlign is what a reader insists on: 4 KiB pages, as
+	// files before 64 KiB alignment have them.
+	align        = 0x10000
+	readAlign    = 4096
 	maxHeader    = 1 << 20 // a header is a few hundred bytes; more is not ours
 	maxSections  = 64
 	checksumSize = 4
@@ -329,7 +335,7 @@ func checkSections(sections []sectionInfo, start, end int64) error {
 		switch {
 		case seen[s.Name]:
 			return fmt.Errorf("section %q twice", s.Name)
-		case s.Offset%align != 0 || s.Offset < start || s.Size < 0 || s.Size > end-s.Offset:
+		case s.Offset%readAlign != 0 || s.Offset < start || s.Size < 0 || s.Size > end-s.Offset:
 			return fmt.Errorf("section %q at %d, %d bytes, is not inside the file's [%d, %d)", s.Name, s.Offset, s.Size, start, end)
 		}
 		seen[s.Name] = true
@@ -356,7 +362,8 @@ func verifyChecksum(f *os.File, size int64) error {
 }
 
 // Section returns a reader of the named section and its file offset (a
-// multiple of 4 KiB, for mapping); false if the snapshot has none.
+// multiple of 64 KiB in files written now, of 4 KiB in older ones, for
+// mapping); false if the snapshot has none.
 func (f *File) Section(name string) (*io.SectionReader, int64, bool) {
 	s, ok := f.sections[name]
 	if !ok {

@@ -41,7 +41,7 @@ func TestWriteThenOpenGivesEverySectionBack(t *testing.T) {
 	for name, want := range map[string][]byte{"vm": state, "memory": memory, "empty": {}} {
 		r, off, ok := f.Section(name)
 		require.True(t, ok, name)
-		require.Zero(t, off%4096, "section %s at %d is not page aligned", name, off)
+		require.Zero(t, off%0x10000, "section %s at %d is not aligned to 64 KiB, the largest arm64 host page", name, off)
 		got, err := io.ReadAll(r)
 		require.NoError(t, err)
 		require.Equal(t, want, got, name)
