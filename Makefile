@@ -148,12 +148,17 @@ install-client-helper:
 kernel:
 	KERNEL_CACHE='$(KERNEL_CACHE)' guest/kernel/build.sh $(HOST_GUEST_FLAVOUR)
 
-.PHONY: kernel-arm64 kernel-outer-arm64
+.PHONY: kernel-arm64 kernel-outer-arm64 kernel-outer-16k-arm64
 kernel-arm64:
 	KERNEL_CACHE='$(KERNEL_CACHE)' guest/kernel/build.sh guest-arm64
 
 kernel-outer-arm64:
 	KERNEL_CACHE='$(KERNEL_CACHE)' guest/kernel/build.sh outer-arm64
+
+# The arm64 outer kernel with 16 KiB pages, for the harness's 16 KiB-page
+# tests (Options.Pages16K).
+kernel-outer-16k-arm64:
+	KERNEL_CACHE='$(KERNEL_CACHE)' guest/kernel/build.sh outer-16k-arm64
 
 # The 2-vCPU stress: STRESS_BOOTS boots (default 50) of a 2-vCPU guest
 # through the helper, each with a spawn; in the nested harness with 2 outer

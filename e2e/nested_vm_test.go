@@ -92,7 +92,7 @@ func nestedE2E(run string, timeout time.Duration, cpus int, kernel, bin string, 
 // harness, with an arm64 cowork-vmm built here and our arm64 guest kernel.
 // It skips where the arm64 harness or the arm64 kernel is missing.
 func TestNestedARM64ClientFlow(t *testing.T) {
-	runNestedARM64E2E(t, "^(TestKVMClientFlow|TestKVMEgressAllowedDomains)$", false)
+	runNestedARM64E2E(t, "^(TestKVMClientFlow|TestKVMEgressAllowedDomains)$", nested.GoTest{})
 }
 
 // TestNestedARM64ClientFlowGICv2 is TestKVMClientFlow in the arm64
@@ -101,27 +101,45 @@ func TestNestedARM64ClientFlow(t *testing.T) {
 // stopVMs suspend the guest with its GICv2's state, which the startVM
 // between resumes.
 func TestNestedARM64ClientFlowGICv2(t *testing.T) {
-	runNestedARM64E2E(t, "^TestKVMClientFlow$", true)
+	runNestedARM64E2E(t, "^TestKVMClientFlow$", nested.GoTest{GICv2: true})
+}
+
+// TestNestedARM64ClientFlowPages16K is TestKVMClientFlow and
+// TestKVMMemoryGivenBack in the arm64 harness whose outer kernel has 16
+// KiB pages (Apple Silicon under Asahi Linux, Raspberry Pi OS on a
+// Raspberry Pi 5): the VM's devices, suspend and resume, and the balloon
+// giving back the guest's free 4 KiB pages in whole 16 KiB host pages. It
+// skips where that kernel is not built (make kernel-outer-16k-arm64).
+func TestNestedARM64ClientFlowPages16K(t *testing.T) {
+	nested.RequireARM64Pages16K(t)
+	res := runNestedARM64E2E(t, "^(TestKVMClientFlow|TestKVMMemoryGivenBack)$", nested.GoTest{Pages16K: true})
+	figures := nested.FiguresIn(res.Output, balloonFiguresMarker)
+	if len(figures) == 0 {
+		t.Error("the memory figures measured nothing inside the nested guest (skipped there?)")
+	}
+	nested.RecordFigures(t, figures...)
 }
 
 // runNestedARM64E2E runs this package's tests matching run on the kvm
-// backend in the arm64 harness, its outer guest with a GICv2 if gicv2.
-func runNestedARM64E2E(t *testing.T, run string, gicv2 bool) {
+// backend in the arm64 harness, its outer guest as variant's GICv2 and
+// Pages16K say.
+func runNestedARM64E2E(t *testing.T, run string, variant nested.GoTest) nested.Result {
 	nested.RequireARM64Harness(t)
 	image, err := kernel.FindGuest(nested.ArchARM64)
 	if err != nil {
 		t.Skipf("no arm64 guest kernel: %v", err)
 	}
 	gt := nestedE2E(run, 30*time.Minute, 1, image, nested.BuildCoworkVMMArch(t, nested.ArchARM64), nil)
-	gt.Arch, gt.GICv2 = nested.ArchARM64, gicv2
+	gt.Arch, gt.GICv2, gt.Pages16K = nested.ArchARM64, variant.GICv2, variant.Pages16K
 	res := nested.RunGoTestWith(t, gt)
 	want := "interruptController=GICv3"
-	if gicv2 {
+	if variant.GICv2 {
 		want = "interruptController=GICv2"
 	}
 	if !t.Failed() && !strings.Contains(res.Output, want) {
 		t.Errorf("the helper never logged %q: the guest had another interrupt controller", want)
 	}
+	return res
 }
 
 // TestStartToConnected measures what the desktop client waits for at boot:

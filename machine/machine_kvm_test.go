@@ -86,7 +86,8 @@ func TestKVMBootLinux(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			t.Logf("exit: %v; wall %v; boot timer %v (%v); interrupt controller %q", e, time.Since(start).Round(time.Millisecond), bootTime, booted, wantIRQChip(m))
+			t.Logf("exit: %v; wall %v; boot timer %v (%v); interrupt controller %q; host pages of %d bytes",
+				e, time.Since(start).Round(time.Millisecond), bootTime, booted, wantIRQChip(m), os.Getpagesize())
 			if !strings.Contains(console.String(), "TESTINIT OK") {
 				t.Errorf("the test init never ran")
 			}

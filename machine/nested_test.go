@@ -3,6 +3,7 @@ package machine
 import (
 	"context"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -48,7 +49,7 @@ func TestNestedKVM(t *testing.T) {
 // arm64 /dev/kvm). It skips where the arm64 harness or the arm64 guest
 // kernel (make kernel-arm64) is missing.
 func TestNestedARM64KVM(t *testing.T) {
-	runNestedARM64(t, "^TestKVMBootLinux$", false)
+	runNestedARM64(t, "^TestKVMBootLinux$", nested.GoTest{})
 }
 
 // TestNestedARM64KVMGICv2 runs TestKVMBootLinux and the snapshot tests
@@ -57,7 +58,21 @@ func TestNestedARM64KVM(t *testing.T) {
 // creates, the device tree announces, the guest drives (testinit's
 // IRQCHIP line) and a snapshot saves and restores.
 func TestNestedARM64KVMGICv2(t *testing.T) {
-	runNestedARM64(t, "^(TestKVMBootLinux|TestKVMSnapshotRestoresALinuxGuest.*)$", true)
+	runNestedARM64(t, "^(TestKVMBootLinux|TestKVMSnapshotRestoresALinuxGuest.*)$", nested.GoTest{GICv2: true})
+}
+
+// TestNestedARM64KVMPages16K runs TestKVMBootLinux and the snapshot tests
+// in the arm64 harness whose outer kernel has 16 KiB pages, as Apple
+// Silicon under Asahi Linux and a Raspberry Pi 5 under Raspberry Pi OS
+// have: our VMM's RAM, memory slots and snapshots on such a host, under a
+// guest with 4 KiB pages. It skips where that kernel is not built (make
+// kernel-outer-16k-arm64).
+func TestNestedARM64KVMPages16K(t *testing.T) {
+	nested.RequireARM64Pages16K(t)
+	res := runNestedARM64(t, "^(TestKVMBootLinux|TestKVMSnapshotRestoresALinuxGuest.*)$", nested.GoTest{Pages16K: true})
+	if !t.Failed() && !strings.Contains(res.Output, "host pages of 16384 bytes") {
+		t.Error("the outer guest's pages are not 16 KiB")
+	}
 }
 
 // TestNestedARM64KVMSnapshot runs TestKVMSnapshotRestoresALinuxGuest
@@ -65,13 +80,13 @@ func TestNestedARM64KVMGICv2(t *testing.T) {
 // registers, GICv3 and virtual counter saved mid-run and restored into a
 // new VM, which goes on ticking. It skips as TestNestedARM64KVM does.
 func TestNestedARM64KVMSnapshot(t *testing.T) {
-	runNestedARM64(t, "^TestKVMSnapshotRestoresALinuxGuest", false)
+	runNestedARM64(t, "^TestKVMSnapshotRestoresALinuxGuest", nested.GoTest{})
 }
 
 // runNestedARM64 runs this package's tests matching run in the arm64
-// harness, with our arm64 guest kernel and the test init; gicv2 gives the
-// outer guest a GICv2.
-func runNestedARM64(t *testing.T, run string, gicv2 bool) {
+// harness, with our arm64 guest kernel and the test init; variant's GICv2
+// and Pages16K choose the outer guest's.
+func runNestedARM64(t *testing.T, run string, variant nested.GoTest) nested.Result {
 	nested.RequireARM64Harness(t)
 	image, err := kernel.FindGuest(nested.ArchARM64)
 	if err != nil {
@@ -81,14 +96,15 @@ func runNestedARM64(t *testing.T, run string, gicv2 bool) {
 	if err := guestboot.BuildInitramfsFor(context.Background(), initrd, nested.ArchARM64); err != nil {
 		t.Fatal(err)
 	}
-	nested.RunGoTestWith(t, nested.GoTest{
-		Arch:    nested.ArchARM64,
-		Pkg:     "github.com/cowork-vmm/cowork-vmm/machine",
-		Run:     run,
-		Files:   map[string]string{"Image": image, "initrd.cpio.gz": initrd},
-		Env:     []string{"COWORK_TEST_KERNEL=/payload/Image", "COWORK_TEST_INITRD=/payload/initrd.cpio.gz"},
-		CPUs:    2,
-		Timeout: 15 * time.Minute,
-		GICv2:   gicv2,
+	return nested.RunGoTestWith(t, nested.GoTest{
+		Arch:     nested.ArchARM64,
+		Pkg:      "github.com/cowork-vmm/cowork-vmm/machine",
+		Run:      run,
+		Files:    map[string]string{"Image": image, "initrd.cpio.gz": initrd},
+		Env:      []string{"COWORK_TEST_KERNEL=/payload/Image", "COWORK_TEST_INITRD=/payload/initrd.cpio.gz"},
+		CPUs:     2,
+		Timeout:  15 * time.Minute,
+		GICv2:    variant.GICv2,
+		Pages16K: variant.Pages16K,
 	})
 }

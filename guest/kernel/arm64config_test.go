@@ -17,7 +17,7 @@ import (
 // flavour skips when it is not built.
 func TestBuiltARM64Configs(t *testing.T) {
 	common := []string{"CONFIG_ARM64", "CONFIG_ARM_GIC_V3", "CONFIG_ARM_ARCH_TIMER", "CONFIG_ARM_PSCI_FW",
-		"CONFIG_ARM64_4K_PAGES", "CONFIG_VIRTIO_MMIO", "CONFIG_SERIAL_AMBA_PL011_CONSOLE", "CONFIG_NET_9P_VIRTIO"}
+		"CONFIG_VIRTIO_MMIO", "CONFIG_SERIAL_AMBA_PL011_CONSOLE", "CONFIG_NET_9P_VIRTIO"}
 	for _, tc := range []struct {
 		flavour   string
 		fragments []string
@@ -26,10 +26,13 @@ func TestBuiltARM64Configs(t *testing.T) {
 		{GuestARM64, []string{"guest.fragment", "guest-only.fragment", "arm64.fragment", "guest-only-arm64.fragment"},
 			map[string]string{"CONFIG_SERIAL_8250_CONSOLE": "y", "CONFIG_SERIAL_OF_PLATFORM": "y", "CONFIG_DEVMEM": "y",
 				"CONFIG_VIRTIO_MMIO_CMDLINE_DEVICES": "y", "CONFIG_VIRTIO_VSOCKETS": "y", "CONFIG_VIRTIO_FS": "y",
-				"CONFIG_HZ": "250", "CONFIG_RANDOMIZE_BASE": "n", "CONFIG_MODULES": "n", "CONFIG_PCI": "n"}},
+				"CONFIG_HZ": "250", "CONFIG_RANDOMIZE_BASE": "n", "CONFIG_MODULES": "n", "CONFIG_PCI": "n",
+				"CONFIG_ARM64_4K_PAGES": "y"}},
 		{OuterARM64, []string{"guest.fragment", "outer-kvm.fragment", "arm64.fragment", "outer-kvm-arm64.fragment"},
 			map[string]string{"CONFIG_VIRTUALIZATION": "y", "CONFIG_KVM": "y", "CONFIG_TUN": "y", "CONFIG_VETH": "y",
-				"CONFIG_DEBUG_FS_ALLOW_ALL": "y", "CONFIG_TRANSPARENT_HUGEPAGE_MADVISE": "y"}},
+				"CONFIG_DEBUG_FS_ALLOW_ALL": "y", "CONFIG_TRANSPARENT_HUGEPAGE_MADVISE": "y", "CONFIG_ARM64_4K_PAGES": "y"}},
+		{OuterARM64Pages16K, []string{"guest.fragment", "outer-kvm.fragment", "arm64.fragment", "outer-kvm-arm64.fragment", "outer-16k-arm64.fragment"},
+			map[string]string{"CONFIG_KVM": "y", "CONFIG_ARM64_16K_PAGES": "y", "CONFIG_ARM64_4K_PAGES": "n"}},
 	} {
 		t.Run(tc.flavour, func(t *testing.T) {
 			path, err := FindImage(tc.flavour, "config")

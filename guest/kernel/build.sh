@@ -5,6 +5,7 @@
 #   guest/kernel/build.sh outer   # the nested-test outer kernel (guest + outer-kvm)
 #   guest/kernel/build.sh guest-arm64   # the arm64 guest (guest + guest-only + arm64 + guest-only-arm64)
 #   guest/kernel/build.sh outer-arm64   # the arm64 outer (guest + outer-kvm + arm64 + outer-kvm-arm64)
+#   guest/kernel/build.sh outer-16k-arm64   # the same with 16 KiB pages (+ outer-16k-arm64)
 #
 # Output: $KERNEL_CACHE/<flavour>-<hash>/{vmlinux,bzImage,config} (x86) or
 # {Image,vmlinux,config} (arm64, cross-built with aarch64-linux-gnu- unless
@@ -36,8 +37,9 @@ guest) fragments=("$here/guest.fragment" "$here/guest-only.fragment") ;;
 outer) fragments=("$here/guest.fragment" "$here/outer-kvm.fragment") ;;
 guest-arm64) fragments=("$here/guest.fragment" "$here/guest-only.fragment" "$here/arm64.fragment" "$here/guest-only-arm64.fragment") ;;
 outer-arm64) fragments=("$here/guest.fragment" "$here/outer-kvm.fragment" "$here/arm64.fragment" "$here/outer-kvm-arm64.fragment") ;;
+outer-16k-arm64) fragments=("$here/guest.fragment" "$here/outer-kvm.fragment" "$here/arm64.fragment" "$here/outer-kvm-arm64.fragment" "$here/outer-16k-arm64.fragment") ;;
 *)
-	echo "usage: $0 guest|outer|guest-arm64|outer-arm64" >&2
+	echo "usage: $0 guest|outer|guest-arm64|outer-arm64|outer-16k-arm64" >&2
 	exit 2
 	;;
 esac

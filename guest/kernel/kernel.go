@@ -17,6 +17,9 @@ const (
 	Outer      = "outer"       // the x86-64 nested-harness kernel (KVM on AMD SVM)
 	GuestARM64 = "guest-arm64" // the arm64 kernel our VMM boots
 	OuterARM64 = "outer-arm64" // the arm64 nested-harness kernel (KVM at EL2, VHE)
+	// OuterARM64Pages16K is OuterARM64 with 16 KiB pages, as Apple Silicon
+	// under Asahi Linux and Raspberry Pi OS on a Raspberry Pi 5 run.
+	OuterARM64Pages16K = "outer-16k-arm64"
 )
 
 // flavour is what build.sh produces for one flavour.
@@ -47,6 +50,8 @@ func describe(name string) (f flavour, ok bool) {
 		return flavour{boot: "Image", files: arm64, build: "make kernel-arm64", deps: arm64Deps}, true
 	case OuterARM64:
 		return flavour{boot: "Image", files: arm64, build: "make kernel-outer-arm64", deps: arm64Deps}, true
+	case OuterARM64Pages16K:
+		return flavour{boot: "Image", files: arm64, build: "make kernel-outer-16k-arm64", deps: arm64Deps}, true
 	}
 	return flavour{}, false
 }
@@ -123,5 +128,5 @@ func FindImage(flavourName, image string) (string, error) {
 }
 
 func unknownFlavour(name string) error {
-	return fmt.Errorf("kernel flavour %q: want %q, %q, %q or %q", name, Guest, Outer, GuestARM64, OuterARM64)
+	return fmt.Errorf("kernel flavour %q: want %q, %q, %q, %q or %q", name, Guest, Outer, GuestARM64, OuterARM64, OuterARM64Pages16K)
 }

@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"testing"
 
 	"github.com/cowork-vmm/cowork-vmm/guest/kernel"
 	"github.com/cowork-vmm/cowork-vmm/internal/cachedir"
@@ -29,9 +30,12 @@ const (
 	qemuBinaryARM64   = "qemu-system-aarch64"
 	outerCPUARM64     = "max,pauth-impdef=on"
 	outerARM64Flavour = "outer-arm64"
-	outerARM64Image   = "Image"
-	userlandEnv       = "COWORK_VMM_ARM64_USERLAND"
-	userlandRoot      = "current/root"
+	// outerARM64Pages16K is the same kernel with 16 KiB pages
+	// (Options.Pages16K).
+	outerARM64Pages16K = "outer-16k-arm64"
+	outerARM64Image    = "Image"
+	userlandEnv        = "COWORK_VMM_ARM64_USERLAND"
+	userlandRoot       = "current/root"
 )
 
 // normalArch maps "" to ArchAMD64 and rejects what the harness cannot run.
@@ -74,9 +78,13 @@ func AvailableArch(arch string) error {
 	return nil
 }
 
-// outerKernel is the kernel the outer guest of arch boots by default.
-func outerKernel(arch string) (string, error) {
-	if arch == ArchARM64 {
+// outerKernel is the kernel the outer guest of arch boots by default, on
+// arm64 the one with 16 KiB pages if pages16K.
+func outerKernel(arch string, pages16K bool) (string, error) {
+	switch {
+	case arch == ArchARM64 && pages16K:
+		return outerARM64KernelOf(outerARM64Pages16K)
+	case arch == ArchARM64:
 		return outerARM64Kernel()
 	}
 	return kernel.Find(kernel.Outer)
@@ -84,8 +92,22 @@ func outerKernel(arch string) (string, error) {
 
 // outerARM64Kernel is the outer-arm64 flavour's Image; guest/kernel's
 // error says how to build it (make kernel-outer-arm64).
-func outerARM64Kernel() (string, error) {
-	p, err := kernel.FindImage(outerARM64Flavour, outerARM64Image)
+func outerARM64Kernel() (string, error) { return outerARM64KernelOf(outerARM64Flavour) }
+
+// RequireARM64Pages16K skips t unless the arm64 harness can run with 16
+// KiB pages in its outer guest (Options.Pages16K): the harness, and the
+// outer kernel built with them (make kernel-outer-16k-arm64).
+func RequireARM64Pages16K(t testing.TB) {
+	t.Helper()
+	RequireARM64Harness(t)
+	if _, err := outerARM64KernelOf(outerARM64Pages16K); err != nil {
+		t.Skipf("no arm64 outer kernel with 16 KiB pages: %v", err)
+	}
+}
+
+// outerARM64KernelOf is an arm64 outer flavour's Image.
+func outerARM64KernelOf(flavour string) (string, error) {
+	p, err := kernel.FindImage(flavour, outerARM64Image)
 	if err != nil {
 		return "", fmt.Errorf("nested arm64 harness: %w", err)
 	}

@@ -44,7 +44,7 @@ func TestQemuArgsARM64(t *testing.T) {
 	v2 := strings.Join(qemuArgs(Options{Arch: ArchARM64, CPUs: 1, GICv2: true}, "/p", "/i"), " ")
 	require.Contains(t, v2, "-M virt,virtualization=on,gic-version=2 ")
 	_, err := Run(t.Context(), Options{GICv2: true, Cmd: []string{"true"}})
-	require.ErrorContains(t, err, "GICv2 is an option of the arm64 harness")
+	require.ErrorContains(t, err, "GICv2 and Pages16K are options of the arm64 harness")
 }
 
 func TestNormalArch(t *testing.T) {

@@ -32,9 +32,10 @@ type GoTest struct {
 	CPUs    int
 	Timeout time.Duration
 	QemuLog string
-	// SingleThreadTCG and GICv2 are as in Options.
+	// SingleThreadTCG, GICv2 and Pages16K are as in Options.
 	SingleThreadTCG bool
 	GICv2           bool
+	Pages16K        bool
 	// Shares are more host directories the tests read at their own paths
 	// (Options.Shares), e.g. beneath /root, which the outer guest replaces.
 	Shares []string
@@ -135,6 +136,7 @@ func runBuiltTests(t testing.TB, gt GoTest, arch, payload string, cmd []string, 
 		QemuLog:         gt.QemuLog,
 		SingleThreadTCG: gt.SingleThreadTCG,
 		GICv2:           gt.GICv2,
+		Pages16K:        gt.Pages16K,
 	}
 	res, err := RunThroughFreezes(ctx, opts, func(retry, of int, froze error) {
 		// What the frozen run's tests recorded is dropped, as they run

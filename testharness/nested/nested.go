@@ -93,6 +93,10 @@ type Options struct {
 	// extensions) instead of a GICv3, as a Raspberry Pi 4 or 5 has: its
 	// KVM can then give guests only a GICv2.
 	GICv2 bool
+	// Pages16K boots the arm64 outer guest's kernel built with 16 KiB
+	// pages (make kernel-outer-16k-arm64), the page size of Apple Silicon
+	// under Asahi Linux and of Raspberry Pi OS on a Raspberry Pi 5.
+	Pages16K bool
 
 	// tscKHz is the host's TSC rate, which the outer guest's TSC runs at
 	// (Run measures it: hostTSCkHz); 0 means defaultTSCkHz.
@@ -187,12 +191,12 @@ func Run(ctx context.Context, opts Options) (Result, error) {
 		return Result{}, err
 	}
 	opts.Arch = arch
-	if opts.GICv2 && arch != ArchARM64 {
-		return Result{}, errors.New("nested: GICv2 is an option of the arm64 harness")
+	if (opts.GICv2 || opts.Pages16K) && arch != ArchARM64 {
+		return Result{}, errors.New("nested: GICv2 and Pages16K are options of the arm64 harness")
 	}
 	opts.setDefaults()
 	if opts.Kernel == "" {
-		k, err := outerKernel(arch)
+		k, err := outerKernel(arch, opts.Pages16K)
 		if err != nil {
 			return Result{}, fmt.Errorf("nested: %w", err)
 		}

@@ -36,6 +36,7 @@ func run() int {
 	dir := flag.String("dir", "", "payload working directory in the guest (default /payload)")
 	appendArgs := flag.String("append", "", "extra outer kernel command line (e.g. loglevel=7)")
 	gicv2 := flag.Bool("gicv2", false, "arm64: give the outer guest a GICv2, as a Raspberry Pi has")
+	pages16K := flag.Bool("pages16k", false, "arm64: boot the outer kernel with 16 KiB pages (make kernel-outer-16k-arm64)")
 	quiet := flag.Bool("quiet", false, "print only the payload's output, not the whole console")
 	flag.Usage = func() {
 		fmt.Fprintf(flag.CommandLine.Output(), "usage: %s [flags] -- CMD [ARGS...]\n", os.Args[0])
@@ -54,7 +55,7 @@ func run() int {
 	defer stop()
 	opts := nested.Options{
 		Arch: *arch, Kernel: *kernelPath, PayloadDir: *payload, Cmd: flag.Args(), MemMiB: *mem, CPUs: *cpus,
-		Timeout: *timeout, Dir: *dir, Append: *appendArgs, GICv2: *gicv2,
+		Timeout: *timeout, Dir: *dir, Append: *appendArgs, GICv2: *gicv2, Pages16K: *pages16K,
 	}
 	if !*quiet {
 		opts.Stdout = os.Stdout
