@@ -127,7 +127,7 @@ func v2Attr(cpu int) gicAttr {
 
 // readGICWords reads the 32-bit registers of ranges, one word at a time
 // (KVM's VGIC register attributes are 32-bit: a 64-bit register is its two
-// halves), of the frame group and attr name.
+// halves), of the frame that group and attr name.
 func readGICWords(gic gicDevice, group uint32, attr gicAttr, ranges ...[]gicRange) ([]uint32, error) {
 	out := make([]uint32, 0, gicWords(ranges...))
 	for _, rs := range ranges {

@@ -211,6 +211,21 @@ func TestBootPSTATE(t *testing.T) {
 
 // realImages returns the arm64 Images guest/kernel/build.sh cached:
 // $KERNEL_CACHE/<flavour>/Image (default ~/.cache/cowork-vmm/kernels).
+// builtPageSize is the page size the kernel config at path chose: 4 KiB
+// for our guest and outer kernels, 16 KiB for the outer-16k-arm64 one.
+func builtPageSize(t *testing.T, path string) uint64 {
+	t.Helper()
+	config, err := os.ReadFile(path)
+	require.NoError(t, err, "the build's config beside its Image")
+	for opt, size := range map[string]uint64{"CONFIG_ARM64_4K_PAGES=y": 4 << 10, "CONFIG_ARM64_16K_PAGES=y": 16 << 10, "CONFIG_ARM64_64K_PAGES=y": 64 << 10} {
+		if bytes.Contains(config, []byte("\n"+opt+"\n")) {
+			return size
+		}
+	}
+	t.Fatalf("%s chooses no arm64 page size", path)
+	return 0
+}
+
 func realImages(t *testing.T) []string {
 	root := os.Getenv("KERNEL_CACHE")
 	if root == "" {
@@ -248,7 +263,7 @@ func TestPrepareBootRealImage(t *testing.T) {
 			require.NoError(t, err)
 			t.Logf("%s: %d bytes, %+v", path, len(image), h)
 			require.True(t, h.PlaceAnywhere, "a 6.1 kernel may be placed anywhere")
-			require.Equal(t, uint64(4096), h.PageSize)
+			require.Equal(t, builtPageSize(t, filepath.Join(filepath.Dir(path), "config")), h.PageSize)
 			require.Zero(t, h.TextOffset, "text_offset is 0 since v5.8")
 			cfg := testBootConfig()
 			cfg.Kernel = image
