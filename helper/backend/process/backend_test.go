@@ -100,18 +100,22 @@ func startSandbox(t *testing.T) (helper.Guest, *client) {
 	return g, c
 }
 
-// hostEtcFile names a regular file of the host's /etc that the guest's
-// read-only /etc must show.
+// hostEtcFile names a world-readable regular file of the host's /etc that
+// the guest's read-only /etc must show (not /etc/.pwd.lock, mode 0600,
+// which the sandbox of a user who is not root cannot read).
 func hostEtcFile(t *testing.T) string {
 	t.Helper()
 	entries, err := os.ReadDir("/etc")
 	require.NoError(t, err)
 	for _, e := range entries {
-		if e.Type().IsRegular() {
+		if !e.Type().IsRegular() {
+			continue
+		}
+		if info, err := e.Info(); err == nil && info.Mode().Perm()&0o004 != 0 {
 			return "/etc/" + e.Name()
 		}
 	}
-	t.Skip("the host's /etc holds no regular file")
+	t.Skip("the host's /etc holds no world-readable regular file")
 	return ""
 }
 
