@@ -211,8 +211,8 @@ func (r *runner) linuxCheck(f *kvmFacts, p kvm.HostProbe, virtFlag string, virtK
 
 // arm64LinuxCheck is linuxCheck on arm64, where there is no PVM: the
 // probe's arm64 trial (preferred target, vCPU init with PSCI 0.2, an
-// in-kernel GICv3 or GICv2)
-// decides, and without a usable device there is nothing to tell.
+// in-kernel GICv3 or GICv2) decides, and without a usable device there is
+// nothing to tell.
 func arm64LinuxCheck(f *kvmFacts, p kvm.HostProbe) Check {
 	linux := Check{ID: CheckKVMLinux, Group: GroupCoworkVMM, Title: "Linux guests on this KVM"}
 	if !f.capsOK {

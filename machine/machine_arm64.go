@@ -46,9 +46,9 @@ func virtioSlot(n int) (base uint64, gsi uint32, ok bool) {
 func virtioCmdline([]virtioPlace) []string { return nil }
 
 // loadKernel writes the Image, the initrd and the device tree (memory,
-// vCPUs, the VM's GIC, timer, PSCI, console, every virtio transport, the command
-// line) into guest memory and points the boot vCPU at the Image with x0
-// at the device tree.
+// vCPUs, the VM's GIC, timer, PSCI, console, every virtio transport, the
+// command line) into guest memory and points the boot vCPU at the Image
+// with x0 at the device tree.
 func (m *Machine) loadKernel(images bootImages, cmdline string) error {
 	devices := make([]arm64.MMIODevice, len(m.virtioAt))
 	for i, p := range m.virtioAt {

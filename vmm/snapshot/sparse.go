@@ -171,7 +171,7 @@ func (bw *blockWriter) pad(offset int64) error {
 	}
 	for bw.offset() < offset {
 		n := min(offset-bw.offset(), blockSize-int64(len(bw.block)))
-		if _, err := bw.Write(make([]byte, n)); err != nil {
+		if _, err := bw.Write(zeroBlock[:n]); err != nil {
 			return err
 		}
 	}

@@ -3,11 +3,12 @@
 // Command testinit is the smallest useful /init for booting our guest
 // kernel: it mounts devtmpfs, prints "TESTINIT OK" with the online CPUs and
 // the uptime on the console, then "TESTINIT IRQCHIP" with the interrupt
-// controller the kernel drives (its chip name: GICv3, GIC-0, IO-APIC), writes the boot timer (guesthost.BootTimerMagic
-// to its register, through /dev/port on x86 and /dev/mem on arm64:
-// guest/platformreg), prints "TESTINIT DONE" and restarts the machine (on
-// x86 with reboot=t a triple fault, on arm64 PSCI's SYSTEM_RESET; either
-// ends our VMM's run and qemu under -no-reboot).
+// controller the kernel drives (its chip name: GICv3, GIC-0, IO-APIC),
+// writes the boot timer (guesthost.BootTimerMagic to its register, through
+// /dev/port on x86 and /dev/mem on arm64: guest/platformreg), prints
+// "TESTINIT DONE" and restarts the machine (on x86 with reboot=t a triple
+// fault, on arm64 PSCI's SYSTEM_RESET; either ends our VMM's run and qemu
+// under -no-reboot).
 //
 // With guestboot.ticks=N it first prints "TESTINIT TICK i" for i = 1..N,
 // 50 ms apart: a guest that keeps time and talks, to snapshot and restore.
